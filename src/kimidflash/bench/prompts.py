@@ -1,0 +1,176 @@
+"""Where the user turns of each session come from.
+
+Three sources: the built-in diverse set shipped in `data/prompts.jsonl`
+(reasoning, math, code, summarisation, chit-chat, multi-turn conversations),
+a JSONL file, or a ShareGPT-style conversation file. Only *user* turns are
+taken from a source: assistant turns are whatever the server answers, so the
+history a session sends is the server's own (that is what a real chat does,
+and what makes later turns' prompt lengths realistic).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+BUILTIN = "builtin"
+FORMATS = ("auto", "jsonl", "sharegpt")
+
+# Used when a session has more turns than its conversation: plain follow-ups
+# that make sense after any answer.
+GENERIC_FOLLOW_UPS: tuple[str, ...] = (
+    "Can you go into more detail on the most important point?",
+    "Summarise your answer in three bullet points.",
+    "What is a common mistake people make here, and how do I avoid it?",
+    "Give me a concrete example.",
+    "Explain that again as if I were new to the subject.",
+    "What would change if the situation were reversed?",
+    "Which part of your answer are you least sure about, and why?",
+    "Turn that into a short checklist.",
+)
+
+
+class PromptError(ValueError):
+    """A prompt source we cannot use; the message names the file and the line."""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str
+    kind: str
+    turns: tuple[str, ...]  # user messages, in order
+
+
+def _from_obj(obj: Any, where: str, idx: int) -> Conversation:
+    """One record in any of the accepted shapes."""
+    if not isinstance(obj, dict):
+        raise PromptError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    cid = str(obj.get("id", idx))
+    kind = str(obj.get("kind", obj.get("category", "unknown")))
+    turns: list[str]
+    if "turns" in obj:
+        turns = [t for t in obj["turns"] if isinstance(t, str)]
+    elif "prompt" in obj:
+        turns = [obj["prompt"]] if isinstance(obj["prompt"], str) else []
+    elif "messages" in obj:
+        turns = [m.get("content") for m in obj["messages"]
+                 if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)]
+    elif "conversations" in obj or "conversation" in obj:
+        conv = obj.get("conversations", obj.get("conversation"))
+        turns = []
+        for m in conv if isinstance(conv, list) else []:
+            if not isinstance(m, dict):
+                continue
+            who = m.get("from", m.get("role"))
+            text = m.get("value", m.get("content"))
+            if who in ("human", "user") and isinstance(text, str):
+                turns.append(text)
+    else:
+        raise PromptError(f"{where}: no 'turns', 'prompt', 'messages' or 'conversations' key")
+    turns = [t for t in turns if t.strip()]
+    if not turns:
+        raise PromptError(f"{where}: record has no non-empty user turn")
+    return Conversation(cid, kind, tuple(turns))
+
+
+def parse_jsonl(text: str, name: str) -> list[Conversation]:
+    out: list[Conversation] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptError(f"{name}:{n}: not JSON ({e.msg})") from None
+        out.append(_from_obj(obj, f"{name}:{n}", len(out)))
+    return out
+
+
+def parse_sharegpt(text: str, name: str) -> list[Conversation]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PromptError(f"{name}: not JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(data, list):
+        raise PromptError(f"{name}: a ShareGPT file is a JSON array of conversations")
+    out: list[Conversation] = []
+    skipped = 0
+    for i, obj in enumerate(data):
+        try:
+            out.append(_from_obj(obj, f"{name}[{i}]", i))
+        except PromptError:
+            skipped += 1  # ShareGPT dumps hold empty or assistant-only records; skip them
+    if not out:
+        raise PromptError(f"{name}: no conversation with a user turn")
+    return out
+
+
+def load_file(path: str | Path, fmt: str = "auto") -> list[Conversation]:
+    p = Path(path)
+    if fmt not in FORMATS:
+        raise PromptError(f"unknown prompt format {fmt!r} (choose from {', '.join(FORMATS)})")
+    if not p.is_file():
+        raise PromptError(f"prompts file not found: {p}")
+    text = p.read_text(encoding="utf-8")
+    if fmt == "auto":
+        fmt = "sharegpt" if text.lstrip().startswith("[") else "jsonl"
+    convs = parse_sharegpt(text, str(p)) if fmt == "sharegpt" else parse_jsonl(text, str(p))
+    if not convs:
+        raise PromptError(f"{p}: no prompts")
+    return convs
+
+
+def load_builtin() -> list[Conversation]:
+    text = resources.files("kimidflash.bench").joinpath("data/prompts.jsonl").read_text(encoding="utf-8")
+    return parse_jsonl(text, "builtin prompts")
+
+
+def load_source(source: str | None) -> list[Conversation]:
+    """`None` or "builtin" for the shipped set, else a file path (format sniffed)."""
+    if source in (None, "", BUILTIN):
+        return load_builtin()
+    return load_file(source)
+
+
+def session_turns(convs: list[Conversation], sessions: int, turns: int, seed: int,
+                  reserve: int = 0) -> tuple[list[list[str]], list[str]]:
+    """User turns for each session, plus `reserve` warm-up prompts kept apart.
+
+    Conversations are shuffled with `seed` and dealt round-robin (so two runs
+    with one seed send the same prompts); a session longer than its
+    conversation continues with generic follow-ups. Warm-up prompts come from
+    the end of the shuffled order and are not reused while there are enough.
+    """
+    if not convs:
+        raise PromptError("no prompts")
+    order = list(convs)
+    random.Random(seed).shuffle(order)
+    warm: list[str] = []
+    pool = order
+    if reserve:
+        spare = len(order) - sessions
+        take = min(reserve, max(spare, 0))
+        warm = [c.turns[0] for c in order[len(order) - take:]] if take else []
+        pool = order[: len(order) - take] if take else order
+        while len(warm) < reserve:
+            warm.append(order[len(warm) % len(order)].turns[0])
+    rng = random.Random(seed + 1)
+    out: list[list[str]] = []
+    for s in range(sessions):
+        conv = pool[s % len(pool)]
+        ts = list(conv.turns[:turns])
+        while len(ts) < turns:
+            ts.append(GENERIC_FOLLOW_UPS[rng.randrange(len(GENERIC_FOLLOW_UPS))])
+        out.append(ts)
+    return out, warm
+
+
+def kinds(convs: Iterable[Conversation]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in convs:
+        out[c.kind] = out.get(c.kind, 0) + 1
+    return dict(sorted(out.items()))

@@ -1,0 +1,113 @@
+"""Where a result came from: enough to reproduce it or to distrust it.
+
+Tool version and git revision (with a dirty flag) say which code measured;
+the server's `/version` and `/v1/models` say what was measured; the recipe
+config file and its sha256 say how the server was launched, when it was
+launched by the recipe; host and UTC time say where and when.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from .. import __version__
+from ..paths import REPO_ROOT
+
+# Recipe config keys that describe the served deployment (never secrets).
+RECIPE_KEYS = (
+    "PLATFORM", "RUNTIME", "VLLM_VERSION", "VLLM_IMAGE", "SERVED_MODEL_NAME", "MODEL_DIR",
+    "DRAFT_MODEL_DIR", "DTYPE", "SPECULATIVE_METHOD", "NUM_SPECULATIVE_TOKENS",
+    "TENSOR_PARALLEL_SIZE", "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS", "MAX_MODEL_LEN",
+    "BLOCK_SIZE", "ENFORCE_EAGER", "ENABLE_PREFIX_CACHING", "KV_CACHE_DTYPE", "MOE_BACKEND",
+    "ATTENTION_BACKEND", "TARGET_ATTENTION",
+)
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def git_info(root: Path = REPO_ROOT) -> dict[str, Any]:
+    """Revision of the checkout the tool runs from; None outside a checkout."""
+    def git(*args: str) -> str | None:
+        try:
+            r = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    rev = git("rev-parse", "HEAD")
+    if rev is None:
+        return {"revision": None, "dirty": None}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"revision": rev, "dirty": bool(status) if status is not None else None}
+
+
+def host_info() -> dict[str, Any]:
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def redacted_argv(argv: Sequence[str]) -> str:
+    """The command line with the API key's value hidden."""
+    out: list[str] = []
+    hide = False
+    for a in argv:
+        if hide:
+            out.append("***")
+            hide = False
+        elif a == "--api-key":
+            out.append(a)
+            hide = True
+        elif a.startswith("--api-key="):
+            out.append("--api-key=***")
+        else:
+            out.append(a)
+    return shlex.join(out)
+
+
+def recipe_info(path: str | None) -> dict[str, Any] | None:
+    """The recipe config that launched the server: path, sha256, deployment keys.
+
+    Raises the loader's ConfigError (one line naming the key) or FileNotFoundError.
+    """
+    if not path:
+        return None
+    from ..config import load_config
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"recipe config not found: {p}")
+    cfg = load_config(p)
+    values = {k: cfg.values.get(k) for k in RECIPE_KEYS if k in cfg.values}
+    return {
+        "path": str(p.resolve()),
+        "sha256": cfg.digest(),
+        "files": [str(f) for f in cfg.files],
+        "values": {k: (str(v) if isinstance(v, Path) else v) for k, v in values.items()},
+        "speculative": bool(cfg.speculative),
+    }
+
+
+def local_provenance(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    return {
+        "tool": "kimidflash.bench",
+        "tool_version": __version__,
+        "git": git_info(),
+        "host": host_info(),
+        "command": redacted_argv(list(argv if argv is not None else sys.argv)),
+        "utc_time": utc_now(),
+    }

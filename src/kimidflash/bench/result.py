@@ -1,0 +1,305 @@
+"""The result file: one JSON document per run, with a stable, versioned schema.
+
+Field names follow `vllm bench serve --save-result` where the meaning is the
+same (total_output_tokens, output_throughput, mean/median/std/p99_ttft_ms,
+tpot, itl, e2el, spec_decode_acceptance_rate, spec_decode_acceptance_length,
+spec_decode_num_drafts, spec_decode_draft_tokens, spec_decode_accepted_tokens,
+spec_decode_per_position_acceptance_rates), so the two tools' files can be
+read side by side. Differences in meaning are named differently: our TTFT and
+latency are measured from when a request was *due* (slot waits included), and
+`slot_wait_ms` says how much of that was waiting.
+
+Files are written atomically (temp file in the same folder, fsync, rename), so
+a reader never sees half a file, even when the run is interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import stats
+from .client import SOURCES, RequestRecord
+from .metrics import (GENERATION_TOKENS, PROMPT_TOKENS, Delta, SpecDecodeStats,
+                      spec_decode_fields)
+
+SCHEMA_NAME = "kimidflash-bench-result"
+SCHEMA_VERSION = 1
+
+
+class ResultError(ValueError):
+    """A result file we cannot read; the message names the file."""
+
+
+@dataclass
+class RunData:
+    """Everything a run measured, in raw form; `build_result` turns it into the document."""
+
+    config: dict[str, Any]
+    provenance: dict[str, Any]
+    label: str
+    speculative: bool | None
+    planned_requests: int
+    records: list[RequestRecord]
+    warmup: list[RequestRecord]
+    t0: float | None  # perf_counter at the start of the measured window
+    t_end: float | None
+    start_utc: str | None
+    metrics_url: str | None = None
+    metrics_error: str | None = None
+    metrics_delta: Delta | None = None
+    spec: SpecDecodeStats | None = None
+    partial: bool = False
+    partial_reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _r(v: float | None, nd: int = 3) -> float | None:
+    return None if v is None else round(v, nd)
+
+
+def request_entry(rec: RequestRecord, t0: float) -> dict[str, Any]:
+    chunk_sizes = [n for _, n in rec.chunks]
+    return {
+        "session": rec.session,
+        "turn": rec.turn,
+        "due_s": _r(rec.due - t0, 6),
+        "slot_wait_ms": _r(None if rec.slot_wait is None else rec.slot_wait * 1000),
+        "ttft_ms": _r(None if rec.ttft is None else rec.ttft * 1000),
+        "e2el_ms": _r(None if rec.e2el is None else rec.e2el * 1000),
+        "tpot_ms": _r(None if rec.tpot is None else rec.tpot * 1000),
+        "prompt_tokens": rec.prompt_tokens,
+        "output_tokens": rec.output_tokens,
+        "token_source": rec.token_source or None,
+        "chunks": len(chunk_sizes),
+        "max_tokens_per_chunk": max(chunk_sizes) if chunk_sizes else None,
+        "itl_ms": [round(x * 1000, 3) for x in rec.itls],
+        "finish_reason": rec.finish_reason,
+        "error": rec.error,
+        "error_detail": rec.error_detail,
+        "spec_decode": rec.spec_decode,
+    }
+
+
+def _per_request_spec(records: list[RequestRecord]) -> dict[str, Any] | None:
+    """Aggregate of the server's per-request spec-decode stats, when it sent them."""
+    got = [r.spec_decode for r in records if r.spec_decode]
+    if not got:
+        return None
+    out: dict[str, Any] = {"requests_with_stats": len(got)}
+    for key in ("mean_acceptance_length", "draft_acceptance_rate", "num_spec_steps"):
+        vals = [float(d[key]) for d in got if isinstance(d.get(key), (int, float))]
+        if vals:
+            out[f"mean_{key}"] = round(sum(vals) / len(vals), 6)
+    return out
+
+
+def build_result(run: RunData) -> dict[str, Any]:
+    ok = [r for r in run.records if r.ok]
+    failed = [r for r in run.records if not r.ok]
+    errors: dict[str, int] = {}
+    for r in failed:
+        errors[r.error or "unknown"] = errors.get(r.error or "unknown", 0) + 1
+    t0 = run.t0 or 0.0
+    duration = (run.t_end - run.t0) if (run.t0 is not None and run.t_end is not None) else 0.0
+    out_tokens = sum(r.output_tokens or 0 for r in ok)
+    in_tokens = sum(r.prompt_tokens or 0 for r in ok)
+
+    per_user: list[float] = []
+    for s in sorted({r.session for r in ok}):
+        mine = [r for r in ok if r.session == s]
+        busy = sum(r.e2el or 0.0 for r in mine)
+        if busy > 0:
+            per_user.append(sum(r.output_tokens or 0 for r in mine) / busy)
+    per_request_tps = [r.output_tokens / r.e2el for r in ok if r.e2el and r.output_tokens]
+
+    worst = ""
+    for r in ok:
+        if r.token_source:
+            worst = r.token_source if not worst or SOURCES.index(r.token_source) > SOURCES.index(worst) else worst
+
+    doc: dict[str, Any] = {
+        "schema": SCHEMA_NAME,
+        "schema_version": SCHEMA_VERSION,
+        "partial": run.partial,
+        "partial_reason": run.partial_reason,
+        "label": run.label,
+        "speculative": run.speculative,
+        "date": run.start_utc,
+        "provenance": run.provenance,
+        "config": run.config,
+        "max_concurrency": run.config.get("concurrency"),
+        "num_sessions": run.config.get("sessions"),
+        "turns_per_session": run.config.get("turns_per_session"),
+        "num_prompts": run.planned_requests,
+        "completed": len(ok),
+        "failed": len(failed),
+        "not_started": run.planned_requests - len(run.records),
+        "errors": dict(sorted(errors.items())),
+        "duration": _r(duration, 6),
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput": _r(len(ok) / duration if duration > 0 else None, 6),
+        "output_throughput": _r(out_tokens / duration if duration > 0 else None, 6),
+        "total_token_throughput": _r((in_tokens + out_tokens) / duration if duration > 0 else None, 6),
+        "token_source": worst or None,
+    }
+    doc.update(stats.summarize("ttft", "ms", [r.ttft for r in ok if r.ttft is not None], 1000))
+    doc.update(stats.summarize("tpot", "ms", [r.tpot for r in ok if r.tpot is not None], 1000))
+    doc.update(stats.summarize("itl", "ms", [x for r in ok for x in r.itls], 1000))
+    doc.update(stats.summarize("e2el", "ms", [r.e2el for r in ok if r.e2el is not None], 1000))
+    doc.update(stats.summarize("slot_wait", "ms", [r.slot_wait for r in ok if r.slot_wait is not None], 1000))
+    doc.update(stats.summarize("per_user_output_throughput", "", per_user))
+    doc.update(stats.summarize("per_request_output_throughput", "", per_request_tps))
+    doc.update(spec_decode_fields(run.spec))
+
+    server: dict[str, Any] = {"url": run.metrics_url, "available": run.metrics_delta is not None,
+                              "error": run.metrics_error}
+    if run.metrics_delta is not None:
+        d = run.metrics_delta
+        gen = d.total(GENERATION_TOKENS)
+        server.update({
+            "window_seconds": _r(d.seconds, 3),
+            "counter_resets": d.reset,
+            "deltas": d.totals(),
+            "generation_tokens": gen,
+            "prompt_tokens": d.total(PROMPT_TOKENS),
+            "output_tokens_match_server": None if gen is None else (gen == out_tokens),
+        })
+    doc["server_metrics"] = server
+    doc["per_request_spec_decode"] = _per_request_spec(ok)
+    w_ok = [r for r in run.warmup if r.ok]
+    w_err: dict[str, int] = {}
+    for r in run.warmup:
+        if not r.ok:
+            w_err[r.error or "unknown"] = w_err.get(r.error or "unknown", 0) + 1
+    doc["warmup"] = {"requests": len(run.warmup), "completed": len(w_ok), "errors": w_err}
+    doc["notes"] = run.notes
+    doc["requests"] = [request_entry(r, t0) for r in sorted(run.records, key=lambda r: (r.due, r.session))]
+    return doc
+
+
+# --- validation ---------------------------------------------------------------------------
+
+_NUM = (int, float)
+REQUIRED: dict[str, tuple[type, ...]] = {
+    "schema": (str,), "schema_version": (int,), "partial": (bool,), "label": (str,),
+    "provenance": (dict,), "config": (dict,), "num_prompts": (int,), "completed": (int,),
+    "failed": (int,), "not_started": (int,), "errors": (dict,), "duration": _NUM,
+    "total_input_tokens": (int,), "total_output_tokens": (int,), "server_metrics": (dict,),
+    "warmup": (dict,), "requests": (list,),
+}
+NULLABLE_NUM = (
+    "max_concurrency", "request_throughput", "output_throughput", "total_token_throughput",
+    "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms",
+    "mean_e2el_ms", "p95_e2el_ms", "mean_slot_wait_ms", "mean_per_user_output_throughput",
+    "spec_decode_acceptance_rate", "spec_decode_acceptance_length", "spec_decode_num_drafts",
+)
+PROVENANCE_KEYS = ("tool_version", "git", "host", "utc_time", "server", "model")
+REQUEST_KEYS = ("session", "turn", "due_s", "slot_wait_ms", "ttft_ms", "e2el_ms",
+                "output_tokens", "itl_ms", "error")
+
+
+def validate_result(doc: Any) -> list[str]:
+    """Problems with a result document (empty when valid)."""
+    if not isinstance(doc, dict):
+        return ["not a JSON object"]
+    problems: list[str] = []
+    if doc.get("schema") != SCHEMA_NAME:
+        problems.append(f"schema is {doc.get('schema')!r}, expected {SCHEMA_NAME!r}")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        problems.append(f"schema_version is {doc.get('schema_version')!r}, this tool reads {SCHEMA_VERSION}")
+    for key, types in REQUIRED.items():
+        if key not in doc:
+            problems.append(f"missing {key}")
+        elif not isinstance(doc[key], types) or (isinstance(doc[key], bool) and bool not in types):
+            problems.append(f"{key} has type {type(doc[key]).__name__}")
+    for key in NULLABLE_NUM:
+        v = doc.get(key, None)
+        if key not in doc:
+            problems.append(f"missing {key}")
+        elif v is not None and (not isinstance(v, _NUM) or isinstance(v, bool) or v < 0):
+            problems.append(f"{key} must be a non-negative number or null, got {v!r}")
+    if problems:
+        return problems
+    for key in PROVENANCE_KEYS:
+        if key not in doc["provenance"]:
+            problems.append(f"missing provenance.{key}")
+    if doc["partial"] and not doc.get("partial_reason"):
+        problems.append("partial result without partial_reason")
+    reqs = doc["requests"]
+    for i, r in enumerate(reqs):
+        if not isinstance(r, dict):
+            problems.append(f"requests[{i}] is not an object")
+            continue
+        for k in REQUEST_KEYS:
+            if k not in r:
+                problems.append(f"requests[{i}] missing {k}")
+    if problems:
+        return problems
+    ok = [r for r in reqs if r["error"] is None]
+    if doc["completed"] != len(ok):
+        problems.append(f"completed={doc['completed']} but {len(ok)} successful requests listed")
+    if doc["failed"] != len(reqs) - len(ok):
+        problems.append(f"failed={doc['failed']} but {len(reqs) - len(ok)} failed requests listed")
+    if sum(doc["errors"].values()) != doc["failed"]:
+        problems.append("errors do not add up to failed")
+    if doc["total_output_tokens"] != sum(r["output_tokens"] or 0 for r in ok):
+        problems.append("total_output_tokens differs from the sum over successful requests")
+    if doc["completed"] + doc["failed"] + doc["not_started"] != doc["num_prompts"]:
+        problems.append("completed + failed + not_started != num_prompts")
+    for i, r in enumerate(ok):
+        if r["output_tokens"] and r["output_tokens"] > 1 and r["token_source"] in ("token_ids", "usage"):
+            if len(r["itl_ms"]) != r["output_tokens"] - 1:
+                problems.append(f"requests[{i}] has {len(r['itl_ms'])} ITLs for {r['output_tokens']} tokens")
+    return problems
+
+
+# --- files --------------------------------------------------------------------------------
+
+def write_result(path: str | os.PathLike[str], doc: dict[str, Any]) -> Path:
+    """Write atomically: a reader sees the old file or the new one, never a torn one."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return p
+
+
+def load_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ResultError(f"result file not found: {p}")
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ResultError(f"{p}: not JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(doc, dict):
+        raise ResultError(f"{p}: not a JSON object")
+    return doc
+
+
+def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A validated result document; ResultError names the file and the first problem."""
+    doc = load_json(path)
+    problems = validate_result(doc)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ResultError(f"{path}: {problems[0]}{more}")
+    return doc

@@ -1,0 +1,411 @@
+"""Sessions, concurrency slots, warm-up and the measured window.
+
+Model: every session is a user who sends its turns one after another, keeping
+the conversation history (the server's own answers). A turn is *due* when the
+session is ready to send it: at the start of the window for the first turn,
+and `think_time` after the previous answer for the next ones. At most
+`concurrency` requests are in flight; a due request waits for a slot, and
+that wait is part of its TTFT and latency (and reported alone as
+`slot_wait_ms`), so an overloaded client cannot hide queueing.
+
+Measured window: warm-up requests run first and are excluded; `/metrics` is
+scraped after warm-up and again once the last request finished and the
+server's generation counter stopped moving. Nothing else should talk to the
+server meanwhile, or its counters will not match ours.
+
+Failures never stop a run. A run stops early (partial result) on Ctrl-C /
+SIGTERM, or when `max_connection_errors` connection failures happen in a row
+(the server is gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import httpx
+
+from . import prompts as prompt_mod
+from .client import CONNECTION_ERRORS, RequestRecord, chat_payload, stream_chat
+from .metrics import GENERATION_TOKENS, MetricsError, Snapshot, delta, metrics_url_for, server_root, spec_decode_stats
+from .provenance import local_provenance, recipe_info, utc_now
+from .result import RunData, build_result
+
+
+class BenchError(Exception):
+    """Bad input or an unusable server: one line naming the culprit."""
+
+
+@dataclass
+class BenchConfig:
+    base_url: str
+    model: str | None = None  # None: the recipe config's SERVED_MODEL_NAME, else the server's only model
+    sessions: int = 32
+    turns_per_session: int = 1
+    concurrency: int | None = None  # default: sessions
+    max_tokens: int = 512
+    temperature: float = 0.0
+    warmup: int = 2
+    warmup_max_tokens: int = 16
+    seed: int = 0
+    prompts: str | None = None  # None/"builtin" or a JSONL / ShareGPT file
+    system_prompt: str | None = None
+    think_time: float = 0.0
+    timeout: float = 600.0
+    api_key: str | None = None
+    label: str | None = None
+    scrape_metrics: bool = True
+    metrics_url: str | None = None
+    vllm_extensions: bool = True
+    ignore_eos: bool = False
+    recipe_config: str | None = None
+    speculative: bool | None = None  # None: from the recipe config, else from /metrics
+    max_connection_errors: int = 3
+    metrics_settle_timeout: float = 5.0
+    progress: bool = False
+    handle_signals: bool = False
+    argv: Sequence[str] | None = None
+
+    def checked(self) -> "BenchConfig":
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise BenchError(msg)
+        url = self.base_url.strip()
+        need(url.startswith(("http://", "https://")) and len(url) > len("http://"),
+             f"--base-url must be an http(s) URL like http://127.0.0.1:8262/v1, got {self.base_url!r}")
+        need(self.sessions >= 1, f"--sessions must be at least 1, got {self.sessions}")
+        need(self.turns_per_session >= 1, f"--turns-per-session must be at least 1, got {self.turns_per_session}")
+        need(self.concurrency is None or self.concurrency >= 1, f"--concurrency must be at least 1, got {self.concurrency}")
+        need(self.max_tokens >= 1, f"--max-tokens must be at least 1, got {self.max_tokens}")
+        need(self.warmup >= 0, f"--warmup must be 0 or more, got {self.warmup}")
+        need(self.timeout > 0, f"--timeout must be positive, got {self.timeout}")
+        need(self.think_time >= 0, f"--think-time must be 0 or more, got {self.think_time}")
+        need(self.temperature >= 0, f"--temperature must be 0 or more, got {self.temperature}")
+        return dataclasses.replace(self, base_url=url.rstrip("/"),
+                                   concurrency=self.concurrency or self.sessions)
+
+    def public(self) -> dict[str, Any]:
+        """The run's settings for the result file (no API key)."""
+        d = dataclasses.asdict(self)
+        for k in ("api_key", "argv", "progress", "handle_signals"):
+            d.pop(k, None)
+        d["api_key_set"] = bool(self.api_key)
+        d["prompts"] = self.prompts or prompt_mod.BUILTIN
+        return d
+
+
+@dataclass
+class _State:
+    records: list[RequestRecord] = field(default_factory=list)
+    warmup: list[RequestRecord] = field(default_factory=list)
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    reason: str | None = None
+    interrupted: bool = False
+    consecutive_conn_errors: int = 0
+
+
+class Runner:
+    def __init__(self, cfg: BenchConfig):
+        self.cfg = cfg.checked()
+        self.st = _State()
+        self.headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
+        self._progress: Any = None
+        self._task_id: Any = None
+
+    # --- stopping ----------------------------------------------------------------------
+    def interrupt(self, reason: str = "interrupted") -> None:
+        """Stop now: no new requests, in-flight ones cancelled; the result is partial."""
+        if self.st.reason is None:
+            self.st.reason = reason
+        self.st.interrupted = True
+        self.st.stop.set()
+        for t in list(self.st.tasks):
+            t.cancel()
+
+    def _abort(self, reason: str) -> None:
+        """Stop sending; in-flight requests finish (or fail) by themselves."""
+        if self.st.reason is None:
+            self.st.reason = reason
+        self.st.stop.set()
+
+    def _note(self, rec: RequestRecord) -> None:
+        if rec.error in CONNECTION_ERRORS:
+            self.st.consecutive_conn_errors += 1
+            if self.st.consecutive_conn_errors >= self.cfg.max_connection_errors:
+                self._abort(f"server unreachable: {self.st.consecutive_conn_errors} connection "
+                            f"failures in a row (last: {rec.error_detail})")
+        elif rec.error is None:
+            self.st.consecutive_conn_errors = 0
+        if self._progress is not None and not rec.warmup:
+            failed = sum(1 for r in self.st.records if r.error and r.error != "cancelled")
+            self._progress.update(self._task_id, advance=1, description=f"requests (errors {failed})")
+
+    # --- server queries ----------------------------------------------------------------
+    async def _get_json(self, client: httpx.AsyncClient, url: str) -> Any:
+        r = await client.get(url, headers=self.headers, timeout=10.0)
+        r.raise_for_status()
+        return r.json()
+
+    async def _preflight(self, client: httpx.AsyncClient) -> dict[str, Any]:
+        cfg = self.cfg
+        url = f"{cfg.base_url}/models"
+        try:
+            r = await client.get(url, headers=self.headers, timeout=10.0)
+        except httpx.HTTPError as e:
+            raise BenchError(f"cannot reach {cfg.base_url}: {type(e).__name__}: {e}") from None
+        if r.status_code in (401, 403):
+            raise BenchError(f"{cfg.base_url} refused the API key (HTTP {r.status_code}); pass --api-key")
+        models: list[dict[str, Any]] = []
+        if r.status_code == 200:
+            try:
+                models = [m for m in r.json().get("data", []) if isinstance(m, dict)]
+            except (ValueError, AttributeError):
+                raise BenchError(f"{url} did not answer with a model list; is --base-url the /v1 root?") from None
+        elif r.status_code == 404:
+            raise BenchError(f"{url} is 404; is --base-url the OpenAI /v1 root (e.g. http://host:8262/v1)?")
+        ids = [str(m.get("id")) for m in models]
+        if cfg.model is None:
+            if len(ids) != 1:
+                raise BenchError(f"pass --model: {cfg.base_url} serves {', '.join(ids) or 'no models'}")
+            self.cfg = dataclasses.replace(cfg, model=ids[0])
+        elif ids and cfg.model not in ids:
+            raise BenchError(f"model {cfg.model!r} is not served at {cfg.base_url}; it serves: {', '.join(ids)}")
+        version: Any = None
+        try:
+            version = await self._get_json(client, server_root(cfg.base_url) + "/version")
+        except (httpx.HTTPError, ValueError):
+            version = None
+        return {
+            "base_url": cfg.base_url,
+            "version": version.get("version") if isinstance(version, dict) else None,
+            "models": [{k: m.get(k) for k in ("id", "root", "max_model_len", "owned_by") if k in m} for m in models],
+        }
+
+    async def _scrape(self, client: httpx.AsyncClient, url: str) -> Snapshot:
+        r = await client.get(url, headers=self.headers, timeout=10.0)
+        r.raise_for_status()
+        return Snapshot.from_text(r.text, time.time(), self.cfg.model)
+
+    async def _settled_scrape(self, client: httpx.AsyncClient, url: str) -> Snapshot:
+        """Scrape until the generation counter holds still (servers update
+        counters a moment after the last byte is sent)."""
+        deadline = time.monotonic() + self.cfg.metrics_settle_timeout
+        snap = await self._scrape(client, url)
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            nxt = await self._scrape(client, url)
+            if nxt.total(GENERATION_TOKENS) == snap.total(GENERATION_TOKENS) and nxt.counters == snap.counters:
+                return nxt
+            snap = nxt
+        return snap
+
+    # --- requests ----------------------------------------------------------------------
+    def _body(self, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+        c = self.cfg
+        assert c.model is not None
+        return chat_payload(c.model, messages, max_tokens, c.temperature, c.vllm_extensions, c.ignore_eos)
+
+    async def _request(self, client: httpx.AsyncClient, slots: asyncio.Semaphore, rec: RequestRecord,
+                       messages: list[dict[str, str]], max_tokens: int) -> RequestRecord:
+        async with slots:
+            if self.st.stop.is_set():
+                raise asyncio.CancelledError
+            await stream_chat(client, f"{self.cfg.base_url}/chat/completions",
+                              self._body(messages, max_tokens), self.headers, rec, self.cfg.timeout)
+        self._note(rec)
+        return rec
+
+    def _start_messages(self) -> list[dict[str, str]]:
+        return [{"role": "system", "content": self.cfg.system_prompt}] if self.cfg.system_prompt else []
+
+    async def _session(self, client: httpx.AsyncClient, slots: asyncio.Semaphore, sid: int,
+                       turns: list[str], t0: float) -> None:
+        messages = self._start_messages()
+        due = t0
+        for k, user in enumerate(turns):
+            if self.st.stop.is_set():
+                return
+            if due > time.perf_counter():
+                await asyncio.sleep(due - time.perf_counter())
+            messages.append({"role": "user", "content": user})
+            rec = RequestRecord(session=sid, turn=k, due=due)
+            self.st.records.append(rec)
+            try:
+                await self._request(client, slots, rec, messages, self.cfg.max_tokens)
+            except asyncio.CancelledError:
+                if rec.sent is None:
+                    self.st.records.remove(rec)  # never sent: not started, not failed
+                raise
+            if not rec.ok:
+                return  # the conversation cannot go on without the answer
+            messages.append({"role": "assistant", "content": rec.text})
+            due = (rec.end or time.perf_counter()) + self.cfg.think_time
+
+    async def _gather(self, coros: list[Any]) -> None:
+        tasks = [asyncio.ensure_future(c) for c in coros]
+        self.st.tasks.update(tasks)
+        try:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            self.st.tasks.difference_update(tasks)
+
+    async def _warmup(self, client: httpx.AsyncClient, slots: asyncio.Semaphore, prompts: list[str]) -> None:
+        async def one(i: int, text: str) -> None:
+            rec = RequestRecord(session=-1, turn=i, due=time.perf_counter(), warmup=True)
+            self.st.warmup.append(rec)
+            try:
+                await self._request(client, slots, rec, self._start_messages() + [{"role": "user", "content": text}],
+                                    self.cfg.warmup_max_tokens)
+            except asyncio.CancelledError:
+                pass
+        await self._gather([one(i, p) for i, p in enumerate(prompts)])
+        self.st.consecutive_conn_errors = 0
+
+    # --- the run -----------------------------------------------------------------------
+    def _install_signals(self) -> list[int]:
+        if not self.cfg.handle_signals:
+            return []
+        loop = asyncio.get_running_loop()
+        installed = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError):
+                pass
+        return installed
+
+    def _on_signal(self, sig: int) -> None:
+        name = signal.Signals(sig).name
+        self.interrupt(f"interrupted by {name}")
+        # A second Ctrl-C kills the process the usual way.
+        loop = asyncio.get_running_loop()
+        loop.remove_signal_handler(sig)
+
+    async def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        try:
+            recipe = recipe_info(cfg.recipe_config)
+        except FileNotFoundError as e:
+            raise BenchError(str(e)) from None
+        except Exception as e:  # the config loader's errors already name key and file
+            raise BenchError(f"recipe config {cfg.recipe_config}: {e}") from None
+        if recipe and cfg.model is None:
+            cfg = self.cfg = dataclasses.replace(cfg, model=recipe["values"].get("SERVED_MODEL_NAME") or None)
+        try:
+            convs = prompt_mod.load_source(cfg.prompts)
+        except (prompt_mod.PromptError, OSError) as e:
+            raise BenchError(str(e)) from None
+        session_prompts, warm_prompts = prompt_mod.session_turns(
+            convs, cfg.sessions, cfg.turns_per_session, cfg.seed, reserve=cfg.warmup)
+
+        assert cfg.concurrency is not None
+        limits = httpx.Limits(max_connections=cfg.concurrency + 4, max_keepalive_connections=cfg.concurrency + 4)
+        timeout = httpx.Timeout(connect=10.0, read=cfg.timeout, write=30.0, pool=None)
+        installed = self._install_signals()
+        metrics_url = cfg.metrics_url or metrics_url_for(cfg.base_url)
+        before: Snapshot | None = None
+        metrics_error: str | None = None
+        t0 = t_end = None
+        start_utc = None
+        try:
+            async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+                server = await self._preflight(client)
+                cfg = self.cfg
+                slots = asyncio.Semaphore(cfg.concurrency)
+                if warm_prompts and not self.st.stop.is_set():
+                    await self._warmup(client, slots, warm_prompts)
+                if cfg.scrape_metrics:
+                    try:
+                        before = await self._scrape(client, metrics_url)
+                    except (httpx.HTTPError, MetricsError) as e:
+                        metrics_error = f"before the window: {type(e).__name__}: {e}"
+                if not self.st.stop.is_set():
+                    self._start_progress(cfg.sessions * cfg.turns_per_session)
+                    start_utc = utc_now()
+                    t0 = time.perf_counter()
+                    await self._gather([self._session(client, slots, s, turns, t0)
+                                        for s, turns in enumerate(session_prompts)])
+                    ends = [r.end for r in self.st.records if r.end is not None]
+                    t_end = max(ends) if ends else time.perf_counter()
+                after: Snapshot | None = None
+                if before is not None and t0 is not None:
+                    try:
+                        after = await self._settled_scrape(client, metrics_url)
+                    except (httpx.HTTPError, MetricsError) as e:
+                        metrics_error = f"after the window: {type(e).__name__}: {e}"
+                        self.st.reason = self.st.reason or f"server unreachable after the run ({metrics_error})"
+        finally:
+            self._stop_progress()
+            loop = asyncio.get_running_loop()
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+        d = delta(before, after) if (before is not None and after is not None) else None
+        spec = spec_decode_stats(d) if d is not None else None
+        speculative = cfg.speculative
+        if speculative is None and recipe is not None:
+            speculative = recipe["speculative"]
+        if speculative is None and d is not None:
+            speculative = spec is not None
+        notes: list[str] = []
+        if d is not None and d.reset:
+            notes.append("server counters went backwards (restart?): " + ", ".join(d.reset))
+            self.st.reason = self.st.reason or "server counters reset during the run"
+        if self.st.interrupted and t0 is None:
+            self.st.reason = self.st.reason or "interrupted before the measured window"
+        prov = local_provenance(cfg.argv)
+        prov.update({"server": server, "model": cfg.model, "recipe_config": recipe})
+        label = cfg.label or _default_label(recipe, speculative, spec)
+        run = RunData(
+            config=cfg.public(), provenance=prov, label=label, speculative=speculative,
+            planned_requests=cfg.sessions * cfg.turns_per_session, records=self.st.records,
+            warmup=self.st.warmup, t0=t0, t_end=t_end, start_utc=start_utc,
+            metrics_url=metrics_url if cfg.scrape_metrics else None, metrics_error=metrics_error,
+            metrics_delta=d, spec=spec, partial=self.st.reason is not None,
+            partial_reason=self.st.reason, notes=notes,
+        )
+        return build_result(run)
+
+    # --- progress ----------------------------------------------------------------------
+    def _start_progress(self, total: int) -> None:
+        if not self.cfg.progress:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TimeElapsedColumn(), transient=False)
+        self._progress.start()
+        self._task_id = self._progress.add_task("requests (errors 0)", total=total)
+
+    def _stop_progress(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+def _default_label(recipe: dict[str, Any] | None, speculative: bool | None, spec: Any) -> str:
+    if recipe is not None:
+        v = recipe["values"]
+        if recipe["speculative"]:
+            return f"{v.get('SPECULATIVE_METHOD')} k={v.get('NUM_SPECULATIVE_TOKENS')}"
+        return "autoregressive"
+    if speculative:
+        k = getattr(spec, "num_speculative_tokens", None)
+        return f"speculative k={k}" if k else "speculative"
+    return "autoregressive" if speculative is False else "unlabelled"
+
+
+async def arun_benchmark(cfg: BenchConfig) -> dict[str, Any]:
+    """Run one benchmark and return the result document (not yet written)."""
+    return await Runner(cfg).run()
+
+
+def run_benchmark(cfg: BenchConfig) -> dict[str, Any]:
+    """Synchronous `arun_benchmark`: what scripts and the slow tests call."""
+    return asyncio.run(arun_benchmark(cfg))

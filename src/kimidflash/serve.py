@@ -1,0 +1,182 @@
+"""`serve.sh`: validate, prepare, preflight, launch, wait for health, supervise.
+
+The same function serves the MI300X configs and the CPU reference
+deployment; only the config values differ. The server runs in its own
+process group so that stopping it (Ctrl-C, SIGTERM, a failed start) takes
+vLLM's engine-core children with it and leaves no orphan holding GPUs.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Deque, TextIO
+
+import httpx
+from rich.console import Console
+
+from .config import Config
+from .paths import LAUNCHER
+from .prepare import launch_env, prepare
+from .preflight import PreflightError, preflight
+from .render import Rendered, render
+
+TAIL_LINES = 40
+STOP_GRACE_S = 30.0
+
+
+class LocalServer:
+    """The launcher as a child process group, its output pumped to a log."""
+
+    def __init__(self, rendered: Rendered, env: dict[str, str], log: TextIO | None, echo: Callable[[str], None]):
+        self.tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.proc = subprocess.Popen(
+            [str(LAUNCHER), "--", *rendered.argv], env={**env, **rendered.env}, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+        self._pump = threading.Thread(target=self._read, args=(log, echo), daemon=True)
+        self._pump.start()
+
+    def _read(self, log: TextIO | None, echo: Callable[[str], None]) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            self.tail.append(line)
+            if log is not None:
+                log.write(line + "\n")
+                log.flush()
+            echo(line)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def stop(self, grace: float = STOP_GRACE_S) -> int:
+        """SIGTERM the whole group, SIGKILL what is left after `grace` seconds."""
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        # The group may outlive the leader (engine-core children): make sure it is gone.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._pump.join(timeout=5)
+        return self.proc.wait()
+
+
+def curl_example(config: Config) -> str:
+    auth = ' -H "Authorization: Bearer $API_KEY"' if config["API_KEY"] else ""
+    body = json.dumps({"model": config["SERVED_MODEL_NAME"],
+                       "messages": [{"role": "user", "content": "Explain the Riemann hypothesis"}],
+                       "max_tokens": 128, "temperature": 0})
+    return f"curl {config.base_url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
+
+
+def wait_healthy(config: Config, server: LocalServer, console: Console, stop: threading.Event) -> bool:
+    deadline = time.monotonic() + config["HEALTH_TIMEOUT"]
+    start = time.monotonic()
+    url = f"{config.base_url}/health"
+    with httpx.Client(timeout=2.0) as client, console.status("") as status:
+        while time.monotonic() < deadline and not stop.is_set():
+            if server.poll() is not None:
+                return False
+            try:
+                if client.get(url).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            last = server.tail[-1][:100] if server.tail else ""
+            status.update(f"waiting for {url} ({time.monotonic() - start:.0f}s / {config['HEALTH_TIMEOUT']}s) {last}")
+            stop.wait(1.0)
+    return False
+
+
+def print_plan(config: Config, rendered: Rendered, console: Console) -> None:
+    console.print(f"# {config.path or 'defaults'} (runtime {config['RUNTIME']}, platform {config['PLATFORM']})",
+                  markup=False, highlight=False)
+    console.print(rendered.shell(), markup=False, highlight=False, soft_wrap=True)
+
+
+def serve(config: Config, *, dry_run: bool = False, allow_numa_balancing: bool = False,
+          log_path: Path | None = None, quiet: bool = False, proc_root: Path = Path("/proc"),
+          dev_root: Path = Path("/dev")) -> int:
+    console = Console(stderr=True)
+    say = lambda msg: console.print(f"[bold]serve:[/bold] {msg}", highlight=False, soft_wrap=True)  # noqa: E731
+    rendered = render(config)
+    if dry_run:
+        print_plan(config, rendered, Console())
+        return 0
+    if config["RUNTIME"] == "docker":
+        say("RUNTIME=docker is not available in this build; use RUNTIME=local")
+        return 2
+
+    prepare(config, log=say)
+    try:
+        for check in preflight(config, proc_root, dev_root, allow_numa_balancing=allow_numa_balancing):
+            say(f"preflight ok  {check.name}: {check.detail}")
+    except PreflightError as exc:
+        for check in exc.failed:
+            say(f"[red]preflight FAILED[/red]  {check.name}: {check.detail}\n    fix: {check.fix}")
+        return 1
+
+    stop = threading.Event()
+    got: list[int] = []
+
+    def on_signal(signum, _frame):
+        got.append(signum)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    log = open(log_path, "a") if log_path else None
+    echo = (lambda line: None) if quiet else (lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
+    say(f"starting {config['SERVED_MODEL_NAME']} on {config.base_url}")
+    server = LocalServer(rendered, launch_env(config), log, echo)
+    try:
+        t0 = time.monotonic()
+        if not wait_healthy(config, server, console, stop):
+            if stop.is_set():
+                say("interrupted before the server was ready; stopping it")
+                server.stop()
+                return 130 if signal.SIGINT in got else 143
+            code = server.poll()
+            reason = f"exited with code {code}" if code is not None else f"not healthy after {config['HEALTH_TIMEOUT']}s"
+            server.stop()
+            say(f"[red]server {reason}[/red]; last log lines:")
+            for line in server.tail:
+                console.print("  " + line, markup=False, highlight=False, soft_wrap=True)
+            return 1
+        say(f"[green]ready[/green] in {time.monotonic() - t0:.0f}s: {config.base_url}/v1 "
+            f"(model {config['SERVED_MODEL_NAME']}); try:")
+        console.print(curl_example(config), markup=False, highlight=False, soft_wrap=True)
+        while not stop.wait(1.0):
+            code = server.poll()
+            if code is not None:
+                server.stop()
+                say(f"[red]server exited with code {code}[/red]; last log lines:")
+                for line in server.tail:
+                    console.print("  " + line, markup=False, highlight=False, soft_wrap=True)
+                return code or 1
+        say("stopping the server")
+        server.stop()
+        return 0
+    finally:
+        if server.poll() is None:
+            server.stop()
+        for s, h in previous.items():
+            signal.signal(s, h)
+        if log is not None:
+            log.close()
+        sys.stdout.flush()

@@ -113,9 +113,9 @@ def stream_build(client, log: Log, **kwargs: Any) -> str:
                 tail = [*tail[-40:], line]
                 if line.startswith("Step "):
                     status.update(f"build {time.monotonic() - started:5.0f}s  {line[:100]}")
-                    console.print(line, style="bold", markup=False)
+                    console.print(line, style="bold", markup=False, soft_wrap=True)
                 elif line.strip():
-                    console.print(f"  {line}", style="dim", markup=False)
+                    console.print(f"  {line}", style="dim", markup=False, soft_wrap=True)
     if not image_id:
         m = re.search(r"Successfully built ([0-9a-f]+)", "\n".join(tail))
         if not m:
@@ -123,3 +123,182 @@ def stream_build(client, log: Log, **kwargs: Any) -> str:
         image_id = m.group(1)
     log(f"built {image_id[:19]} in {time.monotonic() - started:.0f}s")
     return image_id
+
+
+def read_report(client, image: str, path: str = REPORT_PATH) -> dict[str, Any]:
+    """The patch report from the image's filesystem, without starting a container."""
+    container = client.containers.create(image, entrypoint=["true"], command=[])
+    try:
+        bits, _ = container.get_archive(path)
+        raw = io.BytesIO(b"".join(bits))
+        with tarfile.open(fileobj=raw) as tar:
+            member = tar.next()
+            f = tar.extractfile(member) if member else None
+            if f is None:
+                raise BuildFailed(f"{path} in {image} is not a file")
+            return json.loads(f.read())
+    finally:
+        container.remove(force=True)
+
+
+def patchset_hash(report: dict[str, Any]) -> str:
+    from .imagecheck import HASH_KEYS, report_field
+
+    value = report_field(report, HASH_KEYS)
+    if not value:
+        raise BuildFailed(f"the patch report has no patch-set hash (looked for {', '.join(HASH_KEYS)})")
+    return value
+
+
+def report_vllm_version(report: dict[str, Any]) -> str:
+    from .imagecheck import VERSION_KEYS, report_field
+
+    return report_field(report, VERSION_KEYS)
+
+
+def image_tags(name: str, vllm_version: str, pset_hash: str) -> tuple[str, str]:
+    return f"{name}:{vllm_version}-{pset_hash[:12]}", f"{name}:latest"
+
+
+def _buildkit_cli() -> list[str] | None:
+    """A docker CLI that can run BuildKit with secrets: buildx, or a pre-23 client with DOCKER_BUILDKIT=1."""
+    seen: set[str] = set()
+    for cand in (shutil.which("docker"), "/usr/bin/docker"):
+        if not cand or cand in seen or not os.path.exists(cand):
+            continue
+        seen.add(cand)
+        if subprocess.run([cand, "buildx", "version"], capture_output=True).returncode == 0:
+            return [cand, "buildx", "build", "--load"]
+        out = subprocess.run([cand, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True).stdout
+        if out.strip().split(".")[0].isdigit() and int(out.strip().split(".")[0]) < 23:
+            return [cand, "build"]
+    return None
+
+
+def _cli_build(client, log: Log, context: io.BytesIO, buildargs: dict[str, str], ca_bundle: Path,
+               nocache: bool, tag: str | None) -> str:
+    """BuildKit through the docker CLI, the only way to pass the CA bundle as a secret."""
+    import tempfile
+
+    from .engine import engine_url
+
+    cli = _buildkit_cli()
+    if cli is None:
+        raise BuildFailed("--ca-bundle needs BuildKit: install docker buildx (or build without --ca-bundle)")
+    with tempfile.TemporaryDirectory() as tmp:
+        iid = Path(tmp) / "iid"
+        cmd = [*cli, "--progress=plain", "--network", "host", "-f", DOCKERFILE, "--iidfile", str(iid),
+               "--secret", f"id=ca,src={ca_bundle}"]
+        for k, v in buildargs.items():
+            cmd += ["--build-arg", f"{k}={v}"]
+        if nocache:
+            cmd.append("--no-cache")
+        if tag:
+            cmd += ["-t", tag]
+        cmd.append("-")
+        env = {**os.environ, "DOCKER_BUILDKIT": "1", "DOCKER_HOST": engine_url(client)}
+        log(f"BuildKit via {' '.join(cli)} (CA bundle as secret 'ca')")
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        assert proc.stdin and proc.stdout
+        proc.stdin.write(context.getvalue())
+        proc.stdin.close()
+        tail: list[str] = []
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            tail = [*tail[-40:], line]
+            print(f"  {line}", file=sys.stderr)
+        if proc.wait() != 0:
+            raise BuildFailed("\n".join(tail[-15:]))
+        return iid.read_text().strip()
+
+
+def build_image(client, *, base_image: str, vllm_version: str, name: str = DEFAULT_NAME, log: Log = _log,
+                ca_bundle: Path | None = None, patch_set: Path | None = None, nocache: bool = False,
+                root: Path = REPO_ROOT) -> BuildResult:
+    """Build twice: once to run the patcher, then (cached) with the report's hash as label and tag."""
+    text = (root / DOCKERFILE).read_text()
+    extra: dict[str, bytes] = {}
+    buildargs = {"BASE_IMAGE": base_image, "VLLM_VERSION": vllm_version}
+    if patch_set is not None:
+        # Travels inside patches/ in the context only; the checkout is untouched.
+        extra[f"patches/{patch_set.name}"] = patch_set.read_bytes()
+        buildargs["PATCH_SET"] = f"/opt/kimidflash/patches/{patch_set.name}"
+
+    def one_pass(args: dict[str, str], tag: str | None, no_cache: bool) -> str:
+        if ca_bundle is not None:
+            return _cli_build(client, log, build_context(root, text, extra), args, ca_bundle, no_cache, tag)
+        return stream_build(client, log, fileobj=build_context(root, classic_dockerfile(text), extra),
+                            custom_context=True, dockerfile=DOCKERFILE, buildargs=args, tag=tag,
+                            network_mode="host", rm=True, forcerm=True, nocache=no_cache)
+
+    log(f"building {name} from {base_image} (vLLM {vllm_version})")
+    first = one_pass(buildargs, None, nocache)
+    report = read_report(client, first)
+    pset = patchset_hash(report)
+    versioned, latest = image_tags(name, vllm_version, pset)
+    final = one_pass({**buildargs, "PATCHSET_HASH": pset}, versioned, False)
+    client.images.get(final).tag(latest.rsplit(":", 1)[0], "latest")
+    if first != final:
+        try:  # the unlabelled first pass, and its layers no other image uses
+            client.images.remove(first, noprune=False)
+        except Exception:  # still referenced (e.g. identical content): keep it
+            pass
+    return BuildResult(final, (versioned, latest), report)
+
+
+def print_report(result: BuildResult) -> None:
+    """The patch report, as the patcher wrote it, under the tags it produced."""
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    console.print(f"[bold]image[/bold] {result.image_id[:19]}  tags: {', '.join(result.tags)}")
+    console.print(f"[bold]patch report[/bold] ({REPORT_PATH}):")
+    console.print_json(json.dumps(result.report))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the recipe image from a config's pins (exit 2: no Docker engine)."""
+    from ..config import ConfigError, load_config, parse_overrides
+    from .cpu_base import CpuBaseError, ensure_cpu_base
+    from .engine import EngineUnavailable, require_client
+
+    p = argparse.ArgumentParser(prog="kimidflash build", description=main.__doc__)
+    p.add_argument("config", nargs="?", default=str(REPO_ROOT / "configs" / "production.env"),
+                   help="env config whose VLLM_VERSION / VLLM_IMAGE / PLATFORM pick the base (default: configs/production.env)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.add_argument("--name", default=DEFAULT_NAME, help=f"image name (default {DEFAULT_NAME})")
+    p.add_argument("--base-image", help="BASE_IMAGE (default: VLLM_IMAGE, or the local CPU base when PLATFORM=cpu)")
+    p.add_argument("--ca-bundle", type=Path, help="CA bundle for a TLS-intercepting proxy, passed as a BuildKit secret")
+    p.add_argument("--patch-set", type=Path, help="build with another patch-set file (drift tests)")
+    p.add_argument("--no-cache", action="store_true")
+    args = p.parse_args(argv)
+
+    for label, path in (("--ca-bundle", args.ca_bundle), ("--patch-set", args.patch_set)):
+        if path is not None and not path.is_file():
+            _log(f"{label} {path}: no such file")
+            return 2
+    try:
+        config = load_config(args.config, parse_overrides(args.set))
+        client = require_client()
+        vllm_version = config.values["VLLM_VERSION"]
+        base = args.base_image
+        if not base:
+            base = (ensure_cpu_base(client, vllm_version, log=_log) if config.values["PLATFORM"] == "cpu"
+                    else config.values["VLLM_IMAGE"])
+        result = build_image(client, base_image=base, vllm_version=vllm_version, name=args.name,
+                             ca_bundle=args.ca_bundle, patch_set=args.patch_set, nocache=args.no_cache)
+    except ConfigError as e:
+        _log(str(e))
+        return 2
+    except EngineUnavailable as e:
+        _log(str(e))
+        return 2
+    except (BuildFailed, CpuBaseError) as e:
+        _log(f"build failed:\n{e}")
+        return 1
+    print_report(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""Command line: `run` (the default, seed-compatible), `compare` and `validate`.
+
+    benchmark_multi_turn.py --base-url URL/v1 --model NAME --sessions 32 \
+        --turns-per-session 1 --max-tokens 512 [--output FILE.json]
+    benchmark_multi_turn.py compare A.json B.json [--markdown OUT.md] [--charts DIR]
+    benchmark_multi_turn.py validate FILE.json...
+
+Exit status: 0 done; 2 bad input or unusable server (one line naming the
+culprit); 3 partial result (server died, counters reset); 130 interrupted
+(the partial result is still written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from .result import ResultError, load_json, validate_result, write_result
+from .runner import BenchConfig, BenchError, Runner
+
+EXIT_OK, EXIT_USAGE, EXIT_PARTIAL, EXIT_INTERRUPTED = 0, 2, 3, 130
+PROG = "benchmark_multi_turn.py"
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Multi-turn streaming benchmark for an "
+                                "OpenAI-compatible server (vLLM), with spec-decode acceptance from /metrics. "
+                                f"Other commands: '{PROG} compare -h', '{PROG} validate -h'.")
+    p.add_argument("--base-url", help="the server's OpenAI root, e.g. http://127.0.0.1:8262/v1 "
+                   "(default: from --recipe-config)")
+    p.add_argument("--model", help="served model name (default: the recipe's SERVED_MODEL_NAME, "
+                   "else the server's only model)")
+    p.add_argument("--sessions", type=int, default=32, help="concurrent conversations (default 32)")
+    p.add_argument("--turns-per-session", type=int, default=1, help="user turns per session (default 1)")
+    p.add_argument("--concurrency", type=int, default=None, help="max requests in flight (default: --sessions)")
+    p.add_argument("--max-tokens", type=int, default=512, help="max output tokens per turn (default 512)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0, greedy)")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up requests before the window, excluded (default 2)")
+    p.add_argument("--warmup-max-tokens", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0, help="prompt shuffling seed (default 0)")
+    p.add_argument("--prompts", default=None, metavar="builtin|FILE",
+                   help="prompt source: the built-in diverse set (default), a JSONL file or a ShareGPT JSON file")
+    p.add_argument("--system-prompt", default=None)
+    p.add_argument("--think-time", type=float, default=0.0, help="seconds between a reply and the next turn")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds (default 600)")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--label", default=None, help="series name in reports (e.g. 'dflash st=2')")
+    p.add_argument("--output", "-o", default=None, metavar="FILE.json", help="write the result here (atomically)")
+    p.add_argument("--recipe-config", default=None, metavar="ENV_FILE",
+                   help="the recipe config that launched the server (recorded with its sha256)")
+    role = p.add_mutually_exclusive_group()
+    role.add_argument("--speculative", dest="speculative", action="store_true", default=None,
+                      help="mark the run as speculative (default: from the recipe config or /metrics)")
+    role.add_argument("--baseline", dest="speculative", action="store_false",
+                      help="mark the run as the autoregressive baseline")
+    p.add_argument("--no-metrics", action="store_true", help="do not scrape /metrics")
+    p.add_argument("--metrics-url", default=None, help="default: <server root>/metrics")
+    p.add_argument("--no-vllm-extensions", action="store_true",
+                   help="do not send return_token_ids / continuous_usage_stats (non-vLLM servers)")
+    p.add_argument("--ignore-eos", action="store_true", help="ask the server to always generate --max-tokens")
+    p.add_argument("--max-connection-errors", type=int, default=3,
+                   help="stop (partial result) after this many connection failures in a row")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--quiet", "-q", action="store_true", help="no summary table")
+    return p
+
+
+def _compare_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"{PROG} compare", description="Seed-style tables and charts from result "
+                                "files (ours, or the seed's published figures in benchmarks/seed/).")
+    p.add_argument("files", nargs="+", help="result JSON files")
+    p.add_argument("--baseline", default=None, help="label of the baseline series (default: the non-speculative one)")
+    p.add_argument("--markdown", default=None, metavar="OUT.md", help="write the tables as Markdown")
+    p.add_argument("--charts", default=None, metavar="DIR", help="draw PNG charts into DIR")
+    p.add_argument("--quiet", "-q", action="store_true", help="no terminal tables")
+    return p
+
+
+def _validate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"{PROG} validate", description="Check result files against the schema.")
+    p.add_argument("files", nargs="+")
+    return p
+
+
+def _err(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+
+
+def config_from_args(a: argparse.Namespace, argv: Sequence[str]) -> BenchConfig:
+    base_url = a.base_url
+    if base_url is None:
+        if not a.recipe_config:
+            raise BenchError("--base-url is required (or --recipe-config to take it from the recipe)")
+        from ..config import load_config
+        try:
+            base_url = load_config(a.recipe_config).base_url + "/v1"
+        except FileNotFoundError:
+            raise BenchError(f"recipe config not found: {a.recipe_config}") from None
+        except Exception as e:  # noqa: BLE001 - the loader's message names key and file
+            raise BenchError(f"recipe config {a.recipe_config}: {e}") from None
+    return BenchConfig(
+        base_url=base_url, model=a.model, sessions=a.sessions, turns_per_session=a.turns_per_session,
+        concurrency=a.concurrency, max_tokens=a.max_tokens, temperature=a.temperature, warmup=a.warmup,
+        warmup_max_tokens=a.warmup_max_tokens, seed=a.seed, prompts=a.prompts, system_prompt=a.system_prompt,
+        think_time=a.think_time, timeout=a.timeout, api_key=a.api_key, label=a.label,
+        scrape_metrics=not a.no_metrics, metrics_url=a.metrics_url, vllm_extensions=not a.no_vllm_extensions,
+        ignore_eos=a.ignore_eos, recipe_config=a.recipe_config, speculative=a.speculative,
+        max_connection_errors=a.max_connection_errors, progress=not a.no_progress and sys.stderr.isatty(),
+        handle_signals=True, argv=[PROG, *argv],
+    )
+
+
+def print_summary(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def f(v: Any, nd: int = 1) -> str:
+        return "—" if v is None else (f"{v:,.{nd}f}" if isinstance(v, float) else str(v))
+
+    t = Table(title=f"{doc['label']}{' (PARTIAL: ' + str(doc['partial_reason']) + ')' if doc['partial'] else ''}")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    rows = [
+        ("requests completed / failed / not started", f"{doc['completed']} / {doc['failed']} / {doc['not_started']}"),
+        ("errors", ", ".join(f"{k}: {v}" for k, v in doc["errors"].items()) or "none"),
+        ("concurrency", f(doc["max_concurrency"])),
+        ("duration (s)", f(doc["duration"], 2)),
+        ("output tokens", f(doc["total_output_tokens"])),
+        ("output throughput (tok/s)", f(doc["output_throughput"])),
+        ("per-user tok/s (mean)", f(doc["mean_per_user_output_throughput"])),
+        ("TTFT ms mean / p95 / p99", f"{f(doc['mean_ttft_ms'])} / {f(doc['p95_ttft_ms'])} / {f(doc['p99_ttft_ms'])}"),
+        ("TPOT ms mean", f(doc["mean_tpot_ms"], 2)),
+        ("ITL ms mean / p99", f"{f(doc['mean_itl_ms'], 2)} / {f(doc['p99_itl_ms'], 2)}"),
+        ("latency s mean / p95", f"{f((doc['mean_e2el_ms'] or 0) / 1000, 2)} / {f((doc['p95_e2el_ms'] or 0) / 1000, 2)}"),
+        ("slot wait ms mean / max-ish p99", f"{f(doc['mean_slot_wait_ms'])} / {f(doc['p99_slot_wait_ms'])}"),
+        ("token counts from", str(doc["token_source"])),
+    ]
+    if doc["spec_decode_num_drafts"] is not None:
+        rates = doc["spec_decode_per_position_acceptance_rates"] or []
+        rows += [
+            ("acceptance rate", f(doc["spec_decode_acceptance_rate"], 3)),
+            ("mean acceptance length", f(doc["spec_decode_acceptance_length"], 3)),
+            ("per-position acceptance", " ".join(f(x, 3) for x in rates)),
+        ]
+    sm = doc["server_metrics"]
+    if sm.get("available"):
+        rows.append(("server generation tokens (delta)", f"{f(sm.get('generation_tokens'), 0)}"
+                     f" (match: {sm.get('output_tokens_match_server')})"))
+    elif sm.get("error"):
+        rows.append(("/metrics", str(sm["error"])))
+    for k, v in rows:
+        t.add_row(k, v)
+    Console(stderr=True).print(t)
+
+
+def cmd_run(argv: Sequence[str]) -> int:
+    a = _run_parser().parse_args(argv)
+    try:
+        cfg = config_from_args(a, argv)
+        runner = Runner(cfg)
+        doc = asyncio.run(runner.run())
+    except BenchError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    except KeyboardInterrupt:  # before signal handlers were installed
+        _err("interrupted before the run started; nothing written")
+        return EXIT_INTERRUPTED
+    if a.output:
+        try:
+            write_result(a.output, doc)
+        except OSError as e:
+            _err(f"cannot write {a.output}: {e}")
+            return EXIT_USAGE
+    if not a.quiet:
+        print_summary(doc)
+    if a.output:
+        print(f"result: {a.output}{' (partial)' if doc['partial'] else ''}", file=sys.stderr)
+    elif not a.quiet:
+        print("(no --output: result not saved)", file=sys.stderr)
+    if runner.st.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_PARTIAL if doc["partial"] else EXIT_OK
+
+
+def cmd_compare(argv: Sequence[str]) -> int:
+    from .report import ReportError, compare
+
+    a = _compare_parser().parse_args(argv)
+    try:
+        compare(a.files, baseline=a.baseline, markdown=a.markdown, charts=a.charts, terminal=not a.quiet)
+    except (ReportError, ResultError) as e:
+        _err(str(e))
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+def cmd_validate(argv: Sequence[str]) -> int:
+    a = _validate_parser().parse_args(argv)
+    bad = 0
+    for f in a.files:
+        try:
+            doc = load_json(f)
+        except ResultError as e:
+            _err(str(e))
+            bad += 1
+            continue
+        if doc.get("schema") == "kimidflash-bench-published":
+            from .report import validate_published
+            problems = validate_published(doc)
+        else:
+            problems = validate_result(doc)
+        if problems:
+            bad += 1
+            for p in problems:
+                _err(f"{f}: {p}")
+        else:
+            print(f"{f}: valid{' (partial)' if doc.get('partial') else ''}")
+    return EXIT_USAGE if bad else EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "compare":
+        return cmd_compare(args[1:])
+    if args and args[0] == "validate":
+        return cmd_validate(args[1:])
+    if args and args[0] == "run":
+        args = args[1:]
+    return cmd_run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,14 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from .config import FIELDS, ConfigError, load_config, parse_overrides
 from .paths import CONFIGS_DIR
 
 
 def _print_config(config) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=str(config.path), show_lines=False)
     for col in ("key", "value", "from"):
         table.add_column(col, overflow="fold")

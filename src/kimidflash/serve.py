@@ -135,6 +135,11 @@ def serve(config: Config, *, dry_run: bool = False, allow_numa_balancing: bool =
     stop = threading.Event()
     got: list[int] = []
 
+    def report_death(reason: str) -> None:
+        say(f"[red]server {reason}[/red]; last log lines:")
+        for line in server.tail:
+            console.print("  " + line, markup=False, highlight=False, soft_wrap=True)
+
     def on_signal(signum, _frame):
         got.append(signum)
         stop.set()
@@ -154,9 +159,7 @@ def serve(config: Config, *, dry_run: bool = False, allow_numa_balancing: bool =
             code = server.poll()
             reason = f"exited with code {code}" if code is not None else f"not healthy after {config['HEALTH_TIMEOUT']}s"
             server.stop()
-            say(f"[red]server {reason}[/red]; last log lines:")
-            for line in server.tail:
-                console.print("  " + line, markup=False, highlight=False, soft_wrap=True)
+            report_death(reason)
             return 1
         say(f"[green]ready[/green] in {time.monotonic() - t0:.0f}s: {config.base_url}/v1 "
             f"(model {config['SERVED_MODEL_NAME']}); try:")
@@ -165,9 +168,7 @@ def serve(config: Config, *, dry_run: bool = False, allow_numa_balancing: bool =
             code = server.poll()
             if code is not None:
                 server.stop()
-                say(f"[red]server exited with code {code}[/red]; last log lines:")
-                for line in server.tail:
-                    console.print("  " + line, markup=False, highlight=False, soft_wrap=True)
+                report_death(f"exited with code {code}")
                 return code or 1
         say("stopping the server")
         server.stop()

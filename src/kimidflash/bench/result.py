@@ -303,3 +303,20 @@ def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ResultError(f"{path}: {problems[0]}{more}")
     return doc
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return p

@@ -1,0 +1,211 @@
+"""Run the recipe image as a server container and supervise it.
+
+`ContainerServer` has the same small surface as serve.py's LocalServer
+(`tail`, `poll()`, `stop()`), so serve.sh's health wait, ready line, signal
+handling and death report work unchanged for RUNTIME=docker. The container
+always runs with `init=True`: tini as PID 1 forwards SIGTERM to the launcher
+(Python as PID 1 ignores it, and `docker stop` would wait its full timeout).
+`stop()` stops and removes the container, so nothing is left behind; a
+container that died keeps its last log lines in `tail` for the report.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+from typing import Any, Callable, Deque, TextIO
+
+from ..config import Config
+from ..render import Rendered
+from .build import DEFAULT_NAME, LABEL_VLLM
+from .spec import MANAGED_LABEL, container_spec, docker_run_line
+
+TAIL_LINES = 40
+STOP_GRACE_S = 30
+
+
+class ContainerError(RuntimeError):
+    """One line naming the container or image problem and the fix."""
+
+
+def resolve_image(client, config: Config, name: str = DEFAULT_NAME) -> str:
+    """The newest `name` image built for the config's vLLM pin (by its label)."""
+    pin = config.values["VLLM_VERSION"]
+    images = client.images.list(name=name, filters={"label": f"{LABEL_VLLM}={pin}"})
+    if not images:
+        where = config.path or "the config"
+        raise ContainerError(f"no {name} image built for vLLM {pin}: run ./build-kimi26-dflash.sh {where}")
+    newest = max(images, key=lambda im: im.attrs.get("Created", ""))
+    versioned = [t for t in newest.tags if not t.endswith(":latest")]
+    return (versioned or newest.tags or [newest.id])[0]
+
+
+def dry_run_line(config: Config, rendered: Rendered, image: str | None = None) -> str:
+    """The `docker run` serve.sh would execute (image: the resolved one, else NAME:latest)."""
+    if image is None:
+        from .engine import find_client
+
+        client = find_client(timeout=10)
+        try:
+            image = resolve_image(client, config) if client is not None else f"{DEFAULT_NAME}:latest"
+        except ContainerError:
+            image = f"{DEFAULT_NAME}:latest"
+    return docker_run_line(container_spec(config, rendered, image))
+
+
+class ContainerServer:
+    """A started server container, its log pumped to `log`/`echo` and kept in `tail`."""
+
+    def __init__(self, client, spec: dict[str, Any], log: TextIO | None = None,
+                 echo: Callable[[str], None] = lambda line: None):
+        import docker
+
+        self.client = client
+        self.spec = dict(spec)
+        self.name: str = spec["name"]
+        self.tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._exit: int | None = None
+        self._removed = False
+        self._clear_stale(docker)
+        if self.spec.get("privileged"):
+            raise ContainerError("refusing a privileged container spec")
+        kwargs = {k: v for k, v in self.spec.items() if k != "image"}
+        try:
+            self.container = client.containers.run(self.spec["image"], detach=True, **kwargs)
+        except docker.errors.ImageNotFound:
+            raise ContainerError(f"image {self.spec['image']} is not on this engine: run ./build-kimi26-dflash.sh") from None
+        except docker.errors.APIError as e:
+            raise ContainerError(f"docker could not start {self.name}: {e.explanation or e}") from None
+        self._pump = threading.Thread(target=self._read, args=(log, echo), daemon=True)
+        self._pump.start()
+
+    def _clear_stale(self, docker) -> None:
+        """A dead container of ours with this name (a crash, a killed serve.sh) is removed; a live one is an error."""
+        try:
+            old = self.client.containers.get(self.name)
+        except docker.errors.NotFound:
+            return
+        if old.status == "running":
+            raise ContainerError(f"container {self.name} is already running: `docker stop {self.name}` or change PORT")
+        if old.labels.get(MANAGED_LABEL) != "1":
+            raise ContainerError(f"a container named {self.name} exists and is not ours: remove or rename it")
+        old.remove(force=True)
+
+    def _read(self, log: TextIO | None, echo: Callable[[str], None]) -> None:
+        buf = b""
+        for chunk in self.container.logs(stream=True, follow=True):
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for raw in lines:
+                self._line(raw.decode(errors="replace").rstrip("\r"), log, echo)
+        if buf:
+            self._line(buf.decode(errors="replace"), log, echo)
+
+    def _line(self, line: str, log: TextIO | None, echo: Callable[[str], None]) -> None:
+        self.tail.append(line)
+        if log is not None:
+            log.write(line + "\n")
+            log.flush()
+        echo(line)
+
+    def poll(self) -> int | None:
+        """The exit code once the container has stopped, else None."""
+        if self._exit is not None:
+            return self._exit
+        try:
+            self.container.reload()
+        except Exception:  # removed underneath us: treat as dead
+            self._exit = -1
+            return self._exit
+        if self.container.status in ("exited", "dead"):
+            self._exit = int(self.container.attrs["State"]["ExitCode"])
+        return self._exit
+
+    def stop(self, grace: float = STOP_GRACE_S) -> int:
+        """docker stop (SIGTERM through tini, SIGKILL after `grace`), then remove. Returns the exit code."""
+        if not self._removed:
+            try:
+                self.container.stop(timeout=int(grace))
+                code = int(self.container.wait(timeout=grace + 30).get("StatusCode", -1))
+            except Exception:
+                code = self.poll() if self.poll() is not None else -1
+            self._exit = code if self._exit is None else self._exit
+            self._pump.join(timeout=5)
+            try:
+                self.container.remove(force=True)
+            except Exception:  # already gone
+                pass
+            self._removed = True
+        return self._exit if self._exit is not None else -1
+
+    def __enter__(self) -> "ContainerServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_server(config: Config, rendered: Rendered, *, image: str | None = None, log: TextIO | None = None,
+                 echo: Callable[[str], None] = lambda line: None, client=None) -> ContainerServer:
+    """serve.sh RUNTIME=docker: resolve the image, build the spec, start the container."""
+    from .engine import require_client
+
+    client = client or require_client()
+    image = image or resolve_image(client, config)
+    return ContainerServer(client, container_spec(config, rendered, image), log, echo)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m kimidflash.docker.run CONFIG [--image IMG] [--dry-run]`: run until healthy, then until Ctrl-C."""
+    import argparse
+    import signal
+    import time
+
+    import httpx
+
+    from ..config import ConfigError, load_config, parse_overrides
+    from ..render import render
+    from .engine import EngineUnavailable
+
+    p = argparse.ArgumentParser(prog="kimidflash.docker.run", description=main.__doc__)
+    p.add_argument("config")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--image")
+    p.add_argument("--dry-run", action="store_true", help="print the equivalent docker run line")
+    args = p.parse_args(argv)
+    say = lambda m: print(f"kimidflash: {m}", file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        config = load_config(args.config, parse_overrides(args.set))
+        rendered = render(config)
+        if args.dry_run:
+            print(dry_run_line(config, rendered, args.image))
+            return 0
+        server = start_server(config, rendered, image=args.image, echo=lambda line: print(line, file=sys.stderr))
+    except (ConfigError, EngineUnavailable, ContainerError) as e:
+        say(str(e))
+        return 2
+    stop = threading.Event()
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda *_: stop.set())
+    with server:
+        deadline = time.monotonic() + config.values["HEALTH_TIMEOUT"]
+        while not stop.is_set() and time.monotonic() < deadline and server.poll() is None:
+            try:
+                if httpx.get(f"{config.base_url}/health", timeout=2).status_code == 200:
+                    say(f"ready: {config.base_url}/v1 (container {server.name})")
+                    break
+            except httpx.HTTPError:
+                pass
+            stop.wait(1)
+        while not stop.wait(1):
+            if server.poll() is not None:
+                say(f"container {server.name} exited with code {server.poll()}; last log lines:")
+                for line in server.tail:
+                    print(f"  {line}", file=sys.stderr)
+                return server.poll() or 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""The schema, the shipped configs and every refusal, with its message."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kimidflash.config import FIELDS, ConfigError, load_config
+from kimidflash.config.loader import coerce
+
+from .helpers import ALL_CONFIGS, CONFIGS, ROOT, write_env
+
+
+def test_every_field_is_documented_and_its_default_is_valid():
+    for f in FIELDS:
+        assert f.doc and f.group, f.name
+        if f.default != "" and f.kind != "path":
+            raw = str(f.default).lower() if f.kind == "bool" else str(f.default)
+            assert coerce(f, raw, "default") == f.default, f.name
+
+
+@pytest.mark.parametrize("name", ALL_CONFIGS)
+def test_shipped_configs_validate(name):
+    config = load_config(CONFIGS / name, environ={})
+    assert config["HOST"] == "127.0.0.1"
+    assert not config["API_KEY"]
+
+
+def test_production_values_match_the_seed():
+    c = load_config(CONFIGS / "production.env", environ={})
+    assert (c["KV_CACHE_DTYPE"], c["MOE_BACKEND"], c["MAX_NUM_SEQS"], c["NUM_SPECULATIVE_TOKENS"]) == ("auto", "aiter", 32, 2)
+    assert (c["MAX_NUM_BATCHED_TOKENS"], c["MAX_MODEL_LEN"], c["GPU_MEMORY_UTILIZATION"], c["BLOCK_SIZE"]) == (32768, 262144, 0.90, 16)
+    assert (c["ENFORCE_EAGER"], c["TENSOR_PARALLEL_SIZE"], c["PORT"], c["SERVED_MODEL_NAME"]) == (True, 8, 8262, "kimi-k2.6-amd-dflash")
+    fp8 = load_config(CONFIGS / "production-fp8kv.env", environ={})
+    assert (fp8["KV_CACHE_DTYPE"], fp8["MAX_NUM_SEQS"], fp8["KV_SCALE_POLICY"]) == ("fp8", 64, "running-max")
+    safe = load_config(CONFIGS / "production-fp8kv-safe.env", environ={})
+    assert (safe["KV_CACHE_DTYPE"], safe["MOE_BACKEND"]) == ("fp8", "triton")
+    matched = load_config(CONFIGS / "production-fp8kv-matched.env", environ={})
+    assert (matched["KV_CACHE_DTYPE"], matched["NUM_SPECULATIVE_TOKENS"], matched["MAX_NUM_SEQS"]) == ("fp8", 8, 64)
+    assert matched["DRAFT_MODEL_DIR"] != c["DRAFT_MODEL_DIR"]
+
+
+def test_include_chain_records_where_each_value_came_from():
+    c = load_config(CONFIGS / "production-fp8kv-safe.env", environ={})
+    assert c.sources["MOE_BACKEND"].endswith("production-fp8kv-safe.env")
+    assert c.sources["KV_CACHE_DTYPE"].endswith("production-fp8kv.env")
+    assert c.sources["PORT"].endswith("production.env")
+    assert c.sources["HEALTH_TIMEOUT"] == "default"
+    assert [p.name for p in c.files] == ["production.env", "production-fp8kv.env", "production-fp8kv-safe.env"]
+
+
+def test_draft_config_json_is_the_seed_architecture():
+    d = json.loads((CONFIGS / "kimi-k2.6-dflash-draft.json").read_text())
+    assert d["num_hidden_layers"] == 6
+    assert d["dflash_config"]["target_layer_ids"] == [1, 12, 24, 35, 47, 58]
+    assert (d["training"]["block_size"], d["block_size"]) == (16, 8)
+    assert set(d["training"]["shared_frozen"]) == {"embed_tokens", "lm_head"}
+
+
+def test_relative_paths_resolve_from_the_env_file(tmp_path):
+    (tmp_path / "d.json").write_text('{"block_size": 4}')
+    env = write_env(tmp_path / "x.env", "INCLUDE=" + str(CONFIGS / "production.env") + "\nDRAFT_CONFIG=d.json\nNUM_SPECULATIVE_TOKENS=4\n")
+    assert load_config(env, environ={})["DRAFT_CONFIG"] == str(tmp_path / "d.json")
+
+
+def test_api_key_comes_from_the_environment_and_is_masked(tmp_path):
+    env = write_env(tmp_path / "x.env", f"INCLUDE={CONFIGS / 'production.env'}\nHOST=0.0.0.0\n")
+    c = load_config(env, environ={"API_KEY": "s3cret"})
+    assert c["API_KEY"] == "s3cret" and c.sources["API_KEY"] == "process environment"
+    from kimidflash.render import render
+
+    r = render(c)
+    assert r.env["VLLM_API_KEY"] == "s3cret"
+    assert "s3cret" not in " ".join(r.argv) and "s3cret" not in r.shell()
+
+
+def refusal(tmp_path, body: str, environ=None) -> ConfigError:
+    env = write_env(tmp_path / "bad.env", f"INCLUDE={CONFIGS / 'production.env'}\n{body}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(env, environ=environ or {})
+    return exc.value
+
+
+@pytest.mark.parametrize("body, key, words", [
+    ("MAX_NUM_SEQ=8", "MAX_NUM_SEQ", ["unknown key", "did you mean MAX_NUM_SEQS"]),
+    ("MAX_NUM_SEQS=many", "MAX_NUM_SEQS", ["expected an integer", "'many'"]),
+    ("ENFORCE_EAGER=maybe", "ENFORCE_EAGER", ["true or false"]),
+    ("GPU_MEMORY_UTILIZATION=1.5", "GPU_MEMORY_UTILIZATION", ["out of range"]),
+    ("PORT=70000", "PORT", ["out of range"]),
+    ("KV_CACHE_DTYPE=fp9", "KV_CACHE_DTYPE", ["not one of", "did you mean 'fp8'"]),
+    ("MAX_NUM_BATCHED_TOKENS=65536", "MAX_NUM_BATCHED_TOKENS", ["384-expert", "32768", "MOE_BACKEND=triton"]),
+    ("NUM_SPECULATIVE_TOKENS=9", "NUM_SPECULATIVE_TOKENS", ["outside 1..8", "kimi-k2.6-dflash-draft.json"]),
+    ("BLOCK_SIZE=32", "BLOCK_SIZE", ["MLA", "BLOCK_SIZE=16"]),
+    ("KV_CACHE_DTYPE=fp8", "KV_SCALE_POLICY", ["running-max", "scale 1.0"]),
+    ("KV_SCALE_POLICY=running-max", "KV_SCALE_POLICY", ["only to an FP8 KV cache"]),
+    ("HOST=0.0.0.0", "HOST", ["API_KEY", "127.0.0.1"]),
+    ("EXTRA_VLLM_ARGS=--max-num-seqs 4", "EXTRA_VLLM_ARGS", ["repeats --max-num-seqs"]),
+    ("EXTRA_VLLM_ARGS='--foo \"unbalanced'", "EXTRA_VLLM_ARGS", ["shell words"]),
+    ("PLATFORM=cpu", "MOE_BACKEND", ["MOE_BACKEND=auto"]),
+    ("SPECULATIVE_METHOD=ngram\nNGRAM_PROMPT_LOOKUP_MIN=4\nNGRAM_PROMPT_LOOKUP_MAX=2", "NGRAM_PROMPT_LOOKUP_MIN", ["must not exceed"]),
+])
+def test_refusals_name_the_key_and_the_fix(tmp_path, body, key, words):
+    err = refusal(tmp_path, body)
+    assert err.key == key
+    for w in words:
+        assert w in str(err), (w, str(err))
+
+
+def test_aiter_cap_does_not_apply_to_triton_moe(tmp_path):
+    env = write_env(tmp_path / "ok.env", f"INCLUDE={CONFIGS / 'production.env'}\nMOE_BACKEND=triton\nMAX_NUM_BATCHED_TOKENS=65536\n")
+    assert load_config(env, environ={})["MAX_NUM_BATCHED_TOKENS"] == 65536
+
+
+def test_target_attention_is_checked_against_the_checkpoint(tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    err = refusal(tmp_path, f"MODEL_DIR={model}")
+    assert err.key == "TARGET_ATTENTION" and "TARGET_ATTENTION=standard" in str(err)
+
+
+def test_drafter_checkpoint_block_size_wins_over_the_architecture_json(tmp_path):
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({"block_size": 4}))
+    err = refusal(tmp_path, f"DRAFT_MODEL_DIR={draft}\nNUM_SPECULATIVE_TOKENS=5")
+    assert "outside 1..4" in str(err) and str(draft) in str(err)
+
+
+def test_api_key_in_a_shipped_config_is_refused(tmp_path):
+    bad = CONFIGS / "zz-test-api-key.env"
+    bad.write_text(f"INCLUDE=production.env\nAPI_KEY=committed\n")
+    try:
+        with pytest.raises(ConfigError, match="export API_KEY"):
+            load_config(bad, environ={})
+    finally:
+        bad.unlink()
+
+
+def test_include_cycle_is_refused(tmp_path):
+    write_env(tmp_path / "a.env", "INCLUDE=b.env\n")
+    write_env(tmp_path / "b.env", "INCLUDE=a.env\n")
+    with pytest.raises(ConfigError, match="include cycle"):
+        load_config(tmp_path / "a.env", environ={})
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["serve", "configs/nope.env", "--dry-run"], 2, ["does not exist"]),
+    (["serve", "configs/production.env", "--dry-run", "--set", "MAX_NUM_SEQ=4"], 2, ["MAX_NUM_SEQ", "did you mean MAX_NUM_SEQS"]),
+    (["serve", "configs/production.env", "--dry-run", "--set", "HOST=10.0.0.5"], 2, ["HOST", "API_KEY"]),
+])
+def test_cli_refuses_with_one_line_and_exit_2(args, code, words):
+    r = subprocess.run([sys.executable, "-m", "kimidflash", *args], cwd=ROOT, capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == code
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    for w in words:
+        assert w in r.stderr
+
+
+def test_print_config_shows_sources():
+    r = subprocess.run([sys.executable, "-m", "kimidflash", "serve", "configs/production-fp8kv.env", "--print-config"],
+                       cwd=ROOT, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "COLUMNS": "250", "API_KEY": "zzz"})
+    assert r.returncode == 0, r.stderr
+    lines = {l.split("│")[1].strip(): l for l in r.stdout.splitlines() if l.count("│") >= 3}
+    assert "production-fp8kv.env" in lines["KV_CACHE_DTYPE"]
+    assert "default" in lines["HEALTH_TIMEOUT"]
+    assert "***" in lines["API_KEY"] and "zzz" not in r.stdout

@@ -1,0 +1,124 @@
+"""Container spec and `docker run` line: goldens for every production config,
+and the ROCm/CPU rules the spec must keep (never privileged, read-only models)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from kimidflash.config import load_config
+from kimidflash.docker.spec import LAUNCHER_IN_IMAGE, container_spec, docker_run_line
+from kimidflash.render import render
+
+from .helpers import CONFIGS, PRODUCTION_CONFIGS, ROOT, UPDATE_GOLDEN, write_env
+
+GOLDEN = ROOT / "tests" / "golden" / "docker"
+IMAGE = "kimidflash/kimi26-dflash:0.33.0-0123456789ab"
+
+
+def spec_for(path, **overrides):
+    config = load_config(path, overrides, environ={})
+    return config, container_spec(config, render(config), IMAGE)
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if UPDATE_GOLDEN:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"{path} missing: run UPDATE_GOLDEN=1 pytest tests/test_docker_spec.py"
+    assert text == path.read_text(), f"{path} differs; review, then UPDATE_GOLDEN=1"
+
+
+@pytest.mark.parametrize("name", PRODUCTION_CONFIGS)
+def test_spec_golden(name):
+    _, spec = spec_for(CONFIGS / name)
+    check_golden(name.replace(".env", ".spec.json"), json.dumps(spec, indent=2, sort_keys=True) + "\n")
+
+
+@pytest.mark.parametrize("name", PRODUCTION_CONFIGS)
+def test_run_line_golden(name):
+    _, spec = spec_for(CONFIGS / name)
+    check_golden(name.replace(".env", ".docker-run.txt"), docker_run_line(spec) + "\n")
+
+
+def test_production_configs_exist():
+    assert "production.env" in PRODUCTION_CONFIGS and len(PRODUCTION_CONFIGS) >= 2
+
+
+@pytest.mark.parametrize("name", PRODUCTION_CONFIGS)
+def test_rocm_spec_has_exactly_what_rocm_needs(name):
+    config, spec = spec_for(CONFIGS / name)
+    assert spec["devices"] == ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"]
+    assert spec["group_add"] == ["video", "render"]
+    assert spec["ipc_mode"] == "host" and spec["network_mode"] == "host"
+    assert spec["security_opt"] == ["seccomp=unconfined"] and spec["cap_add"] == ["SYS_PTRACE"]
+    assert "privileged" not in spec and spec["init"] is True
+    rendered = render(config)
+    assert spec["entrypoint"] == [LAUNCHER_IN_IMAGE] and spec["command"] == ["--", *rendered.argv]
+    for key, value in rendered.env.items():
+        assert spec["environment"][key] == value
+    v = config.values
+    # Models at the same path, read-only, so the host-rendered argv holds inside.
+    assert spec["volumes"][v["MODEL_DIR"]] == {"bind": v["MODEL_DIR"], "mode": "ro"}
+    assert spec["volumes"][v["DRAFT_MODEL_DIR"]] == {"bind": v["DRAFT_MODEL_DIR"], "mode": "ro"}
+    assert v["MODEL_DIR"] in rendered.argv
+
+
+def test_cpu_spec_has_no_devices_or_groups():
+    _, spec = spec_for(CONFIGS / "cpu-tiny.env")
+    for key in ("devices", "group_add", "cap_add", "security_opt", "privileged"):
+        assert key not in spec
+    assert spec["environment"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert all(b["mode"] == "ro" for b in spec["volumes"].values())
+
+
+def test_hf_home_mounted_writable_and_ngram_has_no_draft_mount(tmp_path):
+    cfg = write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'production.env'}\nHF_HOME=/data/hf\n"
+                    "SPECULATIVE_METHOD=ngram\n")
+    config, spec = spec_for(cfg)
+    assert spec["volumes"]["/data/hf"] == {"bind": "/data/hf", "mode": "rw"}
+    assert spec["environment"]["HF_HOME"] == "/data/hf"
+    assert config.values["DRAFT_MODEL_DIR"] not in spec["volumes"]
+
+
+def test_api_key_never_printed_in_run_line(tmp_path):
+    cfg = write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'production.env'}\n")
+    config = load_config(cfg, {"API_KEY": "sk-very-secret", "HOST": "0.0.0.0"}, environ={})
+    spec = container_spec(config, render(config), IMAGE)
+    assert spec["environment"]["VLLM_API_KEY"] == "sk-very-secret"  # the SDK gets the value...
+    line = docker_run_line(spec)
+    assert "sk-very-secret" not in line  # ...the printed line passes it through by name
+    assert "-e VLLM_API_KEY \\" in line
+    assert spec["environment"]["KIMIDFLASH_HEALTH_URL"] == "http://127.0.0.1:8262/health"
+
+
+def test_run_line_round_trips_to_the_spec():
+    """Parsing the printed line back gives the spec's devices, mounts, env and command."""
+    config, spec = spec_for(CONFIGS / "production.env")
+    words = shlex.split(docker_run_line(spec).replace("\\\n", " "))
+    assert words[:3] == ["docker", "run", "--rm"] and "--privileged" not in words
+    image_at = words.index(IMAGE)
+    assert words[image_at + 1:] == spec["command"]
+    opts = list(zip(words[3:image_at], words[4:image_at]))
+    assert ("--device", "/dev/kfd") in opts and ("--device", "/dev/dri") in opts
+    assert ("--entrypoint", LAUNCHER_IN_IMAGE) in opts
+    env = dict(v.split("=", 1) for k, v in opts if k == "-e")
+    assert {k: v for k, v in env.items()} == spec["environment"]
+    mounts = {v for k, v in opts if k == "-v"}
+    assert mounts == {f"{h}:{b['bind']}:{b['mode']}" for h, b in spec["volumes"].items()}
+
+
+@pytest.mark.parametrize("image", ["", "has space:1"])
+def test_bad_image_named(image):
+    config = load_config(CONFIGS / "production.env", environ={})
+    with pytest.raises(ValueError, match="image reference"):
+        container_spec(config, render(config), image)
+
+
+def test_privileged_spec_refused():
+    _, spec = spec_for(CONFIGS / "production.env")
+    with pytest.raises(ValueError, match="privileged"):
+        docker_run_line({**spec, "privileged": True})

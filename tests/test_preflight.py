@@ -1,0 +1,134 @@
+"""Preflight against fake /proc and /dev trees: the ROCm host logic without a ROCm host."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from kimidflash.config import load_config
+from kimidflash.preflight import PreflightError, preflight
+
+from .helpers import CONFIGS, free_port, write_env
+
+
+def fake_host(tmp_path: Path, gpus: int = 8, kfd: bool = True, numa: str | None = "1") -> tuple[Path, Path]:
+    proc, dev = tmp_path / "proc", tmp_path / "dev"
+    (proc / "sys" / "kernel").mkdir(parents=True)
+    (dev / "dri").mkdir(parents=True)
+    if numa is not None:
+        (proc / "sys" / "kernel" / "numa_balancing").write_text(numa + "\n")
+    if kfd:
+        (dev / "kfd").write_text("")
+    for i in range(gpus):
+        (dev / "dri" / f"card{i}").write_text("")
+        (dev / "dri" / f"renderD{128 + i}").write_text("")
+    return proc, dev
+
+
+def rocm_config(tmp_path: Path, **extra: str):
+    models = {}
+    for key in ("MODEL_DIR", "DRAFT_MODEL_DIR"):
+        d = tmp_path / key.lower()
+        d.mkdir(exist_ok=True)
+        (d / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "kv_lora_rank": 512}
+                                                  if key == "MODEL_DIR" else {"block_size": 8}))
+        models[key] = str(d)
+    body = "\n".join(f"{k}={v}" for k, v in {**models, "PORT": str(free_port()), **extra}.items())
+    return load_config(write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'production.env'}\n{body}\n"), environ={})
+
+
+def names(checks) -> dict[str, bool]:
+    return {c.name: c.ok for c in checks}
+
+
+def test_healthy_host_passes_and_root_disables_numa_balancing(tmp_path):
+    proc, dev = fake_host(tmp_path, numa="1")
+    checks = preflight(rocm_config(tmp_path), proc, dev, is_root=True)
+    assert all(names(checks).values())
+    assert (proc / "sys/kernel/numa_balancing").read_text().strip() == "0"
+    assert "disabled it (read back 0)" in next(c.detail for c in checks if c.name == "NUMA balancing")
+
+
+def test_numa_already_off_is_left_alone(tmp_path):
+    proc, dev = fake_host(tmp_path, numa="0")
+    checks = preflight(rocm_config(tmp_path), proc, dev, is_root=False)
+    assert next(c for c in checks if c.name == "NUMA balancing").detail == "disabled"
+
+
+def test_non_root_with_numa_on_is_refused_with_the_command(tmp_path):
+    proc, dev = fake_host(tmp_path, numa="1")
+    with pytest.raises(PreflightError) as exc:
+        preflight(rocm_config(tmp_path), proc, dev, is_root=False)
+    (failed,) = exc.value.failed
+    assert failed.name == "NUMA balancing"
+    assert "echo 0 > /proc/sys/kernel/numa_balancing" in failed.fix and "--allow-numa-balancing" in failed.fix
+    assert (proc / "sys/kernel/numa_balancing").read_text().strip() == "1"
+
+
+def test_explicit_override_lets_non_root_start(tmp_path):
+    proc, dev = fake_host(tmp_path, numa="1")
+    checks = preflight(rocm_config(tmp_path), proc, dev, is_root=False, allow_numa_balancing=True)
+    assert "allowed by --allow-numa-balancing" in next(c.detail for c in checks if c.name == "NUMA balancing")
+
+
+def test_root_whose_write_does_not_stick_is_refused(tmp_path, monkeypatch):
+    proc, dev = fake_host(tmp_path, numa="1")
+    config = rocm_config(tmp_path)
+    monkeypatch.setattr(Path, "write_text", lambda self, text: len(text))  # a knob that ignores writes
+    with pytest.raises(PreflightError, match="wrote 0 but read back 1"):
+        preflight(config, proc, dev, is_root=True)
+
+
+def test_kernel_without_numa_balancing_is_fine(tmp_path):
+    proc, dev = fake_host(tmp_path, numa=None)
+    assert all(names(preflight(rocm_config(tmp_path), proc, dev, is_root=False)).values())
+
+
+@pytest.mark.parametrize("kwargs, failing", [
+    ({"kfd": False}, {"/dev/kfd"}),
+    ({"gpus": 4}, {"GPUs"}),
+    ({"gpus": 0}, {"GPUs"}),
+])
+def test_missing_devices_and_too_few_gpus(tmp_path, kwargs, failing):
+    proc, dev = fake_host(tmp_path, numa="0", **kwargs)
+    with pytest.raises(PreflightError) as exc:
+        preflight(rocm_config(tmp_path), proc, dev, is_root=True)
+    assert {c.name for c in exc.value.failed} == failing
+
+
+def test_missing_dri_counts_as_missing_and_zero_gpus(tmp_path):
+    proc, dev = fake_host(tmp_path, numa="0")
+    for p in (dev / "dri").iterdir():
+        p.unlink()
+    (dev / "dri").rmdir()
+    with pytest.raises(PreflightError) as exc:
+        preflight(rocm_config(tmp_path), proc, dev, is_root=True)
+    assert {c.name for c in exc.value.failed} == {"/dev/dri", "GPUs"}
+
+
+def test_tp4_on_four_gpus_passes(tmp_path):
+    proc, dev = fake_host(tmp_path, numa="0", gpus=4)
+    assert preflight(rocm_config(tmp_path, TENSOR_PARALLEL_SIZE="4"), proc, dev, is_root=True)
+
+
+def test_model_dir_without_config_json_and_busy_port(tmp_path):
+    proc, dev = fake_host(tmp_path, numa="0")
+    config = rocm_config(tmp_path)
+    (Path(config["DRAFT_MODEL_DIR"]) / "config.json").unlink()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", config["PORT"]))
+        s.listen()
+        with pytest.raises(PreflightError) as exc:
+            preflight(config, proc, dev, is_root=True)
+    assert {c.name for c in exc.value.failed} == {"DRAFT_MODEL_DIR", "port"}
+
+
+def test_cpu_platform_skips_rocm_checks(tmp_path):
+    proc, dev = fake_host(tmp_path, kfd=False, gpus=0, numa="1")
+    config = load_config(write_env(tmp_path / "cpu.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nPORT={free_port()}\n"
+                                   f"MODEL_DIR={tmp_path}\nSPECULATIVE_METHOD=none\n"), environ={})
+    (tmp_path / "config.json").write_text("{}")
+    assert set(names(preflight(config, proc, dev, is_root=False))) == {"MODEL_DIR", "port"}

@@ -1,0 +1,71 @@
+"""Golden argv and environment for every production config.
+
+A change to what the recipe runs on MI300X shows up as a diff of
+tests/golden/render/*.json. Regenerate deliberately with UPDATE_GOLDEN=1.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kimidflash.config import load_config
+from kimidflash.render import render
+
+from .helpers import ALL_CONFIGS, CONFIGS, PRODUCTION_CONFIGS, ROOT, UPDATE_GOLDEN
+
+GOLDEN = ROOT / "tests" / "golden" / "render"
+
+
+@pytest.mark.parametrize("name", PRODUCTION_CONFIGS)
+def test_golden_argv_and_env(name):
+    r = render(load_config(CONFIGS / name, environ={}))
+    got = {"argv": r.argv, "env": r.env}
+    path = GOLDEN / name.replace(".env", ".json")
+    if UPDATE_GOLDEN:
+        path.write_text(json.dumps(got, indent=2) + "\n")
+    assert got == json.loads(path.read_text())
+
+
+def test_speculative_config_is_json_with_the_draft_and_k():
+    r = render(load_config(CONFIGS / "production-fp8kv-matched.env", environ={}))
+    spec = json.loads(r.argv[r.argv.index("--speculative-config") + 1])
+    assert spec == {"method": "dflash", "model": "/models/Kimi-K2.6-DFlash-matched", "num_speculative_tokens": 8}
+
+
+def test_baseline_and_ngram_and_draft_backend_render(tmp_path):
+    base = tmp_path / "b.env"
+    base.write_text(f"INCLUDE={CONFIGS / 'production.env'}\nSPECULATIVE_METHOD=none\n")
+    assert "--speculative-config" not in render(load_config(base, environ={})).argv
+    ng = tmp_path / "n.env"
+    ng.write_text(f"INCLUDE={CONFIGS / 'production.env'}\nSPECULATIVE_METHOD=ngram\nNUM_SPECULATIVE_TOKENS=3\n")
+    argv = render(load_config(ng, environ={})).argv
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    db = tmp_path / "d.env"
+    db.write_text(f"INCLUDE={CONFIGS / 'production.env'}\nDRAFT_ATTENTION_BACKEND=ROCM_AITER_FA\n")
+    argv = render(load_config(db, environ={})).argv
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["attention_backend"] == "ROCM_AITER_FA"
+
+
+def test_moe_backend_switches_aiter_env():
+    aiter = render(load_config(CONFIGS / "production-fp8kv.env", environ={})).env
+    triton = render(load_config(CONFIGS / "production-fp8kv-safe.env", environ={})).env
+    assert (aiter["VLLM_ROCM_USE_AITER_MOE"], triton["VLLM_ROCM_USE_AITER_MOE"]) == ("1", "0")
+    assert aiter["KIMIDFLASH_FP8_KV_SCALE"] == "running-max"
+
+
+@pytest.mark.parametrize("name", ALL_CONFIGS)
+def test_dry_run_prints_the_command_and_skips_host_checks(name):
+    """--dry-run works on any machine: no /dev/kfd, no models, no venv needed."""
+    r = subprocess.run([sys.executable, "-m", "kimidflash", "serve", f"configs/{name}", "--dry-run"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rendered = render(load_config(CONFIGS / name, environ={}))
+    flat = r.stdout.replace("\\\n", " ")
+    for k, v in rendered.env.items():
+        assert f"{k}={v}" in flat
+    assert "--served-model-name" in flat and rendered.argv[0] in flat

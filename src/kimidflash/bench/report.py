@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .metrics import SpecDecodeStats, stats_from_counts
-from .result import SCHEMA_NAME, ResultError, load_json, validate_result
+from .result import SCHEMA_NAME, load_json, validate_result
 
 PUBLISHED_SCHEMA = "kimidflash-bench-published"
 DASH = "—"
@@ -393,6 +393,8 @@ def print_rich(tables: list[Table], sources: list[str]) -> None:
     from rich.table import Table as RTable
 
     con = Console()
+    if not con.is_terminal:
+        con = Console(width=200)  # piped: do not squeeze the tables to 80 columns
     for t in tables:
         rt = RTable(title=t.title, caption="\n".join(t.notes), caption_justify="left")
         for i, h in enumerate(t.headers):

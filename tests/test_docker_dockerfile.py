@@ -165,6 +165,16 @@ def test_build_context_holds_what_the_dockerfile_copies(tmp_path):
     assert {m.mtime for m in members} == {0}
 
 
+def test_host_patchset_hash_is_the_patchers(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "patches" / "patch_dflash_rocm.py"), "--print-hash"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert build_mod.host_patchset_hash(ROOT, None) == out and len(out) == 12
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    with pytest.raises(build_mod.BuildFailed, match="bad.json"):
+        build_mod.host_patchset_hash(ROOT, bad)
+
+
 def test_tags_carry_version_and_patchset_hash():
     assert build_mod.image_tags("kimidflash/kimi26-dflash", "0.33.0", "ab" * 32) == (
         "kimidflash/kimi26-dflash:0.33.0-abababababab", "kimidflash/kimi26-dflash:latest")
@@ -187,7 +197,7 @@ def test_build_names_a_missing_file(capsys):
 def test_imagecheck_messages(tmp_path):
     assert "the pin is 0.33.0" in imagecheck.check_pin("0.33.0")  # the tools venv holds no vLLM
     report = tmp_path / "r.json"
-    report.write_text(json.dumps({"patch_set_hash": "abc"}))
+    report.write_text(json.dumps({"patchset_hash": "abc"}))
     assert imagecheck.check_report_hash("", str(report)) is None
     assert imagecheck.check_report_hash("abc", str(report)) is None
     assert "does not match" in imagecheck.check_report_hash("def", str(report))

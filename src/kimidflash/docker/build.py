@@ -1,9 +1,10 @@
 """`kimidflash build`: build Dockerfile.kimi26-dflash through the docker SDK.
 
-Why a Python command and not `docker build` in a script: the tag must carry
-the patch-set hash, which is known only once the patcher has run inside the
-image; the base image and vLLM pin come from the same env config serve.sh
-reads; and on CI the CPU base has to be made first. The SDK drives the
+Why a Python command and not `docker build` in a script: the tag and label
+carry the patch-set hash (asked of the patcher, then checked against the
+report it writes inside the image); the base image and vLLM pin come from
+the same env config serve.sh reads; and on CI the CPU base has to be made
+first. The SDK drives the
 classic builder, which rejects `RUN --mount`; the Dockerfile's only mount is
 the optional CA secret, so without --ca-bundle the classic builder gets the
 same Dockerfile with that optional mount removed (same result: the secret is
@@ -212,38 +213,41 @@ def _cli_build(client, log: Log, context: io.BytesIO, buildargs: dict[str, str],
         return iid.read_text().strip()
 
 
+def host_patchset_hash(root: Path, patch_set: Path | None) -> str:
+    """The short patch-set hash, from the patcher itself (stdlib only, so any host Python runs it)."""
+    cmd = [sys.executable, str(root / "patches" / "patch_dflash_rocm.py"), "--print-hash"]
+    if patch_set is not None:
+        cmd += ["--patch-set", str(patch_set)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    value = proc.stdout.strip()
+    if proc.returncode != 0 or not re.fullmatch(r"[0-9a-f]{8,64}", value):
+        raise BuildFailed((proc.stderr or proc.stdout).strip() or f"{cmd[1]} --print-hash failed")
+    return value
+
+
 def build_image(client, *, base_image: str, vllm_version: str, name: str = DEFAULT_NAME, log: Log = _log,
                 ca_bundle: Path | None = None, patch_set: Path | None = None, nocache: bool = False,
                 root: Path = REPO_ROOT) -> BuildResult:
-    """Build twice: once to run the patcher, then (cached) with the report's hash as label and tag."""
+    """One build: the host knows the patch-set hash up front (label and tag); the
+    image checks its own patch report against it, so the two cannot disagree."""
     text = (root / DOCKERFILE).read_text()
+    pset = host_patchset_hash(root, patch_set)
     extra: dict[str, bytes] = {}
-    buildargs = {"BASE_IMAGE": base_image, "VLLM_VERSION": vllm_version}
+    buildargs = {"BASE_IMAGE": base_image, "VLLM_VERSION": vllm_version, "PATCHSET_HASH": pset}
     if patch_set is not None:
         # Travels inside patches/ in the context only; the checkout is untouched.
         extra[f"patches/{patch_set.name}"] = patch_set.read_bytes()
         buildargs["PATCH_SET"] = f"/opt/kimidflash/patches/{patch_set.name}"
-
-    def one_pass(args: dict[str, str], tag: str | None, no_cache: bool) -> str:
-        if ca_bundle is not None:
-            return _cli_build(client, log, build_context(root, text, extra), args, ca_bundle, no_cache, tag)
-        return stream_build(client, log, fileobj=build_context(root, classic_dockerfile(text), extra),
-                            custom_context=True, dockerfile=DOCKERFILE, buildargs=args, tag=tag,
-                            network_mode="host", rm=True, forcerm=True, nocache=no_cache)
-
-    log(f"building {name} from {base_image} (vLLM {vllm_version})")
-    first = one_pass(buildargs, None, nocache)
-    report = read_report(client, first)
-    pset = patchset_hash(report)
     versioned, latest = image_tags(name, vllm_version, pset)
-    final = one_pass({**buildargs, "PATCHSET_HASH": pset}, versioned, False)
-    client.images.get(final).tag(latest.rsplit(":", 1)[0], "latest")
-    if first != final:
-        try:  # the unlabelled first pass, and its layers no other image uses
-            client.images.remove(first, noprune=False)
-        except Exception:  # still referenced (e.g. identical content): keep it
-            pass
-    return BuildResult(final, (versioned, latest), report)
+    log(f"building {versioned} from {base_image}")
+    if ca_bundle is not None:
+        image_id = _cli_build(client, log, build_context(root, text, extra), buildargs, ca_bundle, nocache, versioned)
+    else:
+        image_id = stream_build(client, log, fileobj=build_context(root, classic_dockerfile(text), extra),
+                                custom_context=True, dockerfile=DOCKERFILE, buildargs=buildargs, tag=versioned,
+                                network_mode="host", rm=True, forcerm=True, nocache=nocache)
+    client.images.get(image_id).tag(latest.rsplit(":", 1)[0], "latest")
+    return BuildResult(image_id, (versioned, latest), read_report(client, image_id))
 
 
 def print_report(result: BuildResult) -> None:

@@ -13,8 +13,8 @@ import json
 import sys
 
 REPORT = "/opt/kimidflash/patch-report.json"
-HASH_KEYS = ("patch_set_hash", "patchset_hash", "patch_set_sha256")
-VERSION_KEYS = ("vllm_version", "vllm")
+HASH_KEYS = ("patchset_hash",)  # short hash, as patch_dflash_rocm.py --print-hash gives it
+VERSION_KEYS = ("vllm_version",)
 
 
 def installed_vllm() -> tuple[str, str] | None:

@@ -146,6 +146,28 @@ class ContainerServer:
         self.stop()
 
 
+def prepare_tiny_models(client, config: Config, image: str, log: Callable[[str], None] = lambda m: None) -> None:
+    """PREPARE_MODELS=tiny with RUNTIME=docker: generate the pair with the image's own
+    torch (the host needs no vLLM venv), into the host dirs the server then mounts."""
+    from pathlib import Path
+
+    from ..cpu_reference.tiny import is_current
+
+    target, draft = Path(config.values["MODEL_DIR"]), Path(config.values["DRAFT_MODEL_DIR"])
+    if is_current(target) and is_current(draft):
+        return
+    parents = sorted({str(target.parent), str(draft.parent)})
+    for p in parents:
+        Path(p).mkdir(parents=True, exist_ok=True)
+    log(f"generating the tiny reference pair in {', '.join(parents)} inside {image} (once)")
+    out = client.containers.run(
+        image, entrypoint=["python3", "-m", "kimidflash.cpu_reference.tiny"], command=[str(target), str(draft)],
+        volumes={p: {"bind": p, "mode": "rw"} for p in parents}, network_mode="none", remove=True,
+        stdout=True, stderr=True, labels={MANAGED_LABEL: "1"})
+    if not (is_current(target) and is_current(draft)):
+        raise ContainerError(f"generating the tiny models in {image} left them incomplete: {out[-300:]!r}")
+
+
 def start_server(config: Config, rendered: Rendered, *, image: str | None = None, log: TextIO | None = None,
                  echo: Callable[[str], None] = lambda line: None, client=None) -> ContainerServer:
     """serve.sh RUNTIME=docker: resolve the image, build the spec, start the container."""

@@ -368,7 +368,7 @@ PATCHES = [
         "adds": [{"path": "_kimidflash_fp8_kv.py", "source": "kimidflash_fp8_kv.py"}],
         "variants": [
             {
-                "versions": [["0.20.0", "0.21.0"]],
+                "versions": [["0.20.0", "0.22.0"]],
                 "file": "model_executor/layers/attention/mla_attention.py",
                 "edits": [
                     {

@@ -111,6 +111,18 @@ class FakeServer:
         if self._loop is None:
             return
         self.die()
+
+        async def cancel_handlers() -> None:
+            me = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not me]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(cancel_handlers(), self._loop).result(5)
+        except Exception:  # noqa: BLE001 - best effort at teardown
+            pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(5)
@@ -239,7 +251,7 @@ class FakeServer:
             self.counters.prompt_tokens += prompt
         opts = req.get("stream_options") or {}
         want_ids = bool(req.get("return_token_ids")) and plan.send_token_ids
-        continuous = bool(opts.get("continuous_usage_stats"))
+        continuous = bool(opts.get("continuous_usage_stats")) and plan.fault != "no_usage"
         budget = int(req.get("max_tokens", 16))
         w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 

@@ -104,8 +104,11 @@ class FakeServer:
                 w.transport.abort()
             done.set()
 
-        self._loop.call_soon_threadsafe(kill)
-        done.wait(5)
+        if threading.current_thread() is self._thread:
+            kill()  # called from a plan callback, on the server's own loop
+        else:
+            self._loop.call_soon_threadsafe(kill)
+            done.wait(5)
 
     def stop(self) -> None:
         if self._loop is None:

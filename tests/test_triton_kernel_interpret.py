@@ -23,7 +23,18 @@ import pytest
 pytestmark = pytest.mark.slow
 
 torch = pytest.importorskip("torch")
-triton = pytest.importorskip("triton")
+# triton.language decorates its own @jit helpers (tl.zeros, ...) when it is first
+# imported, so the interpreter must be on by then; the variable is restored at once
+# so that nothing else (e.g. servers started by other tests) inherits it.
+_prev = os.environ.get("TRITON_INTERPRET")
+os.environ["TRITON_INTERPRET"] = "1"
+try:
+    triton = pytest.importorskip("triton")
+finally:
+    if _prev is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = _prev
 
 from tests.vllm_wheels import copy_vllm_package  # noqa: E402
 
@@ -92,6 +103,10 @@ def load_unified_attention(pkg: Path):
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
     """(original, patched) unified_attention of vLLM 0.20.2 under TRITON_INTERPRET."""
+    import triton.language as tl
+
+    assert type(tl.zeros).__name__ == "InterpretedFunction", (
+        "triton was imported before TRITON_INTERPRET=1; run this file in its own process")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_INTERPRET", "1")
         orig = copy_vllm_package("0.20.2", tmp_path_factory.mktemp("orig"))

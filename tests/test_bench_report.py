@@ -137,3 +137,18 @@ def test_compare_command_line(results: dict[str, Any], tmp_path: Path, capsys: p
     assert "Head-to-head" in out and "Per-position acceptance" in out and "Sources" in out
     assert main(["compare", str(tmp_path / "missing.json")]) == 2
     assert "error: result file not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source, md, extra", [
+    ("seed-mi300x-dflash-vs-autoregressive.json", "compare-dflash-vs-autoregressive.md", ["--charts", "CHARTS"]),
+    ("seed-mi300x-fp8kv.json", "compare-fp8kv.md", ["--baseline", "BF16 KV seqs=32 (seed)"]),
+])
+def test_committed_seed_reports_are_what_compare_renders(source: str, md: str, extra: list[str], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/seed/*.md are generated; regenerate with the command in benchmarks/seed/README.md."""
+    from kimidflash.bench.cli import main
+    monkeypatch.chdir(REPO_ROOT)
+    out = tmp_path / "seed" / md
+    args = [a.replace("CHARTS", str(tmp_path / "seed" / "charts")) for a in extra]
+    assert main(["compare", f"benchmarks/seed/{source}", "--markdown", str(out), "-q", *args]) == 0
+    assert out.read_text() == (SEED / md).read_text()

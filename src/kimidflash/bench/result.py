@@ -261,6 +261,13 @@ def validate_result(doc: Any) -> list[str]:
 
 # --- files --------------------------------------------------------------------------------
 
+def _umask_mode() -> int:
+    """The mode a plain open() would give: mkstemp's 0600 would hide results from other users."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_result(path: str | os.PathLike[str], doc: dict[str, Any]) -> Path:
     """Write atomically: a reader sees the old file or the new one, never a torn one."""
     p = Path(path)
@@ -268,6 +275,7 @@ def write_result(path: str | os.PathLike[str], doc: dict[str, Any]) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), _umask_mode())
             json.dump(doc, f, indent=1, allow_nan=False)
             f.write("\n")
             f.flush()
@@ -311,6 +319,7 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), _umask_mode())
             f.write(text)
         os.replace(tmp, p)
     except BaseException:

@@ -322,7 +322,9 @@ class Runner:
                     await self._warmup(client, slots, warm_prompts)
                 if cfg.scrape_metrics:
                     try:
-                        before = await self._scrape(client, metrics_url)
+                        # settle: warm-up tokens must land before the window, not in it
+                        before = await (self._settled_scrape(client, metrics_url) if self.st.warmup
+                                        else self._scrape(client, metrics_url))
                     except (httpx.HTTPError, MetricsError) as e:
                         metrics_error = f"before the window: {type(e).__name__}: {e}"
                 if not self.st.stop.is_set():

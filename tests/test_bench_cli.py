@@ -125,10 +125,10 @@ def test_validate_subcommand(server: FakeServer, tmp_path: Path) -> None:
     assert f"result file not found: {tmp_path / 'missing.json'}" in r.stderr
 
 
-def test_progress_bar_runs(server: FakeServer) -> None:
-    from rich.console import Console  # noqa: F401 - the progress bar is rich's
-
+def test_progress_bar_counts_measured_requests(server: FakeServer, capsys: pytest.CaptureFixture[str]) -> None:
     from kimidflash.bench import BenchConfig, run_benchmark
-    doc = run_benchmark(BenchConfig(base_url=server.base_url, sessions=2, warmup=0, progress=True,
+    doc = run_benchmark(BenchConfig(base_url=server.base_url, sessions=3, warmup=1, progress=True,
                                     metrics_settle_timeout=0.5))
-    assert doc["completed"] == 2
+    assert doc["completed"] == 3
+    err = capsys.readouterr().err
+    assert "requests (errors 0)" in err and "3/3" in err  # warm-up not counted in the bar

@@ -76,3 +76,17 @@ def test_more_sessions_than_prompts_reuses_conversations() -> None:
     convs = [P.Conversation("x", "k", ("only",))]
     turns, warm = P.session_turns(convs, sessions=3, turns=1, seed=0, reserve=2)
     assert turns == [["only"]] * 3 and warm == ["only", "only"]
+
+
+def test_export_writes_the_prompts_a_run_sends(tmp_path: Path) -> None:
+    from kimidflash.bench.cli import main
+    from kimidflash.bench.fakeserver import FakeServer, Plan
+    from kimidflash.bench import BenchConfig, run_benchmark
+
+    out = tmp_path / "peer.jsonl"
+    assert main(["export-prompts", "--sessions", "5", "--seed", "3", "--warmup", "1", "-o", str(out)]) == 0
+    exported = [json.loads(line)["prompt"] for line in out.read_text().splitlines()]
+    with FakeServer(Plan(chunks=(1,))) as s:
+        run_benchmark(BenchConfig(base_url=s.base_url, sessions=5, seed=3, warmup=1, metrics_settle_timeout=0.3))
+        sent = [b["messages"][-1]["content"] for b in s.bodies[1:]]  # after the warm-up request
+    assert sorted(sent) == sorted(exported) and len(set(exported)) == 5

@@ -4,6 +4,7 @@
         --turns-per-session 1 --max-tokens 512 [--output FILE.json]
     benchmark_multi_turn.py compare A.json B.json [--markdown OUT.md] [--charts DIR]
     benchmark_multi_turn.py validate FILE.json...
+    benchmark_multi_turn.py export-prompts --sessions N [--seed S] [--warmup W] --output P.jsonl
 
 Exit status: 0 done; 2 bad input or unusable server (one line naming the
 culprit); 3 partial result (server died, counters reset); 130 interrupted
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from pathlib import Path
 from typing import Any, Sequence
 
 from .result import ResultError, load_json, validate_result, write_result
@@ -82,6 +82,17 @@ def _compare_parser() -> argparse.ArgumentParser:
 def _validate_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"{PROG} validate", description="Check result files against the schema.")
     p.add_argument("files", nargs="+")
+    return p
+
+
+def _export_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"{PROG} export-prompts", description="Write the first turns a run with "
+                                "these settings sends, as JSONL {\"prompt\": ...} (for vllm bench serve's custom dataset).")
+    p.add_argument("--sessions", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--prompts", default=None, metavar="builtin|FILE")
+    p.add_argument("--output", "-o", required=True)
     return p
 
 
@@ -221,8 +232,23 @@ def cmd_validate(argv: Sequence[str]) -> int:
     return EXIT_USAGE if bad else EXIT_OK
 
 
+def cmd_export(argv: Sequence[str]) -> int:
+    from .prompts import PromptError, export_jsonl
+
+    a = _export_parser().parse_args(argv)
+    try:
+        n = export_jsonl(a.output, a.sessions, a.seed, a.warmup, a.prompts)
+    except (PromptError, OSError) as e:
+        _err(str(e))
+        return EXIT_USAGE
+    print(f"{a.output}: {n} prompts", file=sys.stderr)
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "export-prompts":
+        return cmd_export(args[1:])
     if args and args[0] == "compare":
         return cmd_compare(args[1:])
     if args and args[0] == "validate":

@@ -152,7 +152,7 @@ class FakeServer:
             f"vllm:num_requests_running{{{lab}}} {float(self.in_flight)}",
             f'vllm:e2e_request_latency_seconds_bucket{{{lab},le="+Inf"}} {float(c.requests)}',
             f"vllm:e2e_request_latency_seconds_count{{{lab}}} {float(c.requests)}",
-            f'process_cpu_seconds_total 12.5',
+            'process_cpu_seconds_total 12.5',
         ]
         if self.spec_tokens:
             lines += [

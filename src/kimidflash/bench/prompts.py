@@ -174,3 +174,15 @@ def kinds(convs: Iterable[Conversation]) -> dict[str, int]:
     for c in convs:
         out[c.kind] = out.get(c.kind, 0) + 1
     return dict(sorted(out.items()))
+
+
+def export_jsonl(path: str | Path, sessions: int, seed: int, warmup: int = 0, source: str | None = None) -> int:
+    """Write the first turns a run with these settings sends, one `{"prompt": ...}`
+    per line: `vllm bench serve --dataset-name custom --dataset-path PATH` then
+    sends the same prompts (the peer cross-check). Returns the number written."""
+    convs = load_source(source)
+    turns, _ = session_turns(convs, sessions, 1, seed, reserve=warmup)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("".join(json.dumps({"prompt": t[0]}, ensure_ascii=False) + "\n" for t in turns), encoding="utf-8")
+    return len(turns)

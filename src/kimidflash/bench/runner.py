@@ -378,10 +378,12 @@ class Runner:
     def _start_progress(self, total: int) -> None:
         if not self.cfg.progress:
             return
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        # stderr: stdout stays free for whatever a caller pipes
         self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), transient=False)
+                                  TimeElapsedColumn(), transient=False, console=Console(stderr=True))
         self._progress.start()
         self._task_id = self._progress.add_task("requests (errors 0)", total=total)
 

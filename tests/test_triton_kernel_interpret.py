@@ -20,7 +20,11 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    # numpy warns about 0/0 in the interpreter for padded query rows, which are masked
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+]
 
 torch = pytest.importorskip("torch")
 # triton.language decorates its own @jit helpers (tl.zeros, ...) when it is first

@@ -113,13 +113,18 @@ def test_output_throughput_is_tokens_over_the_window(server: FakeServer) -> None
     assert doc["mean_per_user_output_throughput"] == pytest.approx(sum(per_user) / 3, rel=1e-3)
 
 
-def test_per_request_spec_stats_are_aggregated(server: FakeServer) -> None:
-    server._plan = Plan(chunks=(1, 4, 1), per_request_spec=True)
-    doc = run_benchmark(cfg(server, sessions=2))
+def test_per_request_spec_stats_agree_with_the_metrics_deltas(server: FakeServer) -> None:
+    server._plan = Plan(chunks=(1, 4, 1, 3, 2), per_request_spec=True)
+    doc = run_benchmark(cfg(server, sessions=3, turns_per_session=2))
     prs = doc["per_request_spec_decode"]
-    assert prs["requests_with_stats"] == 2
-    assert prs["mean_mean_acceptance_length"] == pytest.approx(1 + 3 / 2)
-    assert doc["requests"][0]["spec_decode"]["num_spec_steps"] == 2
+    assert prs["requests_with_stats"] == 6
+    assert doc["requests"][0]["spec_decode"]["num_spec_steps"] == 4
+    assert prs["num_spec_steps"] == doc["spec_decode_num_drafts"] == 6 * 4
+    assert prs["num_draft_tokens"] == doc["spec_decode_draft_tokens"]
+    assert prs["num_accepted_draft_tokens"] == doc["spec_decode_accepted_tokens"] == 6 * (3 + 0 + 2 + 1)
+    assert prs["acceptance_length"] == pytest.approx(doc["spec_decode_acceptance_length"])
+    assert prs["per_position_acceptance_rates"] == pytest.approx(doc["spec_decode_per_position_acceptance_rates"])
+    assert prs["mean_request_acceptance_length"] == pytest.approx(1 + 6 / 4)
 
 
 def test_errors_are_counted_per_kind_and_never_fatal(server: FakeServer) -> None:

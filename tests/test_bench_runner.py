@@ -5,6 +5,7 @@ counted per kind, and partial results when the server dies or we are stopped."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from typing import Any, Iterator
@@ -215,3 +216,24 @@ def test_recipe_config_is_recorded_with_its_hash(server: FakeServer, tmp_path: A
     assert doc["speculative"] is True and doc["label"].startswith("dflash k=")
     assert doc["provenance"]["server"]["version"] == "0.0.0-fake"
     assert doc["provenance"]["tool_version"]
+    # a baseline launched from the same file with --set: the override decides the role and label
+    base = run_benchmark(cfg(server, recipe_config=str(path), recipe_overrides={"SPECULATIVE_METHOD": "none"},
+                             sessions=1))
+    rb = base["provenance"]["recipe_config"]
+    assert rb["overrides"] == {"SPECULATIVE_METHOD": "none"} and rb["sha256"] == rc["sha256"]
+    assert base["speculative"] is False and base["label"] == "autoregressive"
+
+
+def test_recipe_set_on_the_command_line(server: FakeServer, tmp_path: Any) -> None:
+    from kimidflash.bench.cli import main
+    from kimidflash.paths import CONFIGS_DIR
+
+    out = tmp_path / "b.json"
+    port = server.base_url.rsplit(":", 1)[1].split("/")[0]
+    assert main(["--recipe-config", str(CONFIGS_DIR / "cpu-tiny.env"), "--recipe-set", f"PORT={port}",
+                 "--recipe-set", "SPECULATIVE_METHOD=none", "--model", server.model, "--sessions", "1",
+                 "--output", str(out), "-q", "--no-progress"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["config"]["base_url"] == server.base_url  # from the recipe, with the override
+    assert doc["speculative"] is False
+    assert main(["--base-url", server.base_url, "--recipe-set", "PORT=1"]) == 2

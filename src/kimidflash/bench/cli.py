@@ -51,6 +51,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", default=None, metavar="FILE.json", help="write the result here (atomically)")
     p.add_argument("--recipe-config", default=None, metavar="ENV_FILE",
                    help="the recipe config that launched the server (recorded with its sha256)")
+    p.add_argument("--recipe-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a --set the server was launched with (repeatable; recorded with the recipe config)")
     role = p.add_mutually_exclusive_group()
     role.add_argument("--speculative", dest="speculative", action="store_true", default=None,
                       help="mark the run as speculative (default: from the recipe config or /metrics)")
@@ -101,13 +103,21 @@ def _err(msg: str) -> None:
 
 
 def config_from_args(a: argparse.Namespace, argv: Sequence[str]) -> BenchConfig:
+    from ..config import ConfigError, parse_overrides
+
+    try:
+        overrides = parse_overrides(a.recipe_set)
+    except ConfigError as e:
+        raise BenchError(f"--recipe-set: {e}") from None
+    if overrides and not a.recipe_config:
+        raise BenchError("--recipe-set needs --recipe-config")
     base_url = a.base_url
     if base_url is None:
         if not a.recipe_config:
             raise BenchError("--base-url is required (or --recipe-config to take it from the recipe)")
         from ..config import load_config
         try:
-            base_url = load_config(a.recipe_config).base_url + "/v1"
+            base_url = load_config(a.recipe_config, overrides or None).base_url + "/v1"
         except FileNotFoundError:
             raise BenchError(f"recipe config not found: {a.recipe_config}") from None
         except Exception as e:  # noqa: BLE001 - the loader's message names key and file
@@ -118,7 +128,8 @@ def config_from_args(a: argparse.Namespace, argv: Sequence[str]) -> BenchConfig:
         warmup_max_tokens=a.warmup_max_tokens, seed=a.seed, prompts=a.prompts, system_prompt=a.system_prompt,
         think_time=a.think_time, timeout=a.timeout, api_key=a.api_key, label=a.label,
         scrape_metrics=not a.no_metrics, metrics_url=a.metrics_url, vllm_extensions=not a.no_vllm_extensions,
-        ignore_eos=a.ignore_eos, recipe_config=a.recipe_config, speculative=a.speculative,
+        ignore_eos=a.ignore_eos, recipe_config=a.recipe_config, recipe_overrides=overrides or None,
+        speculative=a.speculative,
         max_connection_errors=a.max_connection_errors, progress=not a.no_progress and sys.stderr.isatty(),
         handle_signals=True, argv=[PROG, *argv],
     )

@@ -79,8 +79,11 @@ def redacted_argv(argv: Sequence[str]) -> str:
     return shlex.join(out)
 
 
-def recipe_info(path: str | None) -> dict[str, Any] | None:
+def recipe_info(path: str | None, overrides: dict[str, str] | None = None) -> dict[str, Any] | None:
     """The recipe config that launched the server: path, sha256, deployment keys.
+
+    `overrides` are the `--set KEY=VALUE` the server was launched with; they are
+    applied to the values and recorded, since the file's hash alone misses them.
 
     Raises the loader's ConfigError (one line naming the key) or FileNotFoundError.
     """
@@ -91,11 +94,12 @@ def recipe_info(path: str | None) -> dict[str, Any] | None:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"recipe config not found: {p}")
-    cfg = load_config(p)
+    cfg = load_config(p, overrides or None)
     values = {k: cfg.values.get(k) for k in RECIPE_KEYS if k in cfg.values}
     return {
         "path": str(p.resolve()),
         "sha256": cfg.digest(),
+        "overrides": dict(overrides or {}),
         "files": [str(f) for f in cfg.files],
         "values": {k: (str(v) if isinstance(v, Path) else v) for k, v in values.items()},
         "speculative": bool(cfg.speculative),

@@ -63,6 +63,7 @@ class BenchConfig:
     vllm_extensions: bool = True
     ignore_eos: bool = False
     recipe_config: str | None = None
+    recipe_overrides: dict[str, str] | None = None  # the --set KEY=VALUE the server was launched with
     speculative: bool | None = None  # None: from the recipe config, else from /metrics
     max_connection_errors: int = 3
     metrics_settle_timeout: float = 5.0
@@ -290,7 +291,7 @@ class Runner:
     async def run(self) -> dict[str, Any]:
         cfg = self.cfg
         try:
-            recipe = recipe_info(cfg.recipe_config)
+            recipe = recipe_info(cfg.recipe_config, cfg.recipe_overrides)
         except FileNotFoundError as e:
             raise BenchError(str(e)) from None
         except Exception as e:  # the config loader's errors already name key and file

@@ -20,8 +20,11 @@ PATH = f"{Path(sys.executable).parent}:/usr/bin:/bin"
 
 
 def report(tmp_path, **states):
+    """A patch report in the patcher's shape; P10 is the FP8 KV group, as in patches/patchset.py."""
     path = tmp_path / "report.json"
-    path.write_text(json.dumps({"vllm_version": "0.33.0", "patches": [{"id": k, "state": v} for k, v in states.items()]}))
+    groups = {"P10": "5 FP8 KV running-max scale"}
+    path.write_text(json.dumps({"vllm_version": "0.33.0", "patches": [
+        {"id": k, "group": groups.get(k, "1 AITER FA non-causal"), "state": v} for k, v in states.items()]}))
     return path
 
 
@@ -34,8 +37,8 @@ def test_pin_mismatch_is_refused(monkeypatch, tmp_path):
 
 
 def test_drifted_report_is_refused(tmp_path):
-    with pytest.raises(LaunchError, match="drift for p3"):
-        verify({}, report(tmp_path, p1="upstream", p3="drift"))
+    with pytest.raises(LaunchError, match="drift for P3"):
+        verify({}, report(tmp_path, P1="upstream", P3="drift"))
 
 
 def test_running_max_needs_the_fp8_patch(tmp_path):
@@ -43,9 +46,9 @@ def test_running_max_needs_the_fp8_patch(tmp_path):
     with pytest.raises(LaunchError, match="no patch report was found"):
         verify(env, tmp_path / "absent.json")
     with pytest.raises(LaunchError, match="not applied"):
-        verify(env, report(tmp_path, p1="upstream", fp8_kv_running_max="not-applicable"))
-    notes = verify(env, report(tmp_path, p1="upstream", fp8_kv_running_max="applied"))
-    assert "fp8_kv_running_max=applied" in notes[0]
+        verify(env, report(tmp_path, P1="upstream", P10="not-applicable"))
+    notes = verify(env, report(tmp_path, P1="upstream", P10="applied"))
+    assert "P10=applied" in notes[0]
 
 
 def test_dash_dash_form_execs_the_command_with_the_rendered_env(tmp_path):

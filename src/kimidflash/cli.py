@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--check", action="store_true", help="exit 1 if the docs disagree with the schema")
     d.set_defaults(func=cmd_config_docs)
 
-    l = sub.add_parser("launch", help="the standard launcher (see launchers/kimi26-vllm-dflash.sh)", add_help=False)
-    l.set_defaults(func=None)
+    sub.add_parser("launch", help="the standard launcher (see launchers/kimi26-vllm-dflash.sh)", add_help=False)
+    sub.add_parser("bench", help="the multi-turn benchmark (same as payload/benchmark_multi_turn.py)", add_help=False)
     return p
 
 
@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         from .launch import main as launch_main
 
         return launch_main(argv[1:])
+    if argv[:1] == ["bench"]:  # payload/benchmark_multi_turn.py's CLI
+        from .bench.cli import main as bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -60,15 +60,17 @@ def verify(env: dict[str, str], report_path: Path | None = None) -> list[str]:
                           "use the matching image/venv or change VLLM_VERSION")
     path = report_path or Path(env.get(REPORT_ENV) or DEFAULT_REPORT)
     states: dict[str, str] = {}
+    fp8_states: list[str] = []
     if path.is_file():
-        states = {p["id"]: p["state"] for p in json.loads(path.read_text()).get("patches", [])}
+        patches = json.loads(path.read_text()).get("patches", [])
+        states = {p["id"]: p["state"] for p in patches}
+        fp8_states = [p["state"] for p in patches if "fp8" in p.get("group", "").lower()]
         drifted = sorted(k for k, s in states.items() if s == "drift")
         if drifted:
             raise LaunchError(f"patch report {path} shows drift for {', '.join(drifted)}; rebuild the image")
         notes.append(f"patch report {path}: " + ", ".join(f"{k}={s}" for k, s in states.items()))
     if env.get(FP8_POLICY_ENV) == "running-max":
-        fp8 = [s for k, s in states.items() if "fp8" in k.lower()]
-        if not any(s in GOOD_STATES for s in fp8):
+        if not any(s in GOOD_STATES for s in fp8_states):
             found = "the report shows it is not applied" if states else f"no patch report was found at {path}"
             raise LaunchError(f"KV_SCALE_POLICY=running-max needs the FP8 KV patch in this vLLM and {found}; "
                               "build the image (build-kimi26-dflash.sh) or run "

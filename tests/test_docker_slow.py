@@ -40,6 +40,19 @@ DRIFT_SET = [{
 }]
 
 
+def remove_new_untagged(client, existing: set[str]) -> None:
+    """The classic builder keeps the layers of a failed build as cache: drop the ones made here."""
+    for _ in range(20):
+        new = [i for i in client.images.list(all=True) if i.id not in existing and not i.tags]
+        if not new:
+            return
+        for image in new:
+            try:
+                client.images.remove(image.id)
+            except Exception:  # a child still holds it: the next round
+                pass
+
+
 @pytest.fixture(scope="module")
 def client():
     return ensure_engine()
@@ -149,9 +162,13 @@ def test_drifted_patch_set_fails_the_build_with_the_patchers_message(client, cpu
     drift.write_text(json.dumps(DRIFT_SET))
     base = ensure_cpu_base(client, "0.32.0", log=print)  # cached by the image build above
     before = {i.id for i in client.images.list(name=TEST_NAME + "-drift")}
-    with pytest.raises(build_mod.BuildFailed) as err:
-        build_mod.build_image(client, base_image=base, vllm_version="0.32.0", name=TEST_NAME + "-drift",
-                              patch_set=drift)
+    existing = {i.id for i in client.images.list(all=True)}
+    try:
+        with pytest.raises(build_mod.BuildFailed) as err:
+            build_mod.build_image(client, base_image=base, vllm_version="0.32.0", name=TEST_NAME + "-drift",
+                                  patch_set=drift)
+    finally:
+        remove_new_untagged(client, existing)
     msg = str(err.value)
     assert "patch_dflash_rocm: drift: D1 v1/spec_decode/dflash.py: anchor not found" in msg, msg
     assert {i.id for i in client.images.list(name=TEST_NAME + "-drift")} == before == set()

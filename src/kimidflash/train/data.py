@@ -1,0 +1,183 @@
+"""Prompt sets and regenerated training records.
+
+Why regenerate: a drafter learns to predict *its target's* continuations, so
+the training responses are the target's own greedy answers (seed 003:
+PerfectBlend regenerated with Kimi K2.6). A record keeps the exact token ids
+the server saw and produced (chat template applied by the server) and a loss
+mask: 0 on prompt tokens, 1 on response tokens. Anchors are only drawn where
+the mask is 1.
+
+The reference prompt set is synthetic (no dataset can be downloaded here):
+task templates crossed with subjects, drawn with a seed. The held-out split
+is chosen by a hash of the record id, so it never moves when more records are
+added, and the benchmark traffic (the bench tool's built-in prompts) is a
+different source altogether.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+TEMPLATES: tuple[str, ...] = (
+    "Explain {s} to a curious teenager.",
+    "Write a short paragraph about {s}.",
+    "What are three interesting facts about {s}?",
+    "Give me a step-by-step guide to learning about {s}.",
+    "Describe the history of {s} in a few sentences.",
+    "What are the advantages and disadvantages of {s}?",
+    "Write a haiku about {s}.",
+    "Write a short story that involves {s}.",
+    "How would you explain {s} to a five-year-old?",
+    "List five questions people often ask about {s}, with short answers.",
+    "Summarize the main ideas behind {s}.",
+    "Compare {s} with something similar and explain the differences.",
+    "What is a common misconception about {s}?",
+    "Write a friendly email inviting a colleague to a talk about {s}.",
+    "Give me a beginner's checklist for {s}.",
+    "Why does {s} matter in everyday life?",
+    "Write a product description for a book about {s}.",
+    "Create a short quiz with answers about {s}.",
+    "What would the world be like without {s}?",
+    "Write a tweet-length summary of {s}.",
+    "Give three tips for someone interested in {s}.",
+    "Describe {s} using a simple analogy.",
+    "Write a limerick about {s}.",
+    "What are the key terms someone should know about {s}? Define each.",
+)
+SUBJECTS: tuple[str, ...] = (
+    "photosynthesis", "the water cycle", "black holes", "volcanoes", "the moon", "rainbows", "earthquakes",
+    "the human heart", "vaccines", "sleep", "bees", "coral reefs", "dinosaurs", "the Roman Empire",
+    "the printing press", "the internet", "electric cars", "solar panels", "wind turbines", "recycling",
+    "climate change", "the stock market", "inflation", "budgeting", "compound interest", "chess", "football",
+    "the Olympic Games", "jazz music", "the piano", "painting with watercolors", "photography", "gardening",
+    "baking bread", "coffee", "tea", "chocolate", "healthy breakfast ideas", "running a marathon", "yoga",
+    "meditation", "learning a new language", "public speaking", "time management", "writing a resume",
+    "job interviews", "remote work", "teamwork", "leadership", "friendship", "kindness", "dogs", "cats",
+    "owls", "whales", "elephants", "penguins", "rivers", "deserts", "rainforests", "mountains", "the ocean",
+    "clouds", "snow", "thunderstorms", "the seasons", "the solar system", "Mars", "satellites", "rockets",
+    "airplanes", "trains", "bicycles", "bridges", "skyscrapers", "ancient Egypt", "the pyramids",
+    "the Renaissance", "Shakespeare", "poetry", "libraries", "museums", "board games", "video games",
+    "robots", "artificial intelligence", "computers", "smartphones", "passwords and online safety",
+    "the Python programming language", "sorting algorithms", "binary numbers", "prime numbers", "fractions",
+    "geometry", "probability", "the speed of light", "magnets", "electricity", "batteries", "DNA",
+    "the immune system", "nutrition", "drinking water", "bread mold", "microscopes", "telescopes", "maps",
+    "the compass", "money", "small businesses", "volunteering", "city parks", "camping", "hiking safety",
+    "first aid basics", "fire safety", "recipes for pasta", "making soup", "planting tomatoes",
+)
+
+
+class DataError(ValueError):
+    """A prompt or record file we cannot use; the message names it."""
+
+
+def synthetic_prompts(n: int, seed: int) -> list[dict[str, str]]:
+    """`n` distinct prompts {id, prompt}, deterministic in `seed`."""
+    combos = [(t, s) for t in TEMPLATES for s in SUBJECTS]
+    if n > len(combos):
+        raise DataError(f"synthetic prompt set has {len(combos)} prompts; {n} asked")
+    rng = random.Random(seed)
+    rng.shuffle(combos)
+    return [{"id": f"syn-{seed}-{i:05d}", "prompt": t.format(s=s)} for i, (t, s) in enumerate(combos[:n])]
+
+
+def load_prompts(spec: str, seed: int) -> list[dict[str, str]]:
+    """`synthetic:N` or a JSONL file of {id?, prompt} / bench conversation records (first user turn)."""
+    if spec.startswith("synthetic:"):
+        try:
+            n = int(spec.split(":", 1)[1])
+        except ValueError:
+            raise DataError(f"prompts '{spec}': expected synthetic:N") from None
+        return synthetic_prompts(n, seed)
+    if spec == "builtin":
+        from ..bench.prompts import load_builtin
+
+        return [{"id": c.id, "prompt": c.turns[0]} for c in load_builtin()]
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise DataError(f"prompts file not found: {path}")
+    from ..bench.prompts import PromptError, load_file
+
+    try:
+        return [{"id": c.id, "prompt": c.turns[0]} for c in load_file(path)]
+    except PromptError as e:
+        raise DataError(str(e)) from None
+
+
+@dataclass
+class Record:
+    id: str
+    prompt: str
+    input_ids: list[int]
+    loss_mask: list[int]
+    finish_reason: str
+
+    @property
+    def n_response(self) -> int:
+        return sum(self.loss_mask)
+
+    def check(self, where: str) -> None:
+        if len(self.input_ids) != len(self.loss_mask):
+            raise DataError(f"{where}: record {self.id}: input_ids and loss_mask differ in length")
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise DataError(f"{where}: record {self.id}: loss_mask holds values other than 0/1")
+
+
+def make_record(rid: str, prompt: str, prompt_ids: list[int], response_ids: list[int], finish: str) -> Record:
+    return Record(rid, prompt, list(prompt_ids) + list(response_ids),
+                  [0] * len(prompt_ids) + [1] * len(response_ids), finish)
+
+
+def read_records(path: Path) -> list[Record]:
+    out: list[Record] = []
+    if not path.is_file():
+        return out
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = Record(**json.loads(line))
+        except (json.JSONDecodeError, TypeError) as e:
+            raise DataError(f"{path}:{n}: not a regen record ({e})") from None
+        rec.check(f"{path}:{n}")
+        out.append(rec)
+    return out
+
+
+class RecordWriter:
+    """Appends records one line at a time, flushed: an interrupted regen loses at most the line in flight."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(path, "a")
+
+    def write(self, rec: Record) -> None:
+        self._f.write(json.dumps(asdict(rec), separators=(",", ":")) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def is_heldout(rid: str, fraction: float) -> bool:
+    """Stable split by hash of the id: adding records never moves an old one."""
+    h = int(hashlib.sha256(rid.encode()).hexdigest()[:8], 16)
+    return h < fraction * 0x100000000
+
+
+def split(records: Iterable[Record], heldout_fraction: float) -> tuple[list[Record], list[Record]]:
+    train, held = [], []
+    for r in records:
+        (held if is_heldout(r.id, heldout_fraction) else train).append(r)
+    return train, held
+
+
+def usable(records: Iterable[Record], min_response: int = 2) -> Iterator[Record]:
+    """Records with at least `min_response` response tokens (an anchor needs a token after it)."""
+    return (r for r in records if r.n_response >= min_response)

@@ -1,0 +1,79 @@
+"""Run the target through our own `serve` path for the phases that need it.
+
+regen and the acceptance checks talk to the target exactly as users do: the
+recipe's `python -m kimidflash serve CONFIG` (validation, preflight, launcher,
+health wait), on a free loopback port, stopped with SIGTERM at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+from ..paths import REPO_ROOT
+
+
+class ServeError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def served(config: str | Path, overrides: list[str], log_path: Path, timeout: float = 900) -> Iterator[str]:
+    """Yield the server's base URL (no /v1) while `serve CONFIG --set ...` runs."""
+    port = free_port()
+    sets = [a for kv in (f"PORT={port}", *overrides) for a in ("--set", kv)]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "kimidflash", "serve", str(config), *sets, "--quiet", "--log-file", str(log_path)]
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if proc.poll() is not None:
+                out = proc.stdout.read() if proc.stdout else ""
+                raise ServeError(f"serve {config} exited {proc.returncode}; log {log_path}:\n{out[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise ServeError(f"serve {config}: not healthy after {timeout:.0f}s; log {log_path}")
+            time.sleep(1)
+        yield base
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def metrics(base_url: str) -> dict[str, float]:
+    """Prometheus counters summed over labels, per-position counters keyed `name[i]`."""
+    out: dict[str, float] = {}
+    for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        key = name.split("{")[0]
+        if 'position="' in name:
+            key += "[" + name.split('position="')[1].split('"')[0] + "]"
+        out[key] = out.get(key, 0.0) + float(value)
+    return out

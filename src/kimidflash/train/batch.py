@@ -1,0 +1,45 @@
+"""Turn captured sequences into one padded training/eval batch for the drafter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from . import objective as obj
+
+
+@dataclass
+class Batch:
+    feats: torch.Tensor        # [N, T, nH]
+    block_ids: torch.Tensor    # [N, A*B]
+    block_pos: torch.Tensor    # [N, A*B]
+    mask: torch.Tensor         # [N, A*B, T + A*B] bool
+    labels: torch.Tensor       # [N, A*B]
+    label_ok: torch.Tensor     # [N, A*B] bool
+    slot: torch.Tensor         # [A*B] slot index 0..B-1
+
+
+def collate(items: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+            block_size: int, mask_token_id: int) -> Batch:
+    """items: (input_ids, loss_mask, feats, anchors, anchor_valid) per sequence; all share A."""
+    N = len(items)
+    T = max(len(it[0]) for it in items)
+    A = len(items[0][3])
+    B = block_size
+    nH = items[0][2].shape[-1]
+    feats = torch.zeros(N, T, nH, dtype=items[0][2].dtype)
+    out = {k: [] for k in ("ids", "pos", "mask", "lab", "ok")}
+    for n, (ids, lm, f, anchors, valid) in enumerate(items):
+        L = len(ids)
+        feats[n, :L] = f
+        ctx_valid = torch.arange(T) < L
+        out["ids"].append(obj.block_inputs(ids, anchors, B, mask_token_id).flatten())
+        out["pos"].append(obj.block_positions(anchors, B).flatten())
+        out["mask"].append(obj.attention_mask(anchors, valid, T, B, ctx_valid))
+        lab, ok = obj.block_labels(ids, lm, anchors, valid, B)
+        out["lab"].append(lab.flatten())
+        out["ok"].append(ok.flatten())
+    return Batch(feats, torch.stack(out["ids"]), torch.stack(out["pos"]), torch.stack(out["mask"]),
+                 torch.stack(out["lab"]), torch.stack(out["ok"]), torch.arange(B).repeat(A))

@@ -1,0 +1,111 @@
+"""eval: offline acceptance length, teacher-forced, per position.
+
+For every anchor a in a held-out response whose next k tokens are all
+response tokens, the drafter gets the target's hidden states before a and a
+block of 1 + k slots (the anchor token and k mask tokens: exactly what vLLM
+queries per draft step at num_speculative_tokens = k), predicts greedily, and
+is compared with the target's own greedy continuation x_{a+1..a+k} (the regen
+records were generated at temperature 0). Acceptance length = 1 + the leading
+run of matches (the bonus token always counts), as seed 001 and speculators'
+"eal" define it; `per_position[i]` is the fraction of drafts whose first i+1
+tokens all match, the same cumulative form as vLLM's
+`spec_decode_num_accepted_tokens_per_pos`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import objective as obj
+from .batch import collate
+
+
+def acceptance_lengths(pred: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """[N, k] predictions and truths -> [N] lengths 1 + leading matches."""
+    hit = (pred == truth).long()
+    return 1 + hit.cumprod(dim=1).sum(dim=1)
+
+
+def summarize(lengths: torch.Tensor, k: int) -> dict[str, Any]:
+    n = len(lengths)
+    if n == 0:
+        return {"k": k, "drafts": 0, "mean_acceptance_length": None, "per_position": [None] * k}
+    acc = lengths - 1
+    return {"k": k, "drafts": n, "mean_acceptance_length": round(float(lengths.float().mean()), 4),
+            "acceptance_rate": round(float(acc.float().mean() / k), 4),
+            "per_position": [round(float((acc >= i + 1).float().mean()), 4) for i in range(k)]}
+
+
+def eval_anchors(loss_mask: torch.Tensor, k: int) -> torch.Tensor:
+    """Anchors whose next k positions exist and are all response tokens."""
+    T = len(loss_mask)
+    out = [a for a in range(T - k) if loss_mask[a] and bool(loss_mask[a + 1:a + k + 1].all())]
+    return torch.tensor(out, dtype=torch.long)
+
+
+@torch.no_grad()
+def offline_acceptance(model, store, k: int, max_records: int | None = None, chunk: int = 48,
+                       autocast: bool = True) -> dict[str, Any]:
+    """Teacher-forced acceptance of `model` over `store` at k speculative tokens (block = 1 + k)."""
+    mask_id = model.cfg["dflash_config"]["mask_token_id"]
+    B = k + 1
+    lengths = []
+    n = len(store) if max_records is None else min(max_records, len(store))
+    from .progress import bar
+
+    with bar(f"eval k={k}", n) as advance:
+        for i in range(n):
+            ids, lm, f = store.get(i)
+            anchors = eval_anchors(lm, k)
+            for s in range(0, len(anchors), chunk):
+                a = anchors[s:s + chunk]
+                valid = torch.ones(len(a), dtype=torch.bool)
+                b = collate([(ids, lm, f, a, valid)], B, mask_id)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                    h = model.hidden(b.feats, b.block_ids, b.block_pos, b.mask)
+                    logits = model.logits(h[0].view(len(a), B, -1)[:, 1:])
+                pred = logits.argmax(-1)
+                truth = b.labels[0].view(len(a), B)[:, 1:]
+                lengths.append(acceptance_lengths(pred, truth))
+            advance()
+    return summarize(torch.cat(lengths) if lengths else torch.zeros(0, dtype=torch.long), k)
+
+
+def load_checkpoint_model(run: Path, model_dir: str | Path):
+    from .trainer import DFlashDrafter, load_target_head
+
+    st = torch.load(run / "checkpoints" / "last.pt", weights_only=False)
+    embed, head = load_target_head(model_dir)
+    model = DFlashDrafter(st["shape"], embed, head)
+    model.load_state_dict(st["model"])
+    return model.eval(), st
+
+
+def evaluate_run(cfg: dict[str, Any], run: Path, log=print) -> dict[str, Any]:
+    from .capture import ShardStore, StreamStore, make_source, training_records
+    from .cli import target_info
+
+    model_dir = target_info(cfg)["model_dir"]
+    model, st = load_checkpoint_model(run, model_dir)
+    if cfg["capture"]["mode"] == "cache":
+        store = ShardStore(run / "capture", "heldout")
+    else:
+        _, held = training_records(cfg, run)
+        store = StreamStore(held, make_source(cfg, model_dir, st["shape"]["dflash_config"]["target_layer_ids"]))
+    if not len(store):
+        raise ValueError(f"{run}: no held-out records captured")
+    res = {"step": st["step"], "heldout_records": min(len(store), cfg["eval"]["max_records"]),
+           "definition": "teacher-forced against the target's greedy continuation; block = 1 + k", "by_k": {}}
+    for k in cfg["eval"]["k"]:
+        if k + 1 > st["shape"]["block_size"] and k + 1 > cfg["train"]["block_size"]:
+            raise ValueError(f"eval.k {k}: needs a block of {k + 1} > the drafter's block size")
+        r = offline_acceptance(model, store, k, cfg["eval"]["max_records"])
+        res["by_k"][str(k)] = r
+        log(f"eval: k={k} offline mean acceptance length {r['mean_acceptance_length']} over {r['drafts']} drafts; "
+            f"per position {r['per_position']}")
+    (run / "eval.json").write_text(json.dumps(res, indent=2) + "\n")
+    return res

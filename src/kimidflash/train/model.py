@@ -1,0 +1,168 @@
+"""The DFlash drafter in plain torch, laid out exactly as vLLM's `DFlashDraftModel` loads it.
+
+What vLLM 0.32 (`qwen3_dflash.py`) computes, and so what we train:
+
+* context c_j = hidden_norm(fc(concat_l h^(l)_j)) for the target's hidden
+  states h^(l) at `target_layer_ids` (HF indexing: layer id L is HF
+  `hidden_states[L + 1]`, the output of decoder layer L; vLLM adds 1).
+* in every draft layer, context keys/values are k_norm(k_proj(c)) with RoPE at
+  the context positions and v_proj(c): no input_layernorm on the context.
+* block tokens (anchor + mask tokens) are embedded with the target's frozen
+  embeddings and run through Qwen3 pre-norm layers (q/k per-head RMSNorm,
+  neox RoPE at their absolute positions, GQA, SiLU MLP); queries attend to the
+  masked set of context + block keys; final norm, then the target's frozen
+  LM head.
+
+Parameter names are vLLM's checkpoint names (fc.weight, hidden_norm.weight,
+layers.N.self_attn.q_proj.weight, ..., norm.weight); the frozen embedding
+and LM head are buffers, never exported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dt = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * x).to(dt)
+
+
+def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    f = pos.float()[..., None] * inv  # [..., hd/2]
+    emb = torch.cat([f, f], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """neox style (rotate half), as vLLM's default `is_neox_style=True`. x: [..., n, L, hd]; cos: [..., L, hd]."""
+    h = x.shape[-1] // 2
+    rot = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+    return (x.float() * cos[..., None, :, :] + rot.float() * sin[..., None, :, :]).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: dict[str, Any]):
+        super().__init__()
+        H, self.nh, self.nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        self.hd = cfg.get("head_dim") or H // self.nh
+        bias = cfg.get("attention_bias", False)
+        self.q_proj = nn.Linear(H, self.nh * self.hd, bias=bias)
+        self.k_proj = nn.Linear(H, self.nkv * self.hd, bias=bias)
+        self.v_proj = nn.Linear(H, self.nkv * self.hd, bias=bias)
+        self.o_proj = nn.Linear(self.nh * self.hd, H, bias=bias)
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        self.q_norm = RMSNorm(self.hd, eps)
+        self.k_norm = RMSNorm(self.hd, eps)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:  # [N, L, n*hd] -> [N, n, L, hd]
+        return x.view(*x.shape[:-1], n, self.hd).transpose(-3, -2)
+
+    def forward(self, x: torch.Tensor, ctx: torch.Tensor, rope_q: tuple, rope_c: tuple, mask: torch.Tensor) -> torch.Tensor:
+        """x: [N, Q, H] block inputs (normed); ctx: [N, T, H] context features; mask: [N, Q, T+Q] bool."""
+        q = self.q_norm(self._heads(self.q_proj(x), self.nh))
+        kb = self.k_norm(self._heads(self.k_proj(x), self.nkv))
+        vb = self._heads(self.v_proj(x), self.nkv)
+        kc = self.k_norm(self._heads(self.k_proj(ctx), self.nkv))
+        vc = self._heads(self.v_proj(ctx), self.nkv)
+        q = apply_rope(q, *rope_q)
+        kb = apply_rope(kb, *rope_q)
+        kc = apply_rope(kc, *rope_c)
+        k = torch.cat([kc, kb], dim=-2)
+        v = torch.cat([vc, vb], dim=-2)
+        rep = self.nh // self.nkv
+        k = k.repeat_interleave(rep, dim=-3)
+        v = v.repeat_interleave(rep, dim=-3)
+        out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask[:, None])
+        out = out.transpose(-3, -2).reshape(*x.shape[:-1], self.nh * self.hd)
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: dict[str, Any]):
+        super().__init__()
+        H, I = cfg["hidden_size"], cfg["intermediate_size"]
+        self.gate_proj = nn.Linear(H, I, bias=False)
+        self.up_proj = nn.Linear(H, I, bias=False)
+        self.down_proj = nn.Linear(I, H, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: dict[str, Any]):
+        super().__init__()
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg["hidden_size"], eps)
+        self.post_attention_layernorm = RMSNorm(cfg["hidden_size"], eps)
+
+    def forward(self, x, ctx, rope_q, rope_c, mask):
+        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_c, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def rope_theta(cfg: dict[str, Any]) -> float:
+    rp = cfg.get("rope_parameters") or {}
+    return float(rp.get("rope_theta", cfg.get("rope_theta", 1000000.0)))
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, cfg: dict[str, Any], embed: torch.Tensor, lm_head: torch.Tensor):
+        super().__init__()
+        H = cfg["hidden_size"]
+        n = len(cfg["dflash_config"]["target_layer_ids"])
+        self.cfg = cfg
+        self.fc = nn.Linear(n * H, H, bias=False)
+        self.hidden_norm = RMSNorm(H, cfg.get("rms_norm_eps", 1e-6))
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg["num_hidden_layers"]))
+        self.norm = RMSNorm(H, cfg.get("rms_norm_eps", 1e-6))
+        # Shared with the target and frozen: buffers, so they are neither trained nor exported.
+        self.register_buffer("embed_tokens", embed, persistent=False)
+        self.register_buffer("lm_head", lm_head, persistent=False)
+        self.theta = rope_theta(cfg)
+        self.head_dim = cfg.get("head_dim") or H // cfg["num_attention_heads"]
+
+    def init_weights(self, std: float, gen: torch.Generator) -> None:
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(p)
+            else:
+                with torch.no_grad():
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+    def context(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.hidden_norm(self.fc(feats))
+
+    def hidden(self, feats: torch.Tensor, block_ids: torch.Tensor, block_pos: torch.Tensor,
+               mask: torch.Tensor) -> torch.Tensor:
+        """feats [N, T, n*H]; block_ids/pos [N, Q]; mask [N, Q, T+Q] -> final-normed hidden [N, Q, H]."""
+        ctx = self.context(feats)
+        T = feats.shape[1]
+        rope_c = rope_cos_sin(torch.arange(T).expand(feats.shape[0], T), self.head_dim, self.theta)
+        rope_q = rope_cos_sin(block_pos, self.head_dim, self.theta)
+        x = F.embedding(block_ids, self.embed_tokens).to(ctx.dtype)
+        for layer in self.layers:
+            x = layer(x, ctx, rope_q, rope_c, mask)
+        return self.norm(x)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.lm_head.to(h.dtype).t()
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.state_dict().items()}

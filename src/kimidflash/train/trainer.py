@@ -1,0 +1,227 @@
+"""train: the DFlash objective on captured target features, resumable and DDP-ready.
+
+* Loss: weighted cross-entropy of slot k's logits against x_{a+k}, weight
+  exp(-(k-1)/gamma), averaged over counted slots (objective.py).
+* bf16 autocast on CPU (fp32 master weights, AdamW, warm-up then cosine).
+* Checkpoints are written atomically (temp file + rename) every
+  `checkpoint_every` steps and at the end, with the model, optimizer,
+  scheduler, step, loss history and every RNG (torch, python, the data
+  generator), so `--resume` continues exactly: an interrupted run resumed
+  gives the same weights as an uninterrupted one (tested).
+* Data parallel: under torchrun (WORLD_SIZE > 1) each rank draws its own
+  batches from a rank-offset generator, gradients are averaged by DDP
+  (gloo on CPU, nccl/rccl on GPUs), and only rank 0 writes checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from . import objective as obj
+from .batch import Batch, collate
+from .model import DFlashDrafter
+
+
+def load_target_head(model_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's embedding and LM head (tied or not) from its safetensors, float32."""
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors")
+    embed = head = None
+    for p in files:
+        with safe_open(str(p), "pt") as f:
+            for k in f.keys():
+                if k.endswith("embed_tokens.weight"):
+                    embed = f.get_tensor(k).float()
+                elif k == "lm_head.weight":
+                    head = f.get_tensor(k).float()
+    if embed is None:
+        raise ValueError(f"{model_dir}: no embed_tokens.weight")
+    return embed, (head if head is not None else embed)
+
+
+def build_model(shape: dict[str, Any], embed: torch.Tensor, head: torch.Tensor, seed: int, std: float) -> DFlashDrafter:
+    model = DFlashDrafter(shape, embed, head)
+    model.init_weights(std, torch.Generator().manual_seed(seed))
+    return model
+
+
+def batch_loss(model: torch.nn.Module, b: Batch, weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """Weighted CE over counted slots; the LM head runs only on those rows (it dominates the cost)."""
+    core = model.module if hasattr(model, "module") else model
+    h = model(b.feats, b.block_ids, b.block_pos, b.mask) if hasattr(model, "module") else \
+        core.hidden(b.feats, b.block_ids, b.block_pos, b.mask)
+    sel = b.label_ok
+    if not sel.any():
+        return h.sum() * 0.0, {"tokens": 0.0, "acc1": float("nan")}
+    rows = h[sel]
+    logits = core.logits(rows).float()
+    labels = b.labels[sel]
+    slot = b.slot.expand_as(sel)[sel]
+    w = weights[slot]
+    ce = F.cross_entropy(logits, labels, reduction="none")
+    loss = (ce * w).sum() / w.sum()
+    with torch.no_grad():
+        hit = logits.argmax(-1) == labels
+        first = slot == 1
+        acc1 = hit[first].float().mean().item() if first.any() else float("nan")
+    return loss, {"tokens": float(sel.sum()), "acc1": acc1}
+
+
+class _Forward(torch.nn.Module):
+    """DDP needs forward(); route it to hidden()."""
+
+    def __init__(self, m: DFlashDrafter):
+        super().__init__()
+        self.m = m
+
+    def forward(self, feats, ids, pos, mask):
+        return self.m.hidden(feats, ids, pos, mask)
+
+
+def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    t = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def sample_batch(store, n: int, gen: torch.Generator, anchors_per_seq: int, block_size: int, mask_id: int) -> Batch:
+    idx = torch.randint(len(store), (n,), generator=gen).tolist()
+    items = []
+    for i in idx:
+        ids, lm, f = store.get(i)
+        a, v = obj.sample_anchors(lm, anchors_per_seq, gen)
+        items.append((ids, lm, f, a, v))
+    return collate(items, block_size, mask_id)
+
+
+def atomic_save(obj_: Any, path: Path) -> None:
+    tmp = path.with_name(".tmp-" + path.name)
+    torch.save(obj_, tmp)
+    os.replace(tmp, path)
+
+
+def _dist() -> tuple[int, int]:
+    ws = int(os.environ.get("WORLD_SIZE", "1"))
+    if ws > 1 and not torch.distributed.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        torch.distributed.init_process_group(backend)
+    return (torch.distributed.get_rank() if ws > 1 else 0), ws
+
+
+def train_loop(shape: dict[str, Any], tc: dict[str, Any], store, embed: torch.Tensor, head: torch.Tensor,
+               ckpt_dir: Path, seed: int, resume: bool, stop_at: int | None = None, log=print,
+               progress: bool = True) -> dict[str, Any]:
+    """Train to tc['steps'] (or stop at `stop_at`); returns the final state summary."""
+    rank, world = _dist()
+    if tc.get("threads"):
+        torch.set_num_threads(tc["threads"])
+    B, mask_id = tc["block_size"], shape["dflash_config"]["mask_token_id"]
+    model = build_model(shape, embed, head, seed, tc.get("init_std", 0.02))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=tc["lr"], weight_decay=tc["weight_decay"], betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_lambda(s, tc["warmup_steps"], tc["steps"], tc["min_lr_ratio"]))
+    gen = torch.Generator().manual_seed(seed * 1000 + 17 + rank)
+    weights = obj.loss_weights(B, tc["gamma"])
+    history: list[dict[str, float]] = []
+    step = 0
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    last = ckpt_dir / "last.pt"
+    if resume and last.is_file():
+        st = torch.load(last, weights_only=False)
+        model.load_state_dict(st["model"], strict=True)
+        opt.load_state_dict(st["optimizer"])
+        sched.load_state_dict(st["scheduler"])
+        gen.set_state(st["rng"]["data"][rank] if rank < len(st["rng"]["data"]) else st["rng"]["data"][0])
+        torch.set_rng_state(st["rng"]["torch"])
+        random.setstate(st["rng"]["python"])
+        step, history = st["step"], st["history"]
+        log(f"train: resumed at step {step} from {last}")
+    fwd: torch.nn.Module = _Forward(model)
+    if world > 1:
+        fwd = torch.nn.parallel.DistributedDataParallel(fwd)
+
+    def save() -> None:
+        if rank != 0:
+            return
+        gens = [gen.get_state()]
+        if world > 1:
+            allg = [None] * world
+            torch.distributed.all_gather_object(allg, gen.get_state())
+            gens = allg
+        atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                     "step": step, "history": history, "shape": shape, "train_config": tc,
+                     "rng": {"data": gens, "torch": torch.get_rng_state(), "python": random.getstate()}}, last)
+
+    end = tc["steps"] if stop_at is None else min(tc["steps"], stop_at)
+    use_bf16 = tc["autocast"] == "bfloat16"
+    from .progress import bar
+
+    t0 = time.monotonic()
+    with bar("train", tc["steps"], start=step) as advance:
+        while step < end:
+            b = sample_batch(store, tc["batch_size"], gen, tc["anchors_per_seq"], B, mask_id)
+            with torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16,
+                                enabled=use_bf16):
+                loss, info = batch_loss(fwd if world > 1 else model, b, weights)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(params, tc["grad_clip"]) if tc["grad_clip"] else torch.tensor(0.0)
+            opt.step()
+            sched.step()
+            step += 1
+            history.append({"step": step, "loss": round(loss.item(), 5), "acc1": round(info["acc1"], 4),
+                            "lr": sched.get_last_lr()[0], "grad_norm": round(float(gn), 4)})
+            if progress:
+                advance(loss=f"{loss.item():.3f}", acc1=f"{info['acc1']:.2f}")
+            if step % tc["checkpoint_every"] == 0 or step == end:
+                save()
+    return {"model": model, "step": step, "history": history, "seconds": time.monotonic() - t0}
+
+
+def train(cfg: dict[str, Any], run: Path, resume: bool, stop_at: int | None = None, log=print) -> dict[str, Any]:
+    from .capture import ShardStore, StreamStore, make_source, training_records
+    from .cli import target_info
+    from .config import drafter_shape
+    from .manifest import Manifest
+
+    shape = drafter_shape(cfg)
+    tc = dict(cfg["train"])
+    if tc["block_size"] < shape["block_size"]:
+        raise ValueError(f"train.block_size {tc['block_size']} < the drafter's block_size {shape['block_size']}")
+    model_dir = target_info(cfg)["model_dir"]
+    if cfg["capture"]["mode"] == "cache":
+        store = ShardStore(run / "capture", "train")
+    else:
+        train_recs, _ = training_records(cfg, run)
+        store = StreamStore(train_recs, make_source(cfg, model_dir, shape["dflash_config"]["target_layer_ids"]))
+    if not len(store):
+        raise ValueError(f"{run}: no captured training records; run the capture phase")
+    embed, head = load_target_head(model_dir)
+    if not resume and (run / "checkpoints" / "last.pt").is_file():
+        raise ValueError(f"{run / 'checkpoints' / 'last.pt'} exists: pass --resume to continue it, or remove it")
+    res = train_loop(shape, tc, store, embed, head, run / "checkpoints", cfg["seed"], resume, stop_at, log=log)
+    hist = res["history"]
+    tail = hist[-50:]
+    m = Manifest.open(run)
+    m.note("train", {"steps_done": res["step"], "steps_planned": tc["steps"], "records": len(store),
+                     "examples_seen": res["step"] * tc["batch_size"],
+                     "final_loss_mean_last50": sum(h["loss"] for h in tail) / max(1, len(tail)),
+                     "config": tc})
+    (run / "loss-history.json").write_text(json.dumps(hist) + "\n")
+    log(f"train: step {res['step']}/{tc['steps']}, mean loss of the last {len(tail)} steps "
+        f"{m.data['train']['final_loss_mean_last50']:.3f}")
+    return res

@@ -172,3 +172,28 @@ def test_drifted_patch_set_fails_the_build_with_the_patchers_message(client, cpu
     msg = str(err.value)
     assert "patch_dflash_rocm: drift: D1 v1/spec_decode/dflash.py: anchor not found" in msg, msg
     assert {i.id for i in client.images.list(name=TEST_NAME + "-drift")} == before == set()
+
+
+def test_ca_bundle_goes_through_buildkit_as_a_secret(client, cpu_image, tmp_path):
+    """--ca-bundle: BuildKit via the docker CLI; the bundle reaches RUN as a secret, in no layer."""
+    if build_mod._buildkit_cli() is None:
+        pytest.skip("no docker CLI with BuildKit here (buildx, or a pre-23 client)")
+    base = ensure_cpu_base(client, "0.32.0", log=print)
+    ca = tmp_path / "proxy-ca.pem"
+    ca.write_bytes(open("/etc/ssl/certs/ca-certificates.crt", "rb").read())
+    existing = {i.id for i in client.images.list(all=True)}
+    result = build_mod.build_image(client, base_image=base, vllm_version="0.32.0", name=TEST_NAME + "-bk",
+                                   ca_bundle=ca)
+    try:
+        image = client.images.get(result.tags[0])
+        assert image.labels[build_mod.LABEL_PATCHSET] == result.report["patchset_hash"]
+        history = " ".join(str(h.get("CreatedBy", "")) for h in image.history())
+        assert "# buildkit" in history and "/run/secrets/ca" in history and "proxy-ca.pem" not in history
+        import docker
+
+        with pytest.raises(docker.errors.ContainerError, match="No such file"):
+            client.containers.run(result.tags[0], entrypoint=["ls", "/run/secrets/ca"], remove=True)
+    finally:
+        for t in result.tags:
+            client.images.remove(t)
+        remove_new_untagged(client, existing)

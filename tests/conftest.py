@@ -37,7 +37,7 @@ class RunningServer:
 
 
 @contextlib.contextmanager
-def serving(config: str | Path, *overrides: str, timeout: float = 900, cmd: list[str] | None = None) -> Iterator[RunningServer]:
+def serving(config: str | Path, *overrides: str, timeout: float = 1200, cmd: list[str] | None = None) -> Iterator[RunningServer]:
     """Run `serve` on a free port until the block ends; then SIGTERM it like a user would."""
     port = free_port()
     log = Path(os.environ.get("PYTEST_SERVER_LOG_DIR", "/tmp")) / f"kimidflash-serve-{port}.log"

@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_config_docs)
 
     sub.add_parser("launch", help="the standard launcher (see launchers/kimi26-vllm-dflash.sh)", add_help=False)
+    sub.add_parser("build", help="build the recipe image (same as build-kimi26-dflash.sh)", add_help=False)
     sub.add_parser("bench", help="the multi-turn benchmark (same as payload/benchmark_multi_turn.py)", add_help=False)
     return p
 
@@ -77,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         from .launch import main as launch_main
 
         return launch_main(argv[1:])
+    if argv[:1] == ["build"]:  # build-kimi26-dflash.sh
+        from .docker.build import main as build_main
+
+        return build_main(argv[1:])
     if argv[:1] == ["bench"]:  # payload/benchmark_multi_turn.py's CLI
         from .bench.cli import main as bench_main
 

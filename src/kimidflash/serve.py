@@ -23,6 +23,7 @@ import httpx
 from rich.console import Console
 
 from .config import Config
+from .config.rules import check
 from .paths import LAUNCHER
 from .prepare import launch_env, prepare
 from .preflight import PreflightError, preflight
@@ -85,7 +86,7 @@ def curl_example(config: Config) -> str:
     return f"curl {config.base_url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
 
 
-def wait_healthy(config: Config, server: LocalServer, console: Console, stop: threading.Event) -> bool:
+def wait_healthy(config: Config, server: "LocalServer", console: Console, stop: threading.Event) -> bool:
     deadline = time.monotonic() + config["HEALTH_TIMEOUT"]
     start = time.monotonic()
     url = f"{config.base_url}/health"
@@ -116,20 +117,44 @@ def serve(config: Config, *, dry_run: bool = False, allow_numa_balancing: bool =
     console = Console(stderr=True)
     say = lambda msg: console.print(f"[bold]serve:[/bold] {msg}", highlight=False, soft_wrap=True)  # noqa: E731
     rendered = render(config)
+    docker = config["RUNTIME"] == "docker"
     if dry_run:
-        print_plan(config, rendered, Console())
-        return 0
-    if config["RUNTIME"] == "docker":
-        say("RUNTIME=docker is not available in this build; use RUNTIME=local")
-        return 2
+        if docker:
+            from .docker.run import dry_run_line
 
-    prepare(config, log=say)
+            print(dry_run_line(config, rendered))
+        else:
+            print_plan(config, rendered, Console())
+        return 0
+
+    if docker:
+        from .docker import run as docker_run
+        from .docker.engine import EngineUnavailable, require_client
+
+        try:
+            client = require_client()
+            image = docker_run.resolve_image(client, config)
+            if config["PREPARE_MODELS"] == "tiny":  # made with the image's own torch: no host venv needed
+                docker_run.prepare_tiny_models(client, config, image, log=say)
+        except (EngineUnavailable, docker_run.ContainerError) as exc:
+            say(f"[red]{exc}[/red]")
+            return 2
+        check(config)
+
+        def start(log, echo):
+            return docker_run.start_server(config, rendered, image=image, log=log, echo=echo, client=client)
+    else:
+        prepare(config, log=say)
+
+        def start(log, echo):
+            return LocalServer(rendered, launch_env(config), log, echo)
+
     try:
-        for check in preflight(config, proc_root, dev_root, allow_numa_balancing=allow_numa_balancing):
-            say(f"preflight ok  {check.name}: {check.detail}")
+        for check_ in preflight(config, proc_root, dev_root, allow_numa_balancing=allow_numa_balancing):
+            say(f"preflight ok  {check_.name}: {check_.detail}")
     except PreflightError as exc:
-        for check in exc.failed:
-            say(f"[red]preflight FAILED[/red]  {check.name}: {check.detail}\n    fix: {check.fix}")
+        for failed in exc.failed:
+            say(f"[red]preflight FAILED[/red]  {failed.name}: {failed.detail}\n    fix: {failed.fix}")
         return 1
 
     stop = threading.Event()
@@ -147,8 +172,14 @@ def serve(config: Config, *, dry_run: bool = False, allow_numa_balancing: bool =
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     log = open(log_path, "a") if log_path else None
     echo = (lambda line: None) if quiet else (lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
-    say(f"starting {config['SERVED_MODEL_NAME']} on {config.base_url}")
-    server = LocalServer(rendered, launch_env(config), log, echo)
+    say(f"starting {config['SERVED_MODEL_NAME']} on {config.base_url} ({config['RUNTIME']})")
+    try:
+        server = start(log, echo)
+    except Exception as exc:  # ContainerError and docker API errors: one line, no traceback
+        say(f"[red]could not start the server: {exc}[/red]")
+        if log is not None:
+            log.close()
+        return 1
     try:
         t0 = time.monotonic()
         if not wait_healthy(config, server, console, stop):

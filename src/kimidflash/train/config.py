@@ -31,7 +31,7 @@ DEFAULTS: dict[str, Any] = {
               "weight_decay": 0.0, "warmup_steps": 50, "min_lr_ratio": 0.1, "grad_clip": 1.0,
               "autocast": "bfloat16", "checkpoint_every": 100, "log_every": 10, "threads": 0,
               "records": None, "init_std": 0.02},
-    "eval": {"k": [3, 7], "max_records": 64},
+    "eval": {"k": [3, 7], "max_records": 64, "split": "heldout"},
     "export": {"out": None, "dtype": "bfloat16"},
 }
 PATH_KEYS = (("target", "serve_config"), ("target", "model_dir"), ("drafter_config",), ("run_dir",),

@@ -92,13 +92,13 @@ def evaluate_run(cfg: dict[str, Any], run: Path, log=print) -> dict[str, Any]:
     model_dir = target_info(cfg)["model_dir"]
     model, st = load_checkpoint_model(run, model_dir)
     if cfg["capture"]["mode"] == "cache":
-        store = ShardStore(run / "capture", "heldout")
+        store = ShardStore(run / "capture", "train" if cfg["eval"]["split"] == "train" else "heldout")
     else:
-        _, held = training_records(cfg, run)
-        store = StreamStore(held, make_source(cfg, model_dir, st["shape"]["dflash_config"]["target_layer_ids"]))
+        tr, held = training_records(cfg, run)
+        store = StreamStore(tr if cfg["eval"]["split"] == "train" else held, make_source(cfg, model_dir, st["shape"]["dflash_config"]["target_layer_ids"]))
     if not len(store):
-        raise ValueError(f"{run}: no held-out records captured")
-    res = {"step": st["step"], "heldout_records": min(len(store), cfg["eval"]["max_records"]),
+        raise ValueError(f"{run}: no {cfg['eval']['split']} records captured")
+    res = {"step": st["step"], "split": cfg["eval"]["split"], "records": min(len(store), cfg["eval"]["max_records"]),
            "definition": "teacher-forced against the target's greedy continuation; block = 1 + k", "by_k": {}}
     for k in cfg["eval"]["k"]:
         if k + 1 > st["shape"]["block_size"] and k + 1 > cfg["train"]["block_size"]:

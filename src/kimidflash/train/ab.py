@@ -18,6 +18,7 @@ with (provenance), so a reader can tell which drafter produced which figure.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,29 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
     return files
 
 
+def offline_vs_online(files: list[Path], offline_path: Path, out: Path) -> str:
+    """A Markdown table: offline (eval phase) and online (/metrics) acceptance per k, from the files alone."""
+    from ..bench.result import load_result
+
+    off = json.loads(offline_path.read_text())
+    lines = [f"Offline: `{offline_path}` (step {off.get('step')}, {off.get('split', 'heldout')} split, "
+             f"{off.get('definition', '')}). Online: vLLM /metrics deltas in the result files below.", "",
+             "| variant | concurrency | k | offline mean acceptance length | online mean acceptance length | "
+             "offline per position | online per position | output tok/s | file |", "|---|---|---|---|---|---|---|---|---|"]
+    for f in files:
+        doc = load_result(f)
+        label = doc.get("label", "")
+        k = (doc.get("provenance", {}).get("recipe_config") or {}).get("values", {}).get("NUM_SPECULATIVE_TOKENS")
+        o = off["by_k"].get(str(k)) if "k=" in label and not label.startswith("ngram") else None
+        lines.append(f"| {label} | {doc.get('max_concurrency')} | {k if doc.get('speculative') else '-'} | "
+                     f"{o['mean_acceptance_length'] if o else '-'} | {doc.get('spec_decode_acceptance_length') or '-'} | "
+                     f"{o['per_position'] if o else '-'} | {doc.get('spec_decode_per_position_acceptance_rates') or '-'} | "
+                     f"{doc.get('output_throughput')} | {f.name} |")
+    text = "\n".join(lines) + "\n"
+    (out / "offline-vs-online.md").write_text(text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="kimidflash.train.ab", description=__doc__.splitlines()[0])
     p.add_argument("serve_config", type=Path)
@@ -100,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra serve override")
     p.add_argument("--reuse", action="store_true", help="skip variants whose result files exist (resume)")
     p.add_argument("--out", required=True, help="folder for result files, report.md and charts")
+    p.add_argument("--offline", type=Path, help="an eval.json / offline-acceptance.json to set beside online figures")
     a = p.parse_args(argv)
     try:
         files = run_ab(a)
@@ -110,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
 
     base = "no speculation" if a.none else None
     compare([str(f) for f in files], baseline=base, markdown=Path(a.out) / "report.md", charts=Path(a.out) / "charts")
+    if a.offline:
+        print(offline_vs_online(files, a.offline, Path(a.out)))
     return 0
 
 

@@ -32,7 +32,7 @@ DEFAULTS: dict[str, Any] = {
               "autocast": "bfloat16", "checkpoint_every": 100, "log_every": 10, "threads": 0,
               "records": None, "init_std": 0.02},
     "eval": {"k": [3, 7], "max_records": 64, "split": "heldout"},
-    "export": {"out": None, "dtype": "bfloat16"},
+    "export": {"out": None, "dtype": "bfloat16", "block_size": None},
 }
 PATH_KEYS = (("target", "serve_config"), ("target", "model_dir"), ("drafter_config",), ("run_dir",),
              ("export", "out"))

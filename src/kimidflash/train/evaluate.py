@@ -101,7 +101,7 @@ def evaluate_run(cfg: dict[str, Any], run: Path, log=print) -> dict[str, Any]:
     res = {"step": st["step"], "split": cfg["eval"]["split"], "records": min(len(store), cfg["eval"]["max_records"]),
            "definition": "teacher-forced against the target's greedy continuation; block = 1 + k", "by_k": {}}
     for k in cfg["eval"]["k"]:
-        if k + 1 > st["shape"]["block_size"] and k + 1 > cfg["train"]["block_size"]:
+        if k + 1 > cfg["train"]["block_size"]:
             raise ValueError(f"eval.k {k}: needs a block of {k + 1} > the drafter's block size")
         r = offline_acceptance(model, store, k, cfg["eval"]["max_records"])
         res["by_k"][str(k)] = r

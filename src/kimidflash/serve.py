@@ -8,7 +8,6 @@ vLLM's engine-core children with it and leaves no orphan holding GPUs.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import signal
@@ -17,42 +16,37 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Deque, TextIO
+from typing import Callable, TextIO
 
 import httpx
 from rich.console import Console
 
 from .config import Config
 from .config.rules import check
+from .logtail import STOP_GRACE_S, LogTail
 from .paths import LAUNCHER
 from .prepare import launch_env, prepare
 from .preflight import PreflightError, preflight
 from .render import Rendered, render
 
-TAIL_LINES = 40
-STOP_GRACE_S = 30.0
 
 
 class LocalServer:
     """The launcher as a child process group, its output pumped to a log."""
 
     def __init__(self, rendered: Rendered, env: dict[str, str], log: TextIO | None, echo: Callable[[str], None]):
-        self.tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._sink = LogTail(log, echo)
+        self.tail = self._sink.lines
         self.proc = subprocess.Popen(
             [str(LAUNCHER), "--", *rendered.argv], env={**env, **rendered.env}, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
-        self._pump = threading.Thread(target=self._read, args=(log, echo), daemon=True)
+        self._pump = threading.Thread(target=self._read, daemon=True)
         self._pump.start()
 
-    def _read(self, log: TextIO | None, echo: Callable[[str], None]) -> None:
+    def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            line = line.rstrip("\n")
-            self.tail.append(line)
-            if log is not None:
-                log.write(line + "\n")
-                log.flush()
-            echo(line)
+            self._sink(line.rstrip("\n"))
 
     def poll(self) -> int | None:
         return self.proc.poll()

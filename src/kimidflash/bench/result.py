@@ -298,24 +298,7 @@ def _umask_mode() -> int:
 
 def write_result(path: str | os.PathLike[str], doc: dict[str, Any]) -> Path:
     """Write atomically: a reader sees the old file or the new one, never a torn one."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), _umask_mode())
-            json.dump(doc, f, indent=1, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return p
+    return write_text_atomic(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
 
 
 def load_json(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -349,6 +332,8 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             os.fchmod(f.fileno(), _umask_mode())
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException:
         try:

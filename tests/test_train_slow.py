@@ -30,7 +30,9 @@ from kimidflash.paths import cache_dir
 from .conftest import serving
 from .helpers import CONFIGS, ROOT
 
-pytestmark = pytest.mark.slow
+# Heavy: trains a drafter from scratch and replays dozens of prompts against SmolLM2 (tens of
+# minutes on 2 cores); outside CI until cached artifacts keep .ci/run inside its time limit.
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 REFERENCE = CONFIGS / "cpu-reference.env"
 GATE = CONFIGS / "train-overfit-gate.json"

@@ -15,6 +15,8 @@ from typing import Iterator
 import httpx
 import pytest
 
+from kimidflash.train.server import metrics
+
 from .helpers import CONFIGS, ROOT, free_port
 
 
@@ -24,16 +26,7 @@ class RunningServer:
 
     def metrics(self) -> dict[str, float]:
         """vLLM's Prometheus counters, summed over labels except `position`."""
-        out: dict[str, float] = {}
-        for line in httpx.get(f"{self.base_url}/metrics", timeout=10).text.splitlines():
-            if line.startswith("#") or " " not in line:
-                continue
-            name, value = line.rsplit(" ", 1)
-            key = name.split("{")[0]
-            if 'position="' in name:
-                key += "[" + name.split('position="')[1].split('"')[0] + "]"
-            out[key] = out.get(key, 0.0) + float(value)
-        return out
+        return metrics(self.base_url)
 
 
 @contextlib.contextmanager

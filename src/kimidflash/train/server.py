@@ -33,12 +33,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def served(config: str | Path, overrides: list[str], log_path: Path, timeout: float = 900) -> Iterator[str]:
-    """Yield the server's base URL (no /v1) while `serve CONFIG --set ...` runs."""
+def serving_process(config: str | Path, overrides: list[str], log_path: Path, timeout: float = 900,
+                    cmd: list[str] | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
+    """Yield (serve process, base URL without /v1) once healthy; SIGTERM it at the end like a user.
+
+    `cmd` replaces `python -m kimidflash serve` (e.g. with ./serve.sh)."""
     port = free_port()
     sets = [a for kv in (f"PORT={port}", *overrides) for a in ("--set", kv)]
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "kimidflash", "serve", str(config), *sets, "--quiet", "--log-file", str(log_path)]
+    argv = (cmd or [sys.executable, "-m", "kimidflash", "serve"]) + [str(config), *sets, "--quiet",
+                                                                      "--log-file", str(log_path)]
     proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
@@ -54,7 +58,7 @@ def served(config: str | Path, overrides: list[str], log_path: Path, timeout: fl
             if time.monotonic() > deadline:
                 raise ServeError(f"serve {config}: not healthy after {timeout:.0f}s; log {log_path}")
             time.sleep(1)
-        yield base
+        yield proc, base
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -63,6 +67,13 @@ def served(config: str | Path, overrides: list[str], log_path: Path, timeout: fl
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+@contextlib.contextmanager
+def served(config: str | Path, overrides: list[str], log_path: Path, timeout: float = 900) -> Iterator[str]:
+    """Yield the server's base URL (no /v1) while `serve CONFIG --set ...` runs."""
+    with serving_process(config, overrides, log_path, timeout) as (_, base):
+        yield base
 
 
 def metrics(base_url: str) -> dict[str, float]:

@@ -49,7 +49,7 @@ def eval_anchors(loss_mask: torch.Tensor, k: int) -> torch.Tensor:
 
 @torch.no_grad()
 def offline_acceptance(model, store, k: int, max_records: int | None = None, chunk: int = 48,
-                       autocast: bool = True) -> dict[str, Any]:
+                       autocast: bool = False) -> dict[str, Any]:
     """Teacher-forced acceptance of `model` over `store` at k speculative tokens (block = 1 + k)."""
     mask_id = model.cfg["dflash_config"]["mask_token_id"]
     B = k + 1
@@ -103,7 +103,8 @@ def evaluate_run(cfg: dict[str, Any], run: Path, log=print) -> dict[str, Any]:
     for k in cfg["eval"]["k"]:
         if k + 1 > cfg["train"]["block_size"]:
             raise ValueError(f"eval.k {k}: needs a block of {k + 1} > the drafter's block size")
-        r = offline_acceptance(model, store, k, cfg["eval"]["max_records"])
+        r = offline_acceptance(model, store, k, cfg["eval"]["max_records"],
+                               autocast=cfg["train"]["autocast"] == "bfloat16")
         res["by_k"][str(k)] = r
         log(f"eval: k={k} offline mean acceptance length {r['mean_acceptance_length']} over {r['drafts']} drafts; "
             f"per position {r['per_position']}")

@@ -160,6 +160,12 @@ def export_run(cfg: dict[str, Any], run: Path, log=print) -> Path:
     hist = run / "loss-history.json"
     if hist.is_file():
         extras["loss-history.json"] = hist.read_bytes()
+    from .capture import training_records
+
+    held = training_records(cfg, run)[1]
+    if held:  # the traffic to A/B the drafter on: prompts it never trained on
+        extras["heldout-prompts.jsonl"] = "".join(
+            json.dumps({"id": r.id, "prompt": r.prompt}) + "\n" for r in held).encode()
     extras["README.md"] = drafter_readme(cfg, manifest, st, json.loads(ev.read_text()) if "offline-acceptance.json" in extras else None).encode()
     shape = dict(st["shape"])
     if cfg["export"]["block_size"]:

@@ -173,7 +173,8 @@ class DFlashDrafter(nn.Module):
         return self.norm(x)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return h @ self.lm_head.to(h.dtype).t()
+        """Rows flattened first: a strided 3-D `h @ W.t()` falls off the GEMM fast path (6x slower)."""
+        return F.linear(h.reshape(-1, h.shape[-1]), self.lm_head.to(h.dtype)).view(*h.shape[:-1], -1)
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.state_dict().items()}

@@ -90,6 +90,7 @@ def test_overfit_gate_offline_and_online_acceptance_agree(tmp_path):
                for p, g in zip(prompts, got))
     record = {"offline": offline, "online": online, "drafts": drafts, "accepted": accepted, "k": GATE_K,
               "train_steps": ev["step"], "replayed_identical_to_regen": same, "prompts": len(prompts)}
+    (run / "gate-result.json").write_text(json.dumps(record, indent=2) + "\n")  # kept by pytest's tmp_path
     print("overfit gate:", json.dumps(record))
     assert abs(online - offline) <= 0.15 * offline, record
 

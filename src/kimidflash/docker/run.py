@@ -21,7 +21,6 @@ from .build import LABEL_VLLM
 from .spec import MANAGED_LABEL, container_spec, docker_run_line
 
 
-
 class ContainerError(RuntimeError):
     """One line naming the container or image problem and the fix."""
 

@@ -62,14 +62,13 @@ def batch_loss(model: DFlashDrafter, b: Batch, weights: torch.Tensor,
     """Weighted CE over counted slots; the LM head runs only on those rows (it dominates the cost).
 
     `fwd`: the DDP-wrapped forward when data-parallel (gradients are then averaged across ranks)."""
-    core = model
     h = fwd(b.feats, b.block_ids, b.block_pos, b.mask) if fwd is not None else \
-        core.hidden(b.feats, b.block_ids, b.block_pos, b.mask)
+        model.hidden(b.feats, b.block_ids, b.block_pos, b.mask)
     sel = b.label_ok
     if not sel.any():
         return h.sum() * 0.0, {"tokens": 0.0, "acc1": float("nan")}
     rows = h[sel]
-    logits = core.logits(rows).float()
+    logits = model.logits(rows).float()
     labels = b.labels[sel]
     slot = b.slot.expand_as(sel)[sel]
     w = weights[slot]

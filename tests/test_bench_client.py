@@ -124,3 +124,33 @@ def test_unknown_model_and_refused_connection() -> None:
     finally:
         s.stop()
     assert asyncio.run(go("fake-model")).error == "connect"
+
+
+def test_events_split_across_reads_and_crlf_lines_are_framed_whole() -> None:
+    """SSE framing is ours (on bytes): an event cut anywhere by the network, CRLF
+    line ends, comments and `event:` lines must not change what is counted."""
+    events = [
+        b": keep-alive comment",
+        b"event: message",
+        b'data: {"choices":[{"delta":{"role":"assistant"}}]}',
+        b'data: {"choices":[{"delta":{"content":"He"},"token_ids":[1,2]}]}',
+        b'data: {"choices":[{"delta":{"content":"llo"},"token_ids":[3],"finish_reason":"length"}]}',
+        b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}',
+        b"data: [DONE]",
+    ]
+    raw = b"".join(e + b"\r\n\r\n" for e in events)
+
+    async def pieces():
+        for i in range(0, len(raw), 7):  # cuts land inside JSON, inside "data:", between \r and \n
+            yield raw[i:i + 7]
+
+    async def go() -> RequestRecord:
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, content=pieces()))
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await stream_chat(client, "http://test/v1/chat/completions", {}, {},
+                                     RequestRecord(session=0, turn=0, due=time.perf_counter()), 5.0)
+
+    rec = asyncio.run(go())
+    assert rec.ok, rec.error_detail
+    assert (rec.text, rec.output_tokens, rec.prompt_tokens, rec.finish_reason) == ("Hello", 3, 5, "length")
+    assert [n for _, n in rec.chunks] == [2, 1] and rec.token_source == "token_ids"

@@ -12,7 +12,7 @@ import pytest
 
 from kimidflash.bench import SCHEMA_NAME, SCHEMA_VERSION, BenchConfig, load_result, run_benchmark, validate_result, write_result
 from kimidflash.bench.fakeserver import FakeServer, Plan
-from kimidflash.bench.result import ResultError
+from kimidflash.bench.result import ResultError, client_busy_note
 from kimidflash.bench.stats import percentile, summarize
 
 
@@ -93,3 +93,16 @@ def test_percentiles_interpolate_like_numpy() -> None:
     s = summarize("ttft", "ms", [0.001, 0.003], scale=1000)
     assert s == {"mean_ttft_ms": 2.0, "median_ttft_ms": 2.0, "std_ttft_ms": 1.0,
                  "p95_ttft_ms": 2.9, "p99_ttft_ms": 2.98}
+
+
+def test_the_client_reports_its_own_cpu_share(doc: dict[str, Any]) -> None:
+    assert doc["client_cpu_seconds"] >= 0
+    assert doc["client_cpu_utilization"] == pytest.approx(doc["client_cpu_seconds"] / doc["duration"], abs=1e-3)
+
+
+@pytest.mark.parametrize("cpu, duration, noted", [(0.4, 1.0, False), (0.6, 1.0, True), (None, 1.0, False), (1.0, 0.0, False)])
+def test_a_busy_client_is_noted(cpu: float | None, duration: float, noted: bool) -> None:
+    note = client_busy_note(cpu, duration)
+    assert (note is not None) == noted
+    if noted:
+        assert "60% of one core" in note

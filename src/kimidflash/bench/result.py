@@ -56,6 +56,21 @@ class RunData:
     partial: bool = False
     partial_reason: str | None = None
     notes: list[str] = field(default_factory=list)
+    client_cpu_seconds: float | None = None  # this process's CPU time inside the window
+
+
+# Above this share of one core, the client's own work may be shaping the figures.
+CLIENT_BUSY = 0.5
+
+
+def client_busy_note(cpu_seconds: float | None, duration: float) -> str | None:
+    """A note when the benchmark process itself was busy enough to matter: its
+    asyncio loop is one core, and on a host it shares with the server its CPU is
+    taken from the server's."""
+    if cpu_seconds is None or duration <= 0 or cpu_seconds / duration <= CLIENT_BUSY:
+        return None
+    return (f"the benchmark client used {cpu_seconds / duration:.0%} of one core during the window; "
+            "figures may be client-bound (run the client on cores the server does not use)")
 
 
 def _r(v: float | None, nd: int = 3) -> float | None:
@@ -175,6 +190,9 @@ def build_result(run: RunData) -> dict[str, Any]:
         "output_throughput": _r(out_tokens / duration if duration > 0 else None, 6),
         "total_token_throughput": _r((in_tokens + out_tokens) / duration if duration > 0 else None, 6),
         "token_source": worst or None,
+        "client_cpu_seconds": _r(run.client_cpu_seconds, 6),
+        "client_cpu_utilization": _r(run.client_cpu_seconds / duration
+                                     if run.client_cpu_seconds is not None and duration > 0 else None, 3),
     }
     doc.update(stats.summarize("ttft", "ms", [r.ttft for r in ok if r.ttft is not None], 1000))
     doc.update(stats.summarize("tpot", "ms", [r.tpot for r in ok if r.tpot is not None], 1000))
@@ -206,7 +224,8 @@ def build_result(run: RunData) -> dict[str, Any]:
         if not r.ok:
             w_err[r.error or "unknown"] = w_err.get(r.error or "unknown", 0) + 1
     doc["warmup"] = {"requests": len(run.warmup), "completed": len(w_ok), "errors": w_err}
-    doc["notes"] = run.notes
+    busy = client_busy_note(run.client_cpu_seconds, duration)
+    doc["notes"] = run.notes + ([busy] if busy else [])
     doc["requests"] = [request_entry(r, t0) for r in sorted(run.records, key=lambda r: (r.due, r.session))]
     return doc
 

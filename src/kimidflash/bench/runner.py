@@ -312,7 +312,7 @@ class Runner:
         metrics_url = cfg.metrics_url or metrics_url_for(cfg.base_url)
         before: Snapshot | None = None
         metrics_error: str | None = None
-        t0 = t_end = None
+        t0 = t_end = client_cpu = None
         start_utc = None
         try:
             async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
@@ -332,8 +332,10 @@ class Runner:
                     self._start_progress(cfg.sessions * cfg.turns_per_session)
                     start_utc = utc_now()
                     t0 = time.perf_counter()
+                    cpu0 = time.process_time()
                     await self._gather([self._session(client, slots, s, turns, t0)
                                         for s, turns in enumerate(session_prompts)])
+                    client_cpu = time.process_time() - cpu0
                     ends = [r.end for r in self.st.records if r.end is not None]
                     t_end = max(ends) if ends else time.perf_counter()
                 after: Snapshot | None = None
@@ -371,7 +373,7 @@ class Runner:
             warmup=self.st.warmup, t0=t0, t_end=t_end, start_utc=start_utc,
             metrics_url=metrics_url if cfg.scrape_metrics else None, metrics_error=metrics_error,
             metrics_delta=d, spec=spec, partial=self.st.reason is not None,
-            partial_reason=self.st.reason, notes=notes,
+            partial_reason=self.st.reason, notes=notes, client_cpu_seconds=client_cpu,
         )
         return build_result(run)
 

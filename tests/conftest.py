@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pytest
 
-from kimidflash.train.server import metrics, serving_process
+from kimidflash.background import metrics, serving_process
 
 from .helpers import CONFIGS
 

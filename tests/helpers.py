@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kimidflash.train.server import free_port  # noqa: F401  (one free-port helper, shared with the package)
+from kimidflash.background import free_port  # noqa: F401  (one free-port helper, shared with the package)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

@@ -117,3 +117,18 @@ def test_metrics_url_is_at_the_server_root() -> None:
     assert metrics_url_for("http://h:8262/v1") == "http://h:8262/metrics"
     assert metrics_url_for("http://h:8262/v1/") == "http://h:8262/metrics"
     assert metrics_url_for("http://h:8262") == "http://h:8262/metrics"
+
+
+def test_background_metrics_keys_positions_and_sums_engines() -> None:
+    """The slow tests' counter reader (kimidflash.background.metrics) parses with the same parser."""
+    from kimidflash.background import metrics
+    from kimidflash.bench import BenchConfig, run_benchmark
+    from kimidflash.bench.fakeserver import FakeServer, Plan
+
+    with FakeServer(Plan(chunks=(1, 2, 3)), spec_tokens=3) as s:
+        run_benchmark(BenchConfig(base_url=s.base_url, sessions=2, warmup=0, metrics_settle_timeout=0.3))
+        m = metrics(s.base_url.removesuffix("/v1"))
+    # per request: drafts after the first chunk are (2 -> 1 accepted) and (3 -> 2 accepted)
+    assert m["vllm:generation_tokens_total"] == 12
+    assert m["vllm:spec_decode_num_drafts_total"] == 4 and m["vllm:spec_decode_num_accepted_tokens_total"] == 6
+    assert [m[f"vllm:spec_decode_num_accepted_tokens_per_pos_total[{i}]"] for i in range(3)] == [4, 2, 0]

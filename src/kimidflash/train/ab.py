@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .server import served
+from ..background import served
 
 
 def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:

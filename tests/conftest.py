@@ -27,10 +27,11 @@ class RunningServer:
 
 
 @contextlib.contextmanager
-def serving(config: str | Path, *overrides: str, timeout: float = 1200, cmd: list[str] | None = None) -> Iterator[RunningServer]:
+def serving(config: str | Path, *overrides: str, timeout: float = 1200, cmd: list[str] | None = None,
+            port: int | None = None) -> Iterator[RunningServer]:
     """Run `serve` on a free port until the block ends; then SIGTERM it like a user would."""
     log = Path(os.environ.get("PYTEST_SERVER_LOG_DIR", "/tmp")) / f"kimidflash-serve-{os.getpid()}-{time.monotonic_ns()}.log"
-    with serving_process(config, list(overrides), log, timeout, cmd) as (proc, base):
+    with serving_process(config, list(overrides), log, timeout, cmd, port) as (proc, base):
         yield RunningServer(proc, base, log)
 
 

@@ -206,12 +206,12 @@ def test_model_defaults_to_the_only_served_one_and_api_key_is_sent() -> None:
 
 def test_recipe_config_is_recorded_with_its_hash(server: FakeServer, tmp_path: Any) -> None:
     from kimidflash.config import load_config
-    from kimidflash.paths import CONFIGS_DIR
+    from kimidflash.paths import CONFIGS_DIR, portable
 
     path = CONFIGS_DIR / "cpu-tiny.env"
     doc = run_benchmark(cfg(server, recipe_config=str(path), sessions=1))
     rc = doc["provenance"]["recipe_config"]
-    assert rc["sha256"] == load_config(path).digest() and rc["path"] == str(path.resolve())
+    assert rc["sha256"] == load_config(path).digest() and rc["path"] == portable(path.resolve()) == "configs/cpu-tiny.env"
     assert rc["values"]["SPECULATIVE_METHOD"] == "dflash"
     assert doc["speculative"] is True and doc["label"].startswith("dflash k=")
     assert doc["provenance"]["server"]["version"] == "0.0.0-fake"

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from .conftest import serving
-from .helpers import ROOT
+from .helpers import ROOT, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -58,3 +60,32 @@ def test_server_that_dies_at_start_is_reported_with_its_log(cpu_tiny_config, tmp
                        stdin=subprocess.DEVNULL)
     assert r.returncode != 0
     assert "server exited with code" in r.stderr and "no-such-flag" in r.stderr
+
+
+def _chat(client: httpx.Client, base_url: str, content: str) -> str:
+    r = client.post(f"{base_url}/v1/chat/completions", timeout=120, json={
+        "model": "tiny-qwen3-dflash", "messages": [{"role": "user", "content": content}],
+        "max_tokens": 8, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def test_restart_right_after_a_stop_with_clients_is_not_refused(cpu_tiny_config):
+    """A user's loop: serve, a dozen requests, stop, serve again at once on the same port.
+
+    The stopped server closes its clients' kept-alive connections, which leaves
+    them in TIME_WAIT on the port for about a minute; only a listener may make
+    preflight refuse it."""
+    port = free_port()
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=8)) as client:
+        with serving(cpu_tiny_config, port=port) as server, ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda i: _chat(client, server.base_url, f"request {i}"), range(12)))
+            assert len(answers) == 12
+            server.proc.send_signal(signal.SIGTERM)
+            assert server.proc.wait(timeout=90) == 0
+    with socket.socket() as plain:  # the precondition: the port is held, though nothing listens
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))
+    with serving(cpu_tiny_config, "SPECULATIVE_METHOD=none", port=port, timeout=300) as server:
+        with httpx.Client() as client:
+            assert _chat(client, server.base_url, "again") is not None

@@ -132,3 +132,34 @@ def test_cpu_platform_skips_rocm_checks(tmp_path):
                                    f"MODEL_DIR={tmp_path}\nSPECULATIVE_METHOD=none\n"), environ={})
     (tmp_path / "config.json").write_text("{}")
     assert set(names(preflight(config, proc, dev, is_root=False))) == {"MODEL_DIR", "port"}
+
+
+def _time_wait_on(port: int) -> None:
+    """Leave a connection in TIME_WAIT on `port`, as a stopped server that had clients does."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        client = socket.create_connection(("127.0.0.1", port))
+        conn, _ = listener.accept()
+        conn.close()  # the server closes first: its side of the connection enters TIME_WAIT
+        client.recv(1)
+        client.close()
+
+
+def test_port_in_time_wait_is_free_but_a_listener_on_any_address_is_not(tmp_path):
+    proc, dev = fake_host(tmp_path, numa="0")
+    config = rocm_config(tmp_path)
+    port = config["PORT"]
+    _time_wait_on(port)
+    with socket.socket() as plain:  # the kernel really holds the port: a bind without SO_REUSEADDR fails
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))
+    assert names(preflight(config, proc, dev, is_root=True))["port"]
+    with socket.socket() as s:  # a listener on the wildcard address takes 127.0.0.1 too
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0", port))
+        s.listen()
+        with pytest.raises(PreflightError) as exc:
+            preflight(config, proc, dev, is_root=True)
+    assert [c.name for c in exc.value.failed] == ["port"]

@@ -16,6 +16,7 @@ from kimidflash.bench import load_result
 from kimidflash.bench.fakeserver import FakeServer, Plan
 from kimidflash.bench.report import f_x
 from kimidflash.config import load_config
+from kimidflash.paths import portable
 from kimidflash.train import ab
 
 from .helpers import CONFIGS, ROOT
@@ -63,7 +64,7 @@ def test_rounds_interleave_variants_and_the_report_averages_them(fake_serving, d
     assert names == sorted(f"{v}-c{c}-r{r}.json" for v in ("mine-k3", "no-speculation") for c in (1, 2) for r in (1, 2))
     doc = load_result(out / "mine-k3-c2-r2.json")
     assert doc["label"] == "mine k=3" and doc["spec_decode_acceptance_length"] == pytest.approx(2.5)  # drafts of 1 and 2 accepted
-    assert doc["provenance"]["recipe_config"]["overrides"]["DRAFT_MODEL_DIR"] == str(drafter)
+    assert doc["provenance"]["recipe_config"]["overrides"]["DRAFT_MODEL_DIR"] == portable(drafter)  # as recorded
     report = (out / "report.md").read_text()
     for c in (1, 2):  # the speedup is the ratio of the round means
         tps = {v: [load_result(out / f"{v}-c{c}-r{r}.json")["output_throughput"] for r in (1, 2)]

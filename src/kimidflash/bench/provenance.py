@@ -3,7 +3,9 @@
 Tool version and git revision (with a dirty flag) say which code measured;
 the server's `/version` and `/v1/models` say what was measured; the recipe
 config file and its sha256 say how the server was launched, when it was
-launched by the recipe; host and UTC time say where and when.
+launched by the recipe; host and UTC time say where and when. Paths are
+recorded portable (paths.portable): repo-relative, `$KIMIDFLASH_CACHE/...`,
+`~/...`, never this machine's checkout or home.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .. import __version__
-from ..paths import REPO_ROOT
+from ..paths import REPO_ROOT, portable, portable_argv
 
 # Recipe config keys that describe the served deployment (never secrets).
 RECIPE_KEYS = (
@@ -29,6 +31,8 @@ RECIPE_KEYS = (
     "BLOCK_SIZE", "ENFORCE_EAGER", "ENABLE_PREFIX_CACHING", "KV_CACHE_DTYPE", "MOE_BACKEND",
     "ATTENTION_BACKEND", "TARGET_ATTENTION",
 )
+# Of those, the ones holding a path (recorded through portable()).
+RECIPE_PATH_KEYS = ("MODEL_DIR", "DRAFT_MODEL_DIR")
 
 
 def utc_now() -> str:
@@ -97,11 +101,12 @@ def recipe_info(path: str | None, overrides: dict[str, str] | None = None) -> di
     cfg = load_config(p, overrides or None)
     values = {k: cfg.values.get(k) for k in RECIPE_KEYS if k in cfg.values}
     return {
-        "path": str(p.resolve()),
+        "path": portable(p.resolve()),
         "sha256": cfg.digest(),
-        "overrides": dict(overrides or {}),
-        "files": [str(f) for f in cfg.files],
-        "values": {k: (str(v) if isinstance(v, Path) else v) for k, v in values.items()},
+        "overrides": {k: portable(v) for k, v in (overrides or {}).items()},
+        "files": [portable(f) for f in cfg.files],
+        "values": {k: (portable(v) if isinstance(v, Path) or (k in RECIPE_PATH_KEYS and isinstance(v, str)) else v)
+                   for k, v in values.items()},
         "speculative": bool(cfg.speculative),
     }
 
@@ -112,6 +117,6 @@ def local_provenance(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "tool_version": __version__,
         "git": git_info(),
         "host": host_info(),
-        "command": redacted_argv(list(argv if argv is not None else sys.argv)),
+        "command": portable_argv(redacted_argv(list(argv if argv is not None else sys.argv))),
         "utc_time": utc_now(),
     }

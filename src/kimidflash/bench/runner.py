@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import httpx
 
+from ..paths import portable
 from . import prompts as prompt_mod
 from .client import CONNECTION_ERRORS, RequestRecord, chat_payload, stream_chat
 from .metrics import GENERATION_TOKENS, MetricsError, Snapshot, delta, metrics_url_for, server_root, spec_decode_stats
@@ -95,7 +96,10 @@ class BenchConfig:
         for k in ("api_key", "argv", "progress", "handle_signals"):
             d.pop(k, None)
         d["api_key_set"] = bool(self.api_key)
-        d["prompts"] = self.prompts or prompt_mod.BUILTIN
+        d["prompts"] = portable(self.prompts or prompt_mod.BUILTIN)
+        d["recipe_config"] = portable(self.recipe_config) if self.recipe_config else self.recipe_config
+        if self.recipe_overrides:
+            d["recipe_overrides"] = {k: portable(v) for k, v in self.recipe_overrides.items()}
         return d
 
 
@@ -184,7 +188,8 @@ class Runner:
         return {
             "base_url": cfg.base_url,
             "version": version.get("version") if isinstance(version, dict) else None,
-            "models": [{k: m.get(k) for k in ("id", "root", "max_model_len", "owned_by") if k in m} for m in models],
+            "models": [{k: (portable(m[k]) if k == "root" and isinstance(m[k], str) else m[k])
+                        for k in ("id", "root", "max_model_len", "owned_by") if k in m} for m in models],
         }
 
     async def _scrape(self, client: httpx.AsyncClient, url: str) -> Snapshot:

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..cpu_reference.venv import MISMATCHED
-from ..paths import cache_dir
+from ..downloads import sha256_file, verified
+from ..paths import cache_dir, downloads_dir
 
 ROOTFS_REPO = "kimidflash-rootfs"
 BASE_REPO = "kimidflash-cpu-base"
@@ -152,6 +153,37 @@ def _image_exists(client, ref: str) -> bool:
         return False
 
 
+def _debootstrap(mode: str, root: Path, mirror: str) -> None:
+    proc = subprocess.run(
+        ["debootstrap", mode, "--variant=minbase", f"--include={','.join(ROOTFS_PACKAGES)}", SUITE, str(root), mirror],
+        capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["no output"]
+        raise CpuBaseError(f"debootstrap {mode.split('=')[0]} failed ({proc.returncode}): {last[0]}")
+
+
+def debootstrap_packages(inputs: BaseInputs, log: Log) -> Path:
+    """The .debs of the rootfs, downloaded once (`debootstrap --make-tarball`).
+
+    A content-addressed download (kimidflash.downloads): its sha256 is written
+    beside it when made and checked before every use, so CI keeps it across
+    runs while the rootfs and images are remade from it."""
+    folder = downloads_dir() / "debootstrap"
+    tarball = folder / f"{SUITE}-{inputs.rootfs_key()}.tgz"
+    digest = tarball.with_name(tarball.name + ".sha256")
+    if digest.is_file() and verified(tarball, digest.read_text().strip()):
+        return tarball
+    folder.mkdir(parents=True, exist_ok=True)
+    digest.unlink(missing_ok=True)
+    log(f"debootstrap: downloading the {SUITE} minbase packages from {inputs.mirror} (once)")
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".make-") as tmp:
+        partial = Path(tmp) / tarball.name
+        _debootstrap(f"--make-tarball={partial}", Path(tmp) / "root", inputs.mirror)
+        os.replace(partial, tarball)
+    digest.write_text(sha256_file(tarball) + "\n")
+    return tarball
+
+
 def build_rootfs(client, inputs: BaseInputs, log: Log) -> str:
     """debootstrap a minbase and import it; cached by its tag."""
     tag = inputs.rootfs_tag
@@ -162,19 +194,16 @@ def build_rootfs(client, inputs: BaseInputs, log: Log) -> str:
         if os.geteuid() != 0 or not shutil.which("apt-get"):
             raise CpuBaseError("debootstrap is not installed (apt-get install debootstrap)")
         log("installing debootstrap (apt-get)")
-        subprocess.run(["apt-get", "install", "-y", "-q", "debootstrap"], check=True, stdout=subprocess.DEVNULL,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "debootstrap"]):
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
+    tarball = debootstrap_packages(inputs, log)
     work = cache_dir() / "docker"
     work.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work, prefix="rootfs-") as tmp:
         root = Path(tmp) / "root"
-        log(f"debootstrap {SUITE} minbase from {inputs.mirror} (about a minute)")
-        proc = subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--include={','.join(ROOTFS_PACKAGES)}", SUITE, str(root), inputs.mirror],
-            capture_output=True, text=True)
-        if proc.returncode != 0:
-            last = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["no output"]
-            raise CpuBaseError(f"debootstrap failed ({proc.returncode}): {last[0]}")
+        log(f"debootstrap {SUITE} minbase from {tarball.name}")
+        _debootstrap(f"--unpack-tarball={tarball}", root, inputs.mirror)
         # Package caches and logs make the image bigger and its content less reproducible.
         for sub in ("var/cache/apt/archives", "var/lib/apt/lists", "var/log"):
             for p in (root / sub).glob("*"):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..background import served
+from ..paths import portable
 
 
 def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
@@ -97,7 +98,7 @@ def offline_vs_online(files: list[Path], offline_path: Path, out: Path) -> str:
     from ..bench.result import load_result
 
     off = json.loads(offline_path.read_text())
-    lines = [f"Offline: `{offline_path}` (step {off.get('step')}, {off.get('split', 'heldout')} split, "
+    lines = [f"Offline: `{portable(offline_path)}` (step {off.get('step')}, {off.get('split', 'heldout')} split, "
              f"{off.get('definition', '')}). Online: vLLM /metrics deltas in the result files below.", "",
              "| variant | concurrency | k | offline mean acceptance length | online mean acceptance length | "
              "offline per position | online per position | output tok/s | file |", "|---|---|---|---|---|---|---|---|---|"]

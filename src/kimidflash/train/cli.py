@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..paths import portable_argv
 from . import config as tcfg
 from .manifest import Manifest
 
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         run = Path(cfg["run_dir"])
         if phases and phases[0] != "setup" and not (run / "manifest.json").is_file():
             raise tcfg.TrainConfigError(f"{run}: no manifest.json; run the setup phase first")
-        invocation = {"argv": ["./train-drafter.sh", *(argv if argv is not None else sys.argv[1:])],
+        invocation = {"argv": portable_argv(["./train-drafter.sh", *(argv if argv is not None else sys.argv[1:])]),
                       "phases": phases}
         for ph in phases:
             if ph == "setup":

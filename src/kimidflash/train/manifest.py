@@ -3,11 +3,15 @@
 inputs (target checkpoint checksums, prompt source, regen sampling), versions
 (python, torch, transformers, this package's git commit), the full training
 config and drafter shape, seeds, then per-phase results (records, steps,
-losses, offline acceptance). The exported drafter carries a copy.
+losses, offline acceptance). The exported drafter carries a copy, committed
+under drafters/, so every path in it is recorded through paths.portable()
+(repo-relative, `$KIMIDFLASH_CACHE/...`, `~/...`): the config in memory keeps
+the absolute paths the phases use.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -18,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..paths import REPO_ROOT
+from ..paths import REPO_ROOT, portable
 
 
 def _now() -> str:
@@ -62,6 +66,20 @@ def atomic_write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def portable_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The training config as the manifest records it: no `_` keys, path keys portable."""
+    from .config import PATH_KEYS
+
+    out = copy.deepcopy({k: v for k, v in cfg.items() if not k.startswith("_")})
+    for keys in (*PATH_KEYS, ("data", "prompts")):
+        node = out
+        for k in keys[:-1]:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(keys[-1]), str):
+            node[keys[-1]] = portable(node[keys[-1]])
+    return out
+
+
 class Manifest:
     def __init__(self, path: Path, data: dict[str, Any]):
         self.path, self.data = path, data
@@ -78,15 +96,15 @@ class Manifest:
     def set_setup(self, cfg: dict, shape: dict, target: Path, mask_token: str, n_prompts: int) -> None:
         stamp = target / ".kimidflash-smollm2.json"
         self.data.setdefault("created", _now())
-        self.data["config"] = {k: v for k, v in cfg.items() if not k.startswith("_")}
-        self.data["config_file"] = cfg["_path"]
+        self.data["config"] = portable_config(cfg)
+        self.data["config_file"] = portable(cfg["_path"])
         self.data["drafter_shape"] = shape
         self.data["seed"] = cfg["seed"]
-        self.data["target"] = {"dir": str(target),
+        self.data["target"] = {"dir": portable(target),
                                "config_sha256": sha256(target / "config.json"),
                                "origin": json.loads(stamp.read_text()) if stamp.is_file() else None}
         self.data["mask_token"] = {"id": shape["dflash_config"]["mask_token_id"], "token": mask_token}
-        self.data["prompts"] = {"source": cfg["data"]["prompts"], "count": n_prompts}
+        self.data["prompts"] = {"source": portable(cfg["data"]["prompts"]), "count": n_prompts}
         self.data["versions"] = versions()
         self.save()
 

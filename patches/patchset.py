@@ -7,7 +7,9 @@
 # relative to this file), variants (per version range: the target file and its
 # edits). versions are half-open ranges [min, max) of release numbers. Each edit
 # replaces an anchor that must occur exactly once; every replacement carries the
-# marker "kimidflash:<id>" so an applied patch is recognised and can be reverted.
+# bare marker "kimidflash:<id>" in a comment, which the engine stamps as
+# "kimidflash:<id>@<hash of the variant's edits>" so an applied patch is recognised
+# exactly and can be reverted (docs/patches.md, Markers).
 # Paths are relative to the vllm package directory. Anchors were read from the
 # PyPI wheels 0.20.2, 0.21.0 and 0.33.0 (tests/test_patcher_wheels.py checks them).
 

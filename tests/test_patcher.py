@@ -107,7 +107,8 @@ def test_apply_reports_every_state_and_writes_json(setup):
     a = rep["files"]["a.py"]
     assert a["before"] == hashlib.sha256(A_PY.encode()).hexdigest()
     assert a["after"] == hashlib.sha256((pkg / "a.py").read_bytes()).hexdigest() != a["before"]
-    assert (pkg / "a.py").read_text() == "def f(x):\n    return x + 2  # kimidflash:T1\n"
+    stamped = engine.stamped_marker("T1", PATCHES[0]["variants"][0])  # kimidflash:T1@<hash>
+    assert (pkg / "a.py").read_text() == f"def f(x):\n    return x + 2  # {stamped}\n"
     assert (pkg / "sub" / "b.py").read_text().count("kimidflash:T2") == 2
     assert (pkg / "_helper.py").read_text() == "HELPER = 1\n"
     assert "T1   applied" in r.stdout

@@ -9,9 +9,6 @@ provide those, point vllm.triton_utils at the real triton, and exec the two file
 """
 from __future__ import annotations
 
-import importlib.util
-import logging
-import os
 import subprocess
 import sys
 import types
@@ -20,27 +17,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.triton_interpret import (  # imports triton with TRITON_INTERPRET=1
+    assert_interpreted,
+    common_stubs,
+    load_vllm_files,
+    stub_module,
+    torch,
+)
+from tests.vllm_wheels import copy_vllm_package  # noqa: E402
+
 pytestmark = [
     pytest.mark.slow,
     # numpy warns about 0/0 in the interpreter for padded query rows, which are masked
     pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
 ]
-
-torch = pytest.importorskip("torch")
-# triton.language decorates its own @jit helpers (tl.zeros, ...) when it is first
-# imported, so the interpreter must be on by then; the variable is restored at once
-# so that nothing else (e.g. servers started by other tests) inherits it.
-_prev = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"
-try:
-    triton = pytest.importorskip("triton")
-finally:
-    if _prev is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = _prev
-
-from tests.vllm_wheels import copy_vllm_package  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PATCHER = ROOT / "patches" / "patch_dflash_rocm.py"
@@ -55,62 +45,29 @@ class _KVQuantMode(IntEnum):
 
 
 def _stubs() -> dict:
-    import triton.language as tl
-
-    def mod(name, **attrs):
-        m = types.ModuleType(name)
-        m.__path__ = []  # let it act as a package
-        m.__dict__.update(attrs)
-        return m
-
     platform = types.SimpleNamespace(fp8_dtype=lambda: torch.float8_e4m3fn)
     return {
-        "vllm": mod("vllm"),
-        "vllm.envs": mod("vllm.envs", VLLM_BATCH_INVARIANT=False),
-        "vllm.logger": mod("vllm.logger", init_logger=logging.getLogger),
-        "vllm.platforms": mod("vllm.platforms", current_platform=platform),
-        "vllm.triton_utils": mod("vllm.triton_utils", triton=triton, tl=tl),
-        "vllm.v1": mod("vllm.v1"),
-        "vllm.v1.kv_cache_interface": mod("vllm.v1.kv_cache_interface",
-                                          KVQuantMode=_KVQuantMode),
-        "vllm.v1.attention": mod("vllm.v1.attention"),
-        "vllm.v1.attention.ops": mod("vllm.v1.attention.ops"),
+        **common_stubs(),
+        "vllm.envs": stub_module("vllm.envs", VLLM_BATCH_INVARIANT=False),
+        "vllm.platforms": stub_module("vllm.platforms", current_platform=platform),
+        "vllm.v1.kv_cache_interface": stub_module("vllm.v1.kv_cache_interface",
+                                                  KVQuantMode=_KVQuantMode),
     }
-
-
-def _exec(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def load_unified_attention(pkg: Path):
     """unified_attention from the kernel files of the vllm package at ``pkg``."""
-    saved = {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
-    try:
-        for k in saved:
-            del sys.modules[k]
-        sys.modules.update(_stubs())
-        _exec("vllm.v1.attention.ops.triton_attention_helpers",
-              pkg / OPS / "triton_attention_helpers.py")
-        kernel = _exec("vllm.v1.attention.ops.triton_unified_attention",
-                       pkg / OPS / "triton_unified_attention.py")
-        return kernel.unified_attention
-    finally:
-        for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
-            del sys.modules[k]
-        sys.modules.update(saved)
+    mods = load_vllm_files(pkg, _stubs(), [
+        ("vllm.v1.attention.ops.triton_attention_helpers", f"{OPS}/triton_attention_helpers.py"),
+        ("vllm.v1.attention.ops.triton_unified_attention", f"{OPS}/triton_unified_attention.py"),
+    ])
+    return mods["vllm.v1.attention.ops.triton_unified_attention"].unified_attention
 
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
     """(original, patched) unified_attention of vLLM 0.20.2 under TRITON_INTERPRET."""
-    import triton.language as tl
-
-    assert type(tl.zeros).__name__ == "InterpretedFunction", (
-        "triton was imported before TRITON_INTERPRET=1; run this file in its own process")
+    assert_interpreted()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_INTERPRET", "1")
         orig = copy_vllm_package("0.20.2", tmp_path_factory.mktemp("orig"))

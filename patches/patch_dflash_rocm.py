@@ -11,8 +11,14 @@ it runs inside any vLLM image at build time.
 States per patch: applied (now), already-applied (its exact markers and patched text
 are there), upstream (vLLM has it natively), not-applicable (no variant for this
 version), drift (anchor missing or ambiguous, patched text changed, another patch
-set's markers, or a file modified outside the patcher); --check and --dry-run report
-pending instead of applied; --revert reports reverted or not-applied.
+set's markers, a retired patch's marker, or a file modified outside the patcher);
+--check and --dry-run report pending instead of applied; --revert reports reverted
+or not-applied.
+
+Retired patches. The patch set's RETIRED list names patches it no longer ships and
+the files they patched; a marker of one of them in those files is drift in every
+mode: an older patch set patched the tree, and this one can neither leave that code
+in place unnoticed nor revert it.
 
 Markers. Every replacement in the patch set carries the bare marker
 "kimidflash:<id>" (in a comment); when applying, the engine stamps each one as
@@ -101,27 +107,38 @@ class Failure(Exception):
 def load_patchset(path: Path | None = None) -> tuple[list, Path]:
     """Read and validate a patch set (.json, or a .py whose PATCHES = [...] is a
     literal; it is parsed, never executed). Returns (patches, directory of the file)."""
+    patches, _, base = load_patchset_and_retired(path)
+    return patches, base
+
+
+def load_patchset_and_retired(path: Path | None = None) -> tuple[list, list, Path]:
+    """load_patchset, plus the set's RETIRED = [...] list (a .py only; [] if none):
+    patches it no longer ships, whose markers in their files are drift."""
     path = Path(path or DEFAULT_PATCHSET)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"patch set {path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
     try:
+        retired = []
         if path.suffix == ".json":
             patches = json.loads(text)
         else:
-            patches = None
+            found = {}
             for node in ast.parse(text, str(path)).body:
-                if isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == "PATCHES" for t in node.targets
-                ):
-                    patches = ast.literal_eval(node.value)
-            if patches is None:
+                for name in ("PATCHES", "RETIRED"):
+                    if isinstance(node, ast.Assign) and any(
+                        isinstance(t, ast.Name) and t.id == name for t in node.targets
+                    ):
+                        found[name] = ast.literal_eval(node.value)
+            if "PATCHES" not in found:
                 raise UsageError(f"patch set {path}: no PATCHES = [...] assignment")
+            patches, retired = found["PATCHES"], found.get("RETIRED", [])
     except (ValueError, SyntaxError) as exc:
         raise UsageError(f"patch set {path}: not valid data ({exc})") from None
     _validate(patches, path)
-    return patches, path.parent
+    _validate_retired(retired, patches, path)
+    return patches, retired, path.parent
 
 
 def _validate(patches, path: Path) -> None:
@@ -164,6 +181,31 @@ def _validate(patches, path: Path) -> None:
         for a in p.get("adds") or []:
             if not (a.get("path") and a.get("source")):
                 raise UsageError(f"{where}: adds need 'path' and 'source'")
+        when = p.get("runs_when", {})
+        if not (isinstance(when, dict) and all(
+                isinstance(k, str) and isinstance(v, list) and v and all(isinstance(x, str) for x in v)
+                for k, v in when.items())):
+            raise UsageError(f"{where}: runs_when maps config keys to lists of patterns")
+
+
+def _validate_retired(retired, patches, path: Path) -> None:
+    """RETIRED entries: id (not a shipped patch's), files, what and why."""
+    if not isinstance(retired, list):
+        raise UsageError(f"patch set {path}: RETIRED must be a list")
+    shipped = {p["id"] for p in patches}
+    seen = set()
+    for i, r in enumerate(retired):
+        name = r.get("id", f"#{i}") if isinstance(r, dict) else f"#{i}"
+        where = f"patch set {path}: retired patch {name!r}"
+        if not isinstance(r, dict) or not all(r.get(k) for k in ("id", "files", "what", "why")):
+            raise UsageError(f"{where}: needs 'id', 'files', 'what' and 'why'")
+        if not (isinstance(name, str) and ID_RE.fullmatch(name)):
+            raise UsageError(f"{where}: an id is letters, digits, '_' and '-' only")
+        if name in shipped or name in seen:
+            raise UsageError(f"{where}: the id {'is also a shipped patch' if name in shipped else 'is retired twice'}")
+        seen.add(name)
+        if not (isinstance(r["files"], list) and all(isinstance(f, str) and f for f in r["files"])):
+            raise UsageError(f"{where}: files must be a list of paths")
 
 
 def _validate_markers(pid: str, edit, where: str) -> None:
@@ -410,6 +452,24 @@ def _judge_marked(p, variant, marks: dict, tree: Tree,
     return (f"drift: {pid} {rel}: the patched text was changed after it was applied "
             f"({verbatim} of {len(edits)} patched regions verbatim; markers found: {len(found)}, "
             f"the patch has {expected}); {fix}")
+
+
+def retired_marks(retired, tree: Tree) -> list:
+    """A drift result for each retired patch whose marker is still in one of the files
+    it used to patch: the tree was patched by an older patch set."""
+    results = []
+    for r in retired:
+        for rel in r["files"]:
+            if marks_of(tree.read(rel), r["id"]):
+                results.append({
+                    "id": r["id"], "group": "retired", "what": r["what"], "state": "drift",
+                    "file": rel, "marker": None,
+                    "detail": (f"drift: {r['id']} {rel}: carries the marker {marker(r['id'])} of a "
+                               "patch this patch set retired (an older patch set patched this "
+                               "tree); revert with that patch set, or start from an unmodified "
+                               "vLLM")})
+                break
+    return results
 
 
 def plan(patches, base: Path, tree: Tree, version: tuple, manifest: dict) -> list:
@@ -703,7 +763,7 @@ def _decide_version(args, pkg: Path, patches, mode: str) -> tuple:
 
 def _run(args) -> int:
     patch_path = Path(args.patch_set) if args.patch_set else None
-    patches, base = load_patchset(patch_path)
+    patches, retired, base = load_patchset_and_retired(patch_path)
     full_hash = patchset_hash(patch_path)
     if args.print_hash:
         print(full_hash[:12])
@@ -714,7 +774,7 @@ def _run(args) -> int:
     version_str, version, source, installed = _decide_version(args, pkg, patches, mode)
     report_tmp = _reserve_report(args.json)
     try:
-        return _execute(args, mode, patches, base, pkg, full_hash,
+        return _execute(args, mode, patches, retired, base, pkg, full_hash,
                         (version_str, version, source, installed), report_tmp)
     finally:
         if report_tmp and os.path.exists(report_tmp):
@@ -739,7 +799,7 @@ def _reserve_report(dest: str | None) -> str | None:
     return tmp
 
 
-def _execute(args, mode, patches, base, pkg, full_hash, version_info, report_tmp) -> int:
+def _execute(args, mode, patches, retired, base, pkg, full_hash, version_info, report_tmp) -> int:
     version_str, version, source, installed = version_info
     tree = Tree(pkg)
     manifest = read_manifest(tree)
@@ -747,6 +807,7 @@ def _execute(args, mode, patches, base, pkg, full_hash, version_info, report_tmp
         results = plan_revert(patches, tree, manifest)
     else:
         results = plan(patches, base, tree, version, manifest)
+    results += retired_marks(retired, tree)
     errors = [r["detail"] for r in results if r["state"] == "drift"]
     if mode == "revert" and not errors:
         errors += revert_errors(tree, manifest)

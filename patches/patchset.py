@@ -1,107 +1,42 @@
 # The declarative patch set applied by patch_dflash_rocm.py (data only: the engine
-# reads PATCHES with ast.literal_eval and never executes this file).
+# reads PATCHES and RETIRED with ast.literal_eval and never executes this file).
 #
 # Each patch: id, group, what (one line), why (one line), upstream (how to tell vLLM
 # already has the capability: every {file, contains} must hold; None = not upstream
-# in any release we read), adds (new files installed next to the edits, source is
-# relative to this file), variants (per version range: the target file and its
-# edits). versions are half-open ranges [min, max) of release numbers. Each edit
-# replaces an anchor that must occur exactly once; every replacement carries the
-# bare marker "kimidflash:<id>" in a comment, which the engine stamps as
-# "kimidflash:<id>@<hash of the variant's edits>" so an applied patch is recognised
-# exactly and can be reverted (docs/patches.md, Markers).
+# in any release we read), runs_when (the config values under which the patched code
+# changes what vLLM does: every key's value matches one of its fnmatch patterns) and
+# proven_by (the tests that show it working on the real tree), both read by the docs
+# generator and the tests, not by the engine; adds (new files installed next to the
+# edits, source is relative to this file), variants (per version range: the target
+# file and its edits). versions are half-open ranges
+# [min, max) of release numbers. Each edit replaces an anchor that must occur exactly
+# once; every replacement carries the bare marker "kimidflash:<id>" in a comment,
+# which the engine stamps as "kimidflash:<id>@<hash of the variant's edits>" so an
+# applied patch is recognised exactly and can be reverted (docs/patches.md, Markers).
 # Paths are relative to the vllm package directory. Anchors were read from the
 # PyPI wheels 0.20.2, 0.21.0 and 0.33.0 (tests/test_patcher_wheels.py checks them).
+#
+# A patch is in PATCHES only if it runs on the path a shipped config takes on a pin
+# (docs/patches.md, "Backends and patches per config", generated from runs_when and
+# the configs; tests/test_backend_selection.py proves the backends with vLLM's own
+# selector). Where each config's attention runs:
+#   target: TRITON_MLA, named by ATTENTION_BACKEND (--attention-backend), both pins;
+#   draft:  ROCM_ATTN; from 0.21 named by DRAFT_ATTENTION_BACKEND
+#           (speculative_config.attention_backend); on 0.20.x, which has no per-draft
+#           option, ROCm's own order picks it once P5 keeps the target's backend off
+#           the draft (ROCM_ATTN is first and takes non-causal attention natively).
 
 PATCHES = [
     {
-        "id": "P1",
-        "group": "1 AITER FA non-causal",
-        "what": "AITER FA extend paths pass attn_metadata.causal instead of causal=True",
-        "why": "extend_forward and the sliding-window extend hard-code causal=True, so a "
-               "non-causal DFlash draft batch that lands there is silently causal",
-        "upstream": None,
-        "variants": [
-            {
-                "versions": [["0.20.0", "0.22.0"], ["0.33.0", "0.34.0"]],
-                "file": "v1/attention/backends/rocm_aiter_fa.py",
-                "edits": [
-                    {
-                        "anchor": "            causal=True,\n"
-                                  "            window_size=self.sliding_window,\n"
-                                  "            alibi_slopes=self.alibi_slopes,\n"
-                                  "            return_lse=False,\n",
-                        "replace": "            causal=attn_metadata.causal,  # kimidflash:P1\n"
-                                   "            window_size=self.sliding_window,\n"
-                                   "            alibi_slopes=self.alibi_slopes,\n"
-                                   "            return_lse=False,\n",
-                    },
-                    {
-                        "anchor": "            causal=True,\n"
-                                  "            window_size=self.sliding_window,\n"
-                                  "            alibi_slopes=self.alibi_slopes,\n"
-                                  "            return_lse=True,\n",
-                        "replace": "            causal=attn_metadata.causal,  # kimidflash:P1\n"
-                                   "            window_size=self.sliding_window,\n"
-                                   "            alibi_slopes=self.alibi_slopes,\n"
-                                   "            return_lse=True,\n",
-                    },
-                ],
-            },
-        ],
-    },
-    {
-        "id": "P2",
-        "group": "1 AITER FA non-causal",
-        "what": "non-causal multi-token decode refuses unequal query lengths with a clear error",
-        "why": "the branch reshapes queries to (requests, max_query_len), valid only when "
-               "every request has the same query length",
-        "upstream": None,
-        "variants": [
-            {
-                "versions": [["0.20.0", "0.22.0"]],
-                "file": "v1/attention/backends/rocm_aiter_fa.py",
-                "edits": [
-                    {
-                        "anchor": "                    if not attn_metadata.causal:\n"
-                                  "                        from aiter.ops.triton.attention.mha_v3 import (\n",
-                        "replace": "                    if not attn_metadata.causal:\n"
-                                   "                        # kimidflash:P2 the reshape below needs equal query lengths\n"
-                                   "                        if num_decode_tokens != num_decodes * decode_max_query_len:\n"
-                                   "                            raise ValueError(\n"
-                                   "                                \"non-causal multi-token decode needs equal query\"\n"
-                                   "                                \" lengths per request (kimidflash P2)\"\n"
-                                   "                            )\n"
-                                   "                        from aiter.ops.triton.attention.mha_v3 import (\n",
-                    },
-                ],
-            },
-            {
-                "versions": [["0.33.0", "0.34.0"]],
-                "file": "v1/attention/backends/rocm_aiter_fa.py",
-                "edits": [
-                    {
-                        "anchor": "                if not attn_metadata.causal:\n"
-                                  "                    from aiter.ops.triton.attention.mha_v3 import (\n",
-                        "replace": "                if not attn_metadata.causal:\n"
-                                   "                    # kimidflash:P2 the reshape below needs equal query lengths\n"
-                                   "                    if num_decode_tokens != num_decodes * decode_max_query_len:\n"
-                                   "                        raise ValueError(\n"
-                                   "                            \"non-causal multi-token decode needs equal query\"\n"
-                                   "                            \" lengths per request (kimidflash P2)\"\n"
-                                   "                        )\n"
-                                   "                    from aiter.ops.triton.attention.mha_v3 import (\n",
-                    },
-                ],
-            },
-        ],
-    },
-    {
         "id": "P3",
-        "group": "2 TRITON_MLA target",
+        "group": "DFlash with an MLA target (0.20.x)",
         "what": "non-causal attention is requested for non-MLA (draft) layers only",
-        "why": "0.20.x sets use_non_causal engine-wide for dflash, so the MLA target finds no "
-               "MLA backend that supports it",
+        "why": "0.20.x sets use_non_causal engine-wide for dflash (v1/attention/selector.py:85), "
+               "so the causal MLA target finds no MLA backend: TRITON_MLA, ROCM_AITER_MLA and "
+               "ROCM_AITER_TRITON_MLA all refuse non-causal attention",
+        "runs_when": {"SPECULATIVE_METHOD": ["dflash"], "TARGET_ATTENTION": ["mla"]},
+        "proven_by": "tests/test_backend_selection.py (0.20.2: the target gets TRITON_MLA with it "
+                     "and no backend unpatched or with P3 left out)",
         "upstream": [{"file": "config/attention.py", "contains": "use_non_causal: bool"}],
         "variants": [
             {
@@ -123,40 +58,16 @@ PATCHES = [
         ],
     },
     {
-        "id": "P4",
-        "group": "2 TRITON_MLA target",
-        "what": "with DFlash, ROCm offers TRITON_MLA first for MLA layers",
-        "why": "0.20.x ROCm tries AITER MLA first; the recipe runs the MLA target on "
-               "TRITON_MLA (kernel block 16, the block size it shares with the draft)",
-        "upstream": [{"file": "config/attention.py", "contains": "use_non_causal: bool"}],
-        "variants": [
-            {
-                "versions": [["0.20.0", "0.21.0"]],
-                "file": "platforms/rocm.py",
-                "edits": [
-                    {
-                        "anchor": "    if use_mla:\n"
-                                  "        if rocm_aiter_ops.is_mla_enabled():\n",
-                        "replace": "    if use_mla:\n"
-                                   "        # kimidflash:P4 DFlash: the MLA target runs on TRITON_MLA\n"
-                                   "        from vllm.config import get_current_vllm_config_or_none\n"
-                                   "\n"
-                                   "        _cfg = get_current_vllm_config_or_none()\n"
-                                   "        _spec = _cfg.speculative_config if _cfg is not None else None\n"
-                                   "        if _spec is not None and _spec.method == \"dflash\":\n"
-                                   "            return [AttentionBackendEnum.TRITON_MLA]\n"
-                                   "        if rocm_aiter_ops.is_mla_enabled():\n",
-                    },
-                ],
-            },
-        ],
-    },
-    {
         "id": "P5",
-        "group": "2 TRITON_MLA target",
-        "what": "the draft model never inherits an MLA attention backend (PR 39930 backport)",
-        "why": "an --attention-backend TRITON_MLA chosen for the target would otherwise be "
-               "forced onto the draft's standard-attention layers",
+        "group": "DFlash with an MLA target (0.20.x)",
+        "what": "the draft model never inherits an MLA attention backend (PR 39930 backport); "
+                "it gets ROCm's first non-causal backend, ROCM_ATTN",
+        "why": "0.20.x loads the draft under the target's VllmConfig, so the --attention-backend "
+               "TRITON_MLA the configs pass would be forced onto the draft's standard-attention "
+               "layers, which TRITON_MLA refuses",
+        "runs_when": {"SPECULATIVE_METHOD": ["dflash"], "ATTENTION_BACKEND": ["*MLA"]},
+        "proven_by": "tests/test_backend_selection.py (0.20.2: the draft gets ROCM_ATTN with it; "
+                     "with P5 left out it inherits TRITON_MLA, which refuses it)",
         "upstream": [{"file": "config/speculative.py", "contains": "attention_backend:"}],
         "variants": [
             {
@@ -181,193 +92,17 @@ PATCHES = [
         ],
     },
     {
-        "id": "P6",
-        "group": "3 IS_CAUSAL in Triton unified attention",
-        "what": "IS_CAUSAL constexpr in the kernel helpers: key mask and tile-loop bound",
-        "why": "the helpers always build a causal mask and stop the tile loop at the "
-               "query position",
-        "upstream": [{"file": "v1/attention/ops/triton_unified_attention.py",
-                      "contains": "USE_CAUSAL: tl.constexpr"}],
-        "variants": [
-            {
-                "versions": [["0.20.0", "0.21.0"]],
-                "file": "v1/attention/ops/triton_attention_helpers.py",
-                "edits": [
-                    {
-                        "anchor": "    CHUNK_SIZE: tl.constexpr = -1,\n"
-                                  "):\n"
-                                  "    \"\"\"Compute the tile-loop bounds",
-                        "replace": "    CHUNK_SIZE: tl.constexpr = -1,\n"
-                                   "    IS_CAUSAL: tl.constexpr = True,  # kimidflash:P6\n"
-                                   "):\n"
-                                   "    \"\"\"Compute the tile-loop bounds",
-                    },
-                    {
-                        "anchor": "        max_seq_prefix_len = tl.minimum(max_seq_prefix_len, seq_len)\n",
-                        "replace": "        max_seq_prefix_len = tl.minimum(max_seq_prefix_len, seq_len)\n"
-                                   "    if not IS_CAUSAL:  # kimidflash:P6 every key of the sequence\n"
-                                   "        max_seq_prefix_len = seq_len\n",
-                    },
-                    {
-                        "anchor": "    CHUNK_SIZE: tl.constexpr = -1,\n"
-                                  "):\n"
-                                  "    \"\"\"Build the KV mask for one tile.",
-                        "replace": "    CHUNK_SIZE: tl.constexpr = -1,\n"
-                                   "    IS_CAUSAL: tl.constexpr = True,  # kimidflash:P6\n"
-                                   "    seq_len=0,\n"
-                                   "):\n"
-                                   "    \"\"\"Build the KV mask for one tile.",
-                    },
-                    {
-                        "anchor": "    seq_mask = seq_offset[None, :] <= query_abs_pos\n",
-                        "replace": "    seq_mask = seq_offset[None, :] <= query_abs_pos\n"
-                                   "    if not IS_CAUSAL:  # kimidflash:P6 bidirectional: every key < seq_len\n"
-                                   "        seq_mask = (seq_offset[None, :] < seq_len) & (query_abs_pos >= 0)\n",
-                    },
-                ],
-            },
-        ],
-    },
-    {
-        "id": "P7",
-        "group": "3 IS_CAUSAL in Triton unified attention",
-        "what": "kernel_unified_attention takes IS_CAUSAL; unified_attention passes causal "
-                "instead of asserting it",
-        "why": "0.20.x asserts causal, so a non-causal DFlash draft cannot run on TRITON_ATTN",
-        "upstream": [{"file": "v1/attention/ops/triton_unified_attention.py",
-                      "contains": "USE_CAUSAL: tl.constexpr"}],
-        "variants": [
-            {
-                "versions": [["0.20.0", "0.21.0"]],
-                "file": "v1/attention/ops/triton_unified_attention.py",
-                "edits": [
-                    {
-                        "anchor": "    USE_MM_PREFIX: tl.constexpr,  # bool\n",
-                        "replace": "    USE_MM_PREFIX: tl.constexpr,  # bool\n"
-                                   "    IS_CAUSAL: tl.constexpr,  # bool, kimidflash:P7\n",
-                    },
-                    {
-                        "anchor": "        CHUNK_LOOKBACK,\n"
-                                  "        CHUNK_SIZE,\n"
-                                  "    )\n",
-                        "replace": "        CHUNK_LOOKBACK,\n"
-                                   "        CHUNK_SIZE,\n"
-                                   "        IS_CAUSAL,  # kimidflash:P7\n"
-                                   "    )\n",
-                    },
-                    {
-                        "anchor": "            CHUNK_LOOKBACK,\n"
-                                  "            CHUNK_SIZE,\n"
-                                  "        )\n",
-                        "replace": "            CHUNK_LOOKBACK,\n"
-                                   "            CHUNK_SIZE,\n"
-                                   "            IS_CAUSAL,  # kimidflash:P7\n"
-                                   "            seq_len,\n"
-                                   "        )\n",
-                    },
-                    {
-                        "anchor": "    assert causal, \"Only causal attention is supported\"\n",
-                        "replace": "    # kimidflash:P7 causal=False runs through IS_CAUSAL\n"
-                                   "    assert causal or window_size[0] < 0, (\n"
-                                   "        \"non-causal attention with a sliding window is not supported\"\n"
-                                   "    )\n",
-                    },
-                    {
-                        "anchor": "        USE_MM_PREFIX=use_mm_prefix,\n",
-                        "replace": "        USE_MM_PREFIX=use_mm_prefix,\n"
-                                   "        IS_CAUSAL=bool(causal),  # kimidflash:P7\n",
-                    },
-                ],
-            },
-        ],
-    },
-    {
-        "id": "P8",
-        "group": "3 IS_CAUSAL in Triton unified attention",
-        "what": "TRITON_ATTN carries causal in its metadata, passes it to the kernel and "
-                "declares non-causal support",
-        "why": "0.20.x TRITON_ATTN calls unified_attention with causal=True and is rejected "
-               "for a non-causal draft",
-        "upstream": [{"file": "v1/attention/ops/triton_unified_attention.py",
-                      "contains": "USE_CAUSAL: tl.constexpr"}],
-        "variants": [
-            {
-                "versions": [["0.20.0", "0.21.0"]],
-                "file": "v1/attention/backends/triton_attn.py",
-                "edits": [
-                    {
-                        "anchor": "    mm_prefix_range_tensor: torch.Tensor | None = None\n",
-                        "replace": "    mm_prefix_range_tensor: torch.Tensor | None = None\n"
-                                   "    causal: bool = True  # kimidflash:P8\n",
-                    },
-                    {
-                        "anchor": "            softmax_segm_expsum=self.softmax_segm_expsum,\n"
-                                  "        )\n"
-                                  "        return attn_metadata\n",
-                        "replace": "            softmax_segm_expsum=self.softmax_segm_expsum,\n"
-                                   "            causal=common_attn_metadata.causal,  # kimidflash:P8\n"
-                                   "        )\n"
-                                   "        return attn_metadata\n",
-                    },
-                    {
-                        "anchor": "            causal=True,\n"
-                                  "            alibi_slopes=self.alibi_slopes,\n",
-                        "replace": "            causal=attn_metadata.causal,  # kimidflash:P8\n"
-                                   "            alibi_slopes=self.alibi_slopes,\n",
-                    },
-                    {
-                        "anchor": "\n\nclass TritonAttentionImpl(",
-                        "replace": "\n"
-                                   "    @classmethod\n"
-                                   "    def supports_non_causal(cls) -> bool:  # kimidflash:P8\n"
-                                   "        return True\n"
-                                   "\n\nclass TritonAttentionImpl(",
-                    },
-                ],
-            },
-        ],
-    },
-    {
-        "id": "P9",
-        "group": "4 DFlash causal assertions",
-        "what": "the DFlash draft check also accepts backends that declare non-causal "
-                "support without a causal metadata field",
-        "why": "0.20.x asserts metadata.causal is False for every draft layer, judging the "
-               "metadata's shape rather than the backend's declared capability",
-        "upstream": [{"file": "v1/spec_decode/dflash.py", "contains": "if not self.dflash_causal:"}],
-        "variants": [
-            {
-                "versions": [["0.20.0", "0.21.0"]],
-                "file": "v1/spec_decode/dflash.py",
-                "edits": [
-                    {
-                        "anchor": "        for layer_name, attn_metadata in per_layer.items():\n"
-                                  "            assert getattr(attn_metadata, \"causal\", None) is False, (\n",
-                        "replace": "        # kimidflash:P9 judge by the backend's declared support; causal=True\n"
-                                   "        # metadata is still rejected\n"
-                                   "        _declared = {\n"
-                                   "            name\n"
-                                   "            for group in self.draft_attn_groups\n"
-                                   "            if group.backend.supports_non_causal()\n"
-                                   "            for name in group.layer_names\n"
-                                   "        }\n"
-                                   "        for layer_name, attn_metadata in per_layer.items():\n"
-                                   "            assert getattr(attn_metadata, \"causal\", None) is False or (\n"
-                                   "                layer_name in _declared and not hasattr(attn_metadata, \"causal\")\n"
-                                   "            ), (\n",
-                    },
-                ],
-            },
-        ],
-    },
-    {
         "id": "P10",
-        "group": "5 FP8 KV running-max scale",
+        "group": "FP8 KV running-max scale",
         "what": "MLA KV-cache writes update k/v scales with a running max when "
                 "KIMIDFLASH_FP8_KV_SCALE=running-max",
         "why": "without checkpoint KV scales vLLM writes the FP8 MLA cache with scale 1.0, "
                "which loses small values and clips large ones",
         "upstream": None,
+        "runs_when": {"KV_SCALE_POLICY": ["running-max"], "TARGET_ATTENTION": ["mla"]},
+        "proven_by": "tests/test_fp8_scale.py (the running-max helper it installs) and "
+                     "tests/test_patcher_wheels.py (the hook imports from the patched 0.20.2 tree); "
+                     "the hooked MLA cache write itself needs a GPU and is not run here",
         "adds": [{"path": "_kimidflash_fp8_kv.py", "source": "kimidflash_fp8_kv.py"}],
         "variants": [
             {
@@ -424,5 +159,72 @@ PATCHES = [
                 ],
             },
         ],
+    },
+]
+
+# Patches this set no longer ships, each with the reason. Their ids are not reused.
+# The engine treats a "kimidflash:<id>" marker of a retired patch in one of its files
+# as drift: such a tree was patched by an older patch set.
+RETIRED = [
+    {
+        "id": "P1",
+        "what": "AITER FA extend paths passed attn_metadata.causal instead of causal=True",
+        "files": ["v1/attention/backends/rocm_aiter_fa.py"],
+        "why": "not on any shipped path: the DFlash draft runs ROCM_ATTN on both pins "
+               "(tests/test_backend_selection.py), so ROCM_AITER_FA never serves it; the "
+               "config validator refuses DRAFT_ATTENTION_BACKEND=ROCM_AITER_FA instead, since "
+               "its extend paths still hard-code causal=True (0.20.2 rocm_aiter_fa.py:917,967; "
+               "0.33.0 :1114,1165)",
+    },
+    {
+        "id": "P2",
+        "what": "AITER FA non-causal multi-token decode raised on unequal query lengths",
+        "files": ["v1/attention/backends/rocm_aiter_fa.py"],
+        "why": "it could only raise inside the forward pass, killing the engine, for a batch "
+               "DFlash never builds (every draft request queries 1 + num_speculative_tokens "
+               "positions, so the reshape always sees equal lengths), on a backend no shipped "
+               "config's draft uses (see P1)",
+    },
+    {
+        "id": "P4",
+        "what": "with DFlash, ROCm offered only TRITON_MLA for MLA layers",
+        "files": ["platforms/rocm.py"],
+        "why": "redundant: the shipped configs pass --attention-backend TRITON_MLA, which vLLM "
+               "validates and returns before it reads the platform's order (0.20.2 "
+               "platforms/rocm.py:478), so the forced list was never read; its reason, block "
+               "size 16, does not hold either (0.20.2 ROCM_AITER_MLA takes any block size, "
+               "rocm_aiter_mla.py:51); the validator now requires ATTENTION_BACKEND=TRITON_MLA "
+               "for DFlash with an MLA target on 0.20.x",
+    },
+    {
+        "id": "P6",
+        "what": "IS_CAUSAL constexpr in the Triton unified attention helpers",
+        "files": ["v1/attention/ops/triton_attention_helpers.py"],
+        "why": "served TRITON_ATTN, which no shipped config's draft runs: ROCM_ATTN is first "
+               "in ROCm's order and non-causal natively (0.20.2 rocm_attn.py:207, its causal "
+               "field :72 passed to the kernel :448), and 0.20.x has no per-draft option to "
+               "choose TRITON_ATTN; upstream from 0.24.0 (USE_CAUSAL)",
+    },
+    {
+        "id": "P7",
+        "what": "kernel_unified_attention took IS_CAUSAL instead of asserting causal",
+        "files": ["v1/attention/ops/triton_unified_attention.py"],
+        "why": "the kernel half of P6-P8: TRITON_ATTN serves no shipped config (see P6)",
+    },
+    {
+        "id": "P8",
+        "what": "TRITON_ATTN carried causal in its metadata and declared non-causal support",
+        "files": ["v1/attention/backends/triton_attn.py"],
+        "why": "the backend half of P6-P8: TRITON_ATTN serves no shipped config (see P6)",
+    },
+    {
+        "id": "P9",
+        "what": "the DFlash draft check accepted declared non-causal support without a "
+                "causal metadata field",
+        "files": ["v1/spec_decode/dflash.py"],
+        "why": "it could never fire: every 0.20.2 backend that declares non-causal support "
+               "already has a causal metadata field (flash_attn.py:256, flex_attention.py:342, "
+               "rocm_aiter_fa.py:392, rocm_attn.py:72); its upstream marker named a different "
+               "change (0.33.0 dflash.py:304 keeps the assert, gated on dflash_causal)",
     },
 ]

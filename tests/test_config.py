@@ -101,12 +101,37 @@ def refusal(tmp_path, body: str, environ=None) -> ConfigError:
     ("EXTRA_VLLM_ARGS='--foo \"unbalanced'", "EXTRA_VLLM_ARGS", ["shell words"]),
     ("PLATFORM=cpu", "MOE_BACKEND", ["MOE_BACKEND=auto"]),
     ("SPECULATIVE_METHOD=ngram\nNGRAM_PROMPT_LOOKUP_MIN=4\nNGRAM_PROMPT_LOOKUP_MAX=2", "NGRAM_PROMPT_LOOKUP_MIN", ["must not exceed"]),
+    # Attention backends the pin cannot honour (kimidflash.backends.refusal).
+    ("VLLM_VERSION=0.20.2\nDRAFT_ATTENTION_BACKEND=TRITON_ATTN", "DRAFT_ATTENTION_BACKEND",
+     ["vLLM 0.20.2 has no per-draft backend option", "it gets ROCM_ATTN", "DRAFT_ATTENTION_BACKEND=ROCM_ATTN"]),
+    ("DRAFT_ATTENTION_BACKEND=ROCM_AITER_FA", "DRAFT_ATTENTION_BACKEND", ["causal=True", "use ROCM_ATTN"]),
+    ("VLLM_VERSION=0.20.2\nDRAFT_ATTENTION_BACKEND=ROCM_AITER_FA", "DRAFT_ATTENTION_BACKEND", ["causal=True"]),
+    ("DRAFT_ATTENTION_BACKEND=ROCM_AITER_UNIFIED_ATTN", "DRAFT_ATTENTION_BACKEND", ["no non-causal support"]),
+    ("DRAFT_ATTENTION_BACKEND=TRITON_MLA", "DRAFT_ATTENTION_BACKEND", ["MLA backend", "standard attention"]),
+    ("VLLM_VERSION=0.20.2\nATTENTION_BACKEND=", "ATTENTION_BACKEND", ["vLLM 0.20.2", "ATTENTION_BACKEND=TRITON_MLA"]),
+    ("VLLM_VERSION=0.20.2\nATTENTION_BACKEND=ROCM_AITER_MLA", "ATTENTION_BACKEND", ["ATTENTION_BACKEND=TRITON_MLA"]),
 ])
 def test_refusals_name_the_key_and_the_fix(tmp_path, body, key, words):
     err = refusal(tmp_path, body)
     assert err.key == key
     for w in words:
         assert w in str(err), (w, str(err))
+
+
+@pytest.mark.parametrize("body", [
+    "VLLM_VERSION=0.20.2",  # ROCM_ATTN is what 0.20.x picks itself: accepted, not rendered
+    "VLLM_VERSION=0.20.2\nDRAFT_ATTENTION_BACKEND=",
+    "DRAFT_ATTENTION_BACKEND=TRITON_ATTN",  # from 0.21 the draft's backend is the config's to name
+    "DRAFT_ATTENTION_BACKEND=\nATTENTION_BACKEND=",
+    "SPECULATIVE_METHOD=none\nVLLM_VERSION=0.20.2\nATTENTION_BACKEND=",  # no draft, no rule
+])
+def test_attention_backends_each_pin_honours_are_accepted(tmp_path, body):
+    load_config(write_env(tmp_path / "ok.env", f"INCLUDE={CONFIGS / 'production.env'}\n{body}\n"), environ={})
+
+
+def test_refused_attention_settings_are_one_line(tmp_path):
+    err = refusal(tmp_path, "VLLM_VERSION=0.20.2\nDRAFT_ATTENTION_BACKEND=TRITON_ATTN")
+    assert "\n" not in str(err) and "`" not in str(err)
 
 
 def test_aiter_cap_does_not_apply_to_triton_moe(tmp_path):

@@ -1,4 +1,5 @@
-"""The config reference in README.md and docs/ is generated from the schema."""
+"""Generated docs: the config reference (README.md, docs/) from the schema; the patch
+table and the backend map (docs/patches.md) from the patch set and the configs."""
 
 from kimidflash import docs_gen
 from kimidflash.config import FIELDS
@@ -17,6 +18,25 @@ def test_table_lists_every_key_once():
 def test_a_schema_change_makes_the_docs_stale(tmp_path, monkeypatch):
     doc = tmp_path / "d.md"
     doc.write_text(f"x\n{docs_gen.START}\n{docs_gen.reference_table()}\n{docs_gen.END}\ny\n")
-    assert docs_gen.stale((doc,)) == []
+    sections = {"config-reference": (docs_gen.reference_table, (doc,))}
+    assert docs_gen.stale(sections) == []
     monkeypatch.setattr(docs_gen, "FIELDS", FIELDS[:-1])
-    assert docs_gen.stale((doc,)) == [doc]
+    assert docs_gen.stale(sections) == [doc]
+
+
+def test_patch_docs_are_generated_from_the_patch_set_and_the_configs(tmp_path, monkeypatch):
+    """docs/patches.md's patch table and backend map come from patches/patchset.py and
+    the production configs: a change to either makes them stale."""
+    doc = tmp_path / "p.md"
+    text = "".join(f"{s}\n{make()}\n{e}\n" for name, make in (("patch-set", docs_gen.patch_set_tables),
+                                                              ("backend-map", docs_gen.backend_map_table))
+                   for s, e in [docs_gen.markers(name)])
+    doc.write_text(text)
+    sections = {"patch-set": (docs_gen.patch_set_tables, (doc,)),
+                "backend-map": (docs_gen.backend_map_table, (doc,))}
+    assert docs_gen.stale(sections) == []
+    real = docs_gen.backends.load_patch_data()
+    monkeypatch.setattr(docs_gen.backends, "load_patch_data", lambda: (real[0][:-1], real[1]))
+    assert docs_gen.stale(sections) == [doc]
+    assert "| P3 |" in text and "| P9 |" in text  # shipped and retired
+    assert "| `production.env` | 0.20.2 | TRITON_MLA" in text

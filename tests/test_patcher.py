@@ -277,12 +277,17 @@ def test_patchset_hash_tracks_data_and_installed_files(tmp_path):
 
 
 def test_shipped_patch_set_is_complete():
-    """The real patch set: ten patches in the seed's groups plus the FP8 fix, one-line
-    what/why, and the helper it installs exists and compiles without torch."""
-    patches, base = engine.load_patchset()
-    assert [p["id"] for p in patches] == [f"P{i}" for i in range(1, 11)]
+    """The real patch set: the two 0.20.x DFlash/MLA patches and the FP8 fix, one-line
+    what/why, where each runs and what proves it; the retired ones keep their ids and
+    a reason; the helper it installs exists and compiles without torch."""
+    patches, retired, base = engine.load_patchset_and_retired()
+    assert [p["id"] for p in patches] == ["P3", "P5", "P10"]
+    assert [r["id"] for r in retired] == ["P1", "P2", "P4", "P6", "P7", "P8", "P9"]
     for p in patches:
         assert p["what"] and "\n" not in p["what"] and p["why"] and "\n" not in p["why"]
+        assert p["runs_when"] and p["proven_by"]
+    for r in retired:
+        assert r["why"] and r["files"]
     helper = base / patches[-1]["adds"][0]["source"]
     compile(helper.read_text(), str(helper), "exec")
     assert len(engine.patchset_hash(short=True)) == 12

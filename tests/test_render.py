@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from kimidflash.config import load_config
-from kimidflash.render import render
+from kimidflash.render import attention_line, render
 
 from .helpers import ALL_CONFIGS, CONFIGS, PRODUCTION_CONFIGS, ROOT, UPDATE_GOLDEN
 
@@ -33,7 +33,20 @@ def test_golden_argv_and_env(name):
 def test_speculative_config_is_json_with_the_draft_and_k():
     r = render(load_config(CONFIGS / "production-fp8kv-matched.env", environ={}))
     spec = json.loads(r.argv[r.argv.index("--speculative-config") + 1])
-    assert spec == {"method": "dflash", "model": "/models/Kimi-K2.6-DFlash-matched", "num_speculative_tokens": 8}
+    assert spec == {"method": "dflash", "model": "/models/Kimi-K2.6-DFlash-matched", "num_speculative_tokens": 8,
+                    "attention_backend": "ROCM_ATTN"}
+
+
+def test_draft_backend_is_rendered_only_where_vllm_has_the_option():
+    """0.20.x's SpeculativeConfig refuses unknown keys: nothing is rendered there, and
+    the dry run says which backend the draft gets and how."""
+    for pin, rendered in (("0.20.2", None), ("0.33.0", "ROCM_ATTN"), ("0.21.0", "ROCM_ATTN")):
+        config = load_config(CONFIGS / "production.env", {"VLLM_VERSION": pin}, environ={})
+        argv = render(config).argv
+        assert json.loads(argv[argv.index("--speculative-config") + 1]).get("attention_backend") == rendered
+    legacy = load_config(CONFIGS / "production.env", {"VLLM_VERSION": "0.20.2"}, environ={})
+    assert attention_line(legacy) == ("attention: target TRITON_MLA (--attention-backend); DFlash draft ROCM_ATTN "
+                                      "(ROCm's order, after P5 drops the inherited --attention-backend)")
 
 
 def test_baseline_and_ngram_and_draft_backend_render(tmp_path):
@@ -46,9 +59,9 @@ def test_baseline_and_ngram_and_draft_backend_render(tmp_path):
     assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
         "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     db = tmp_path / "d.env"
-    db.write_text(f"INCLUDE={CONFIGS / 'production.env'}\nDRAFT_ATTENTION_BACKEND=ROCM_AITER_FA\n")
+    db.write_text(f"INCLUDE={CONFIGS / 'production.env'}\nDRAFT_ATTENTION_BACKEND=TRITON_ATTN\n")
     argv = render(load_config(db, environ={})).argv
-    assert json.loads(argv[argv.index("--speculative-config") + 1])["attention_backend"] == "ROCM_AITER_FA"
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["attention_backend"] == "TRITON_ATTN"
 
 
 def test_moe_backend_switches_aiter_env():
@@ -69,3 +82,4 @@ def test_dry_run_prints_the_command_and_skips_host_checks(name):
     for k, v in rendered.env.items():
         assert f"{k}={v}" in flat
     assert "--served-model-name" in flat and rendered.argv[0] in flat
+    assert f"# {attention_line(load_config(CONFIGS / name, environ={}))}" in r.stdout

@@ -41,7 +41,7 @@ def cmd_config_docs(args: argparse.Namespace) -> int:
     if args.check:
         stale = docs_gen.stale()
         for p in stale:
-            print(f"{p} disagrees with the schema; run: python -m kimidflash config-docs", file=sys.stderr)
+            print(f"{p} disagrees with the schema, the patch set or the configs; run: python -m kimidflash config-docs", file=sys.stderr)
         return 1 if stale else 0
     for p in docs_gen.write():
         print(f"updated {p}")
@@ -62,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true", help="do not echo the server log")
     s.set_defaults(func=cmd_serve)
 
-    d = sub.add_parser("config-docs", help="regenerate the config reference in README.md and docs/")
-    d.add_argument("--check", action="store_true", help="exit 1 if the docs disagree with the schema")
+    d = sub.add_parser("config-docs", help="regenerate the generated tables in README.md and docs/ (config reference, patch set, backend map)")
+    d.add_argument("--check", action="store_true", help="exit 1 if a generated table disagrees with its source")
     d.set_defaults(func=cmd_config_docs)
 
     sub.add_parser("launch", help="the standard launcher (see launchers/kimi26-vllm-dflash.sh)", add_help=False)

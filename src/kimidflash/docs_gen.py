@@ -1,19 +1,33 @@
-"""Generate the config reference from the schema into README.md and docs/.
+"""Generate the tables the docs must never get wrong, each between its markers.
 
-The generated table sits between markers, so prose around it stays
-hand-written while the table can never disagree with the schema
-(tests/test_docs.py fails when it does).
+- `config-reference` (README.md, docs/configuration.md): every env key, from the schema.
+- `patch-set` (docs/patches.md): the shipped patches and the retired ones, from
+  patches/patchset.py.
+- `backend-map` (docs/patches.md): for every production config on every pin, the
+  target's and the draft's attention backend and the patches that run on that path,
+  from the configs, kimidflash.backends and the patch set's `runs_when`
+  (tests/test_backend_selection.py checks the backends against vLLM's selector).
+
+Prose around the markers stays hand-written; tests/test_docs.py fails when a
+generated table is stale (`python -m kimidflash config-docs` rewrites them).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
+from . import backends
 from .config.schema import FIELDS, GROUPS
-from .paths import REPO_ROOT
+from .paths import CONFIGS_DIR, REPO_ROOT
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 TARGETS = (REPO_ROOT / "README.md", REPO_ROOT / "docs" / "configuration.md")
+PATCHES_DOC = REPO_ROOT / "docs" / "patches.md"
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
 
 
 def _default(value: object) -> str:
@@ -30,25 +44,133 @@ def reference_table() -> str:
     return "\n".join(rows)
 
 
-def splice(text: str, table: str, where: Path) -> str:
-    if START not in text or END not in text:
-        raise ValueError(f"{where} has no {START} ... {END} markers")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table}\n{END}{tail}"
+# ---------------------------------------------------------------- patch set
+def _versions(variants: list[dict]) -> str:
+    spans = []
+    for v in variants:
+        for lo, hi in v["versions"]:
+            a, b = backends.release(lo), backends.release(hi)
+            if a[2] == 0 and b == (a[0], a[1] + 1, 0):
+                spans.append(f"{a[0]}.{a[1]}.x")
+            else:
+                spans.append(f"{lo}–<{hi}")
+    return ", ".join(spans)
 
 
-def stale(targets: tuple[Path, ...] = TARGETS) -> list[Path]:
-    table = reference_table()
-    return [p for p in targets if splice(p.read_text(), table, p) != p.read_text()]
+def _upstream(markers_: list[dict] | None) -> str:
+    if not markers_:
+        return "none in any release read"
+    return " and ".join(f"`{m['file']}` has `{m['contains']}`" for m in markers_)
 
 
-def write(targets: tuple[Path, ...] = TARGETS) -> list[Path]:
-    table = reference_table()
+def _files(p: dict) -> str:
+    files = list(dict.fromkeys(f"`{v['file']}`" for v in p["variants"]))
+    files += [f"installs `{a['path']}`" for a in p.get("adds") or []]
+    return ", ".join(files)
+
+
+def _runs_when(p: dict) -> str:
+    def cond(key: str, pats: list[str]) -> str:
+        verb = "matches" if any(c in x for x in pats for c in "*?[") else "is" if len(pats) == 1 else "is one of"
+        return f"`{key}` {verb} {' / '.join(f'`{x}`' for x in pats)}"
+
+    conds = [cond(k, v) for k, v in p.get("runs_when", {}).items()]
+    return " and ".join(conds) or "always"
+
+
+def patch_set_tables() -> str:
+    patches, retired = backends.load_patch_data()
+    rows = ["| id | group | what | why | file | versions | upstream marker |", "|---|---|---|---|---|---|---|"]
+    for p in patches:
+        rows.append(f"| {p['id']} | {p['group']} | {p['what']} | {p['why']} | {_files(p)} | "
+                    f"{_versions(p['variants'])} | {_upstream(p['upstream'])} |")
+    rows += ["", "Retired (no longer shipped; their markers in a tree are drift):", "",
+             "| id | what it did | file | why retired |", "|---|---|---|---|"]
+    for r in retired:
+        rows.append(f"| {r['id']} | {r['what']} | {', '.join(f'`{f}`' for f in r['files'])} | {r['why']} |")
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------- backends per config and pin
+def production_configs() -> list[Path]:
+    return sorted(CONFIGS_DIR.glob("production*.env"))
+
+
+def map_rows() -> list[dict]:
+    """One row per production config and pin: its plan and the patches that run."""
+    from .config import load_config
+
+    patches, _ = backends.load_patch_data()
+    rows = []
+    for path in production_configs():
+        for pin in backends.PINS:
+            values = load_config(path, {"VLLM_VERSION": pin}, environ={}).values
+            rows.append({"config": path.name, "pin": pin, "plan": backends.attention_plan(values),
+                         "values": values, "patches": backends.exercised(values, patches)})
+    return rows
+
+
+def _kv(values: dict) -> str:
+    dtype = values["KV_CACHE_DTYPE"]
+    if dtype == "auto":
+        return "auto (model dtype, BF16)"
+    scales = values["KV_SCALE_POLICY"]
+    return f"{dtype} (target scales: {scales})" if scales != "none" else dtype
+
+
+def backend_map_table() -> str:
+    patches, _ = backends.load_patch_data()
+    out = ["| config | vLLM | target (MLA) | DFlash draft | KV cache (target and draft) | patches that run |",
+           "|---|---|---|---|---|---|"]
+    for r in map_rows():
+        plan = r["plan"]
+        target = f"{plan.target} ({plan.target_how})" if plan.target else "vLLM's choice"
+        draft = f"{plan.draft} ({plan.draft_how})" if plan.draft else "vLLM's choice"
+        out.append(f"| `{r['config']}` | {r['pin']} | {target} | {draft} | {_kv(r['values'])} | "
+                   f"{', '.join(r['patches']) or 'none'} |")
+    out += ["", "Each shipped patch, where it runs and what proves it:", ""]
+    for p in patches:
+        out.append(f"- **{p['id']}** ({_versions(p['variants'])}) runs when {_runs_when(p)}; "
+                   f"proven by {p['proven_by']}.")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- splicing
+SECTIONS: dict[str, tuple[Callable[[], str], tuple[Path, ...]]] = {
+    "config-reference": (reference_table, TARGETS),
+    "patch-set": (patch_set_tables, (PATCHES_DOC,)),
+    "backend-map": (backend_map_table, (PATCHES_DOC,)),
+}
+
+
+def splice(text: str, table: str, where: Path, name: str = "config-reference") -> str:
+    start, end = markers(name)
+    if start not in text or end not in text:
+        raise ValueError(f"{where} has no {start} ... {end} markers")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{table}\n{end}{tail}"
+
+
+def _regenerated(sections: dict | None = None) -> dict[Path, tuple[str, str]]:
+    """{file: (current text, text with every section it holds regenerated)}."""
+    out: dict[Path, tuple[str, str]] = {}
+    for name, (make, targets) in (sections or SECTIONS).items():
+        table = make()
+        for p in targets:
+            old, new = out.get(p, (p.read_text(), p.read_text()))
+            out[p] = (old, splice(new, table, p, name))
+    return out
+
+
+def stale(sections: dict | None = None) -> list[Path]:
+    return [p for p, (old, new) in _regenerated(sections).items() if new != old]
+
+
+def write(sections: dict | None = None) -> list[Path]:
     changed = []
-    for p in targets:
-        new = splice(p.read_text(), table, p)
-        if new != p.read_text():
+    for p, (old, new) in _regenerated(sections).items():
+        if new != old:
             p.write_text(new)
             changed.append(p)
     return changed

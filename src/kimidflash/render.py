@@ -10,6 +10,7 @@ import json
 import shlex
 from dataclasses import dataclass
 
+from .backends import attention_plan, per_draft_option
 from .config import Config
 
 FP8_POLICY_ENV = "KIMIDFLASH_FP8_KV_SCALE"  # read by the FP8 KV patch inside vLLM
@@ -47,7 +48,9 @@ def speculative_config(config: Config) -> dict[str, object] | None:
     if method == "ngram":
         spec["prompt_lookup_max"] = v["NGRAM_PROMPT_LOOKUP_MAX"]
         spec["prompt_lookup_min"] = v["NGRAM_PROMPT_LOOKUP_MIN"]
-    if method == "dflash" and v["DRAFT_ATTENTION_BACKEND"]:
+    if method == "dflash" and v["DRAFT_ATTENTION_BACKEND"] and per_draft_option(v["VLLM_VERSION"]):
+        # Before 0.21 vLLM has no such key (and refuses unknown ones); the validator
+        # accepts only the backend that pin picks itself (backends.attention_plan).
         spec["attention_backend"] = v["DRAFT_ATTENTION_BACKEND"]
     return spec
 
@@ -109,6 +112,15 @@ def vllm_env(config: Config) -> dict[str, str]:
     if v["API_KEY"]:
         env["VLLM_API_KEY"] = v["API_KEY"]
     return env
+
+
+def attention_line(config: Config) -> str:
+    """Which attention backend the target and the DFlash draft get, and how."""
+    plan = attention_plan(config.values)
+    line = f"attention: target {f'{plan.target} ({plan.target_how})' if plan.target else 'chosen by vLLM'}"
+    if plan.draft is not None:
+        line += f"; DFlash draft {f'{plan.draft} ({plan.draft_how})' if plan.draft else 'chosen by vLLM'}"
+    return line.replace("`", "")
 
 
 def render(config: Config) -> Rendered:

@@ -27,7 +27,7 @@ from .logtail import STOP_GRACE_S, LogTail
 from .paths import LAUNCHER
 from .prepare import launch_env, prepare
 from .preflight import PreflightError, preflight
-from .render import Rendered, render
+from .render import Rendered, attention_line, render
 
 
 
@@ -102,6 +102,7 @@ def wait_healthy(config: Config, server: "LocalServer", console: Console, stop: 
 def print_plan(config: Config, rendered: Rendered, console: Console) -> None:
     console.print(f"# {config.path or 'defaults'} (runtime {config['RUNTIME']}, platform {config['PLATFORM']})",
                   markup=False, highlight=False)
+    console.print(f"# {attention_line(config)}", markup=False, highlight=False, soft_wrap=True)
     console.print(rendered.shell(), markup=False, highlight=False, soft_wrap=True)
 
 

@@ -11,6 +11,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import backends
 from ..paths import CONFIGS_DIR
 from .schema import LOOPBACK_HOSTS
 
@@ -94,6 +95,9 @@ def check(config: "Config") -> None:
         if target_mla and v["BLOCK_SIZE"] != DFLASH_MLA_BLOCK_SIZE:
             fail("BLOCK_SIZE", f"{v['BLOCK_SIZE']} with DFlash and an MLA target; the MLA kernels and the "
                                f"drafter's attention only share block size {DFLASH_MLA_BLOCK_SIZE}: set BLOCK_SIZE=16")
+    refused = backends.refusal(v)
+    if refused:
+        fail(*refused)
     if v["SPECULATIVE_METHOD"] == "ngram" and v["NGRAM_PROMPT_LOOKUP_MIN"] > v["NGRAM_PROMPT_LOOKUP_MAX"]:
         fail("NGRAM_PROMPT_LOOKUP_MIN", "must not exceed NGRAM_PROMPT_LOOKUP_MAX")
 

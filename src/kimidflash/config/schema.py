@@ -67,7 +67,7 @@ FIELDS: tuple[Field, ...] = (
     # --- speculative decoding ---------------------------------------------
     F("SPECULATIVE_METHOD", "choice", "dflash", "`dflash`, `ngram`, or `none` (autoregressive baseline).", "speculative", ("dflash", "ngram", "none")),
     F("NUM_SPECULATIVE_TOKENS", "int", 2, "Draft tokens per step (seed: 2 with the K2.5 drafter, 8 with a matched one).", "speculative", minimum=1, maximum=64),
-    F("DRAFT_ATTENTION_BACKEND", "str", "", "Attention backend for the drafter only (vLLM >= 0.21). Empty: vLLM decides.", "speculative"),
+    F("DRAFT_ATTENTION_BACKEND", "str", "", "Attention backend of the DFlash drafter, e.g. ROCM_ATTN. vLLM >= 0.21: passed as speculative_config.attention_backend. 0.20.x has no such option: only the backend that pin picks itself is accepted (ROCM_ATTN on ROCm), and nothing is passed. Empty: vLLM decides. ROCM_AITER_FA and MLA backends are refused.", "speculative"),
     F("NGRAM_PROMPT_LOOKUP_MAX", "int", 3, "ngram method: longest n-gram matched in the prompt.", "speculative", minimum=1, maximum=16),
     F("NGRAM_PROMPT_LOOKUP_MIN", "int", 1, "ngram method: shortest n-gram matched in the prompt.", "speculative", minimum=1, maximum=16),
     # --- scheduler and memory ---------------------------------------------
@@ -84,7 +84,7 @@ FIELDS: tuple[Field, ...] = (
     F("KV_CACHE_DTYPE", "choice", "auto", "`auto` keeps the model dtype (BF16); `fp8` halves KV memory.", "kernels", ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
     F("KV_SCALE_POLICY", "choice", "none", "FP8 KV scales: `running-max` (the recipe's runtime patch) or `checkpoint` (scales stored in the checkpoint).", "kernels", ("none", "running-max", "checkpoint")),
     F("MOE_BACKEND", "choice", "aiter", "`aiter` (AMD's fused MoE), `triton` (fallback), `auto` (vLLM decides).", "kernels", ("aiter", "triton", "auto")),
-    F("ATTENTION_BACKEND", "str", "", "Target attention backend, e.g. TRITON_MLA. Empty: vLLM decides.", "kernels"),
+    F("ATTENTION_BACKEND", "str", "", "Target attention backend (--attention-backend), e.g. TRITON_MLA. Empty: vLLM decides. DFlash with an MLA target on vLLM 0.20.x requires TRITON_MLA.", "kernels"),
     # --- escape hatch -----------------------------------------------------
     F("EXTRA_VLLM_ARGS", "str", "", "Extra `vllm serve` arguments, shell-quoted; may not repeat a flag the recipe renders.", "extra"),
 )

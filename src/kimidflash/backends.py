@@ -1,0 +1,141 @@
+"""Which attention backend the target and the DFlash draft run, per vLLM pin, and
+which patches of patches/patchset.py run on that path.
+
+One source for the config validator (rules.py), the renderer, docs/patches.md
+(docs_gen.py) and tests/test_backend_selection.py, which checks every claim here
+against vLLM's own selector in the real 0.20.2 and 0.33.0 trees.
+
+How each pin decides (read from the PyPI wheels):
+- target: the configs name it (ATTENTION_BACKEND -> --attention-backend); vLLM
+  validates a named backend and uses it before it reads the platform's order.
+- draft, from 0.21: speculative_config.attention_backend (DRAFT_ATTENTION_BACKEND);
+  unset, the draft never inherits the target's backend and ROCm's order picks.
+- draft, 0.20.x: there is no per-draft option (SpeculativeConfig forbids unknown keys)
+  and the draft is built under the target's VllmConfig: it inherits --attention-backend
+  unless that is an MLA backend, which patch P5 clears; then ROCm's order picks, whose
+  first entry, ROCM_ATTN, takes non-causal attention (platforms/rocm.py:378).
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from .paths import REPO_ROOT
+
+PATCHSET = REPO_ROOT / "patches" / "patchset.py"
+PINS = ("0.20.2", "0.33.0")  # legacy (the seed's released line) and current (configs/production.env)
+PER_DRAFT_OPTION_SINCE = (0, 21, 0)  # speculative_config.attention_backend (vLLM PR 39930)
+ROCM_FIRST = "ROCM_ATTN"  # first in ROCm's order for standard attention on both pins
+LEGACY_TARGET = "TRITON_MLA"  # the MLA target backend proven with DFlash on 0.20.x
+# Draft backends refused on ROCm for DFlash, on every release the recipe has read.
+REFUSED_DRAFT = {
+    "ROCM_AITER_FA": "its extend paths hard-code causal=True (rocm_aiter_fa.py, 0.20.2 to 0.33.0), so "
+                     "DFlash draft batches that reach them are computed causally, and the recipe does not "
+                     "patch it (P1 is retired)",
+    "ROCM_AITER_UNIFIED_ATTN": "it declares no non-causal support, which a DFlash draft needs",
+}
+
+
+def release(version: str) -> tuple[int, int, int]:
+    """'0.33.0+rocm700' -> (0, 33, 0); missing parts are 0."""
+    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", str(version))
+    nums = tuple(int(x) for x in m.group(1).split(".")) if m else ()
+    return (nums + (0, 0, 0))[:3]  # type: ignore[return-value]
+
+
+def per_draft_option(version: str) -> bool:
+    """Whether this vLLM takes speculative_config.attention_backend."""
+    return release(version) >= PER_DRAFT_OPTION_SINCE
+
+
+def is_mla(backend: str) -> bool:
+    return backend.upper().endswith("MLA")
+
+
+@dataclass(frozen=True)
+class Plan:
+    target: str  # "" when vLLM chooses
+    target_how: str
+    draft: str | None  # None: no DFlash draft; "" when vLLM chooses
+    draft_how: str
+
+
+def attention_plan(values: Mapping[str, Any]) -> Plan:
+    """The target's and the DFlash draft's attention backend a config gets on its pin."""
+    flag = values["ATTENTION_BACKEND"]
+    target, target_how = (flag, "`--attention-backend`") if flag else ("", "vLLM's choice")
+    if values["SPECULATIVE_METHOD"] != "dflash":
+        return Plan(target, target_how, None, "")
+    named = values["DRAFT_ATTENTION_BACKEND"]
+    if per_draft_option(values["VLLM_VERSION"]):
+        if named:
+            return Plan(target, target_how, named, "`speculative_config.attention_backend`")
+        return Plan(target, target_how, "", "vLLM's choice")
+    if flag and not is_mla(flag):
+        return Plan(target, target_how, flag, "inherits `--attention-backend`")
+    if values["PLATFORM"] != "rocm":
+        return Plan(target, target_how, "", "vLLM's choice")
+    how = "ROCm's order, after P5 drops the inherited `--attention-backend`" if flag else "ROCm's order"
+    return Plan(target, target_how, ROCM_FIRST, how)
+
+
+def refusal(values: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(key, why) for an attention setting the pinned vLLM cannot honour, else None."""
+    if values["SPECULATIVE_METHOD"] != "dflash":
+        return None
+    version, named = values["VLLM_VERSION"], values["DRAFT_ATTENTION_BACKEND"]
+    rocm = values["PLATFORM"] == "rocm"
+    if named and is_mla(named):
+        return "DRAFT_ATTENTION_BACKEND", (f"{named} is an MLA backend, but the DFlash draft uses standard "
+                                           f"attention; name a standard one such as {ROCM_FIRST}")
+    if named and rocm and named.upper() in REFUSED_DRAFT:
+        return "DRAFT_ATTENTION_BACKEND", f"{named} for the DFlash draft: {REFUSED_DRAFT[named.upper()]}; use {ROCM_FIRST}"
+    if not per_draft_option(version):
+        plan = attention_plan(values)
+        if named and (not rocm or named != plan.draft):
+            gets = f"it gets {plan.draft} ({plan.draft_how})".replace("`", "") if plan.draft else "vLLM chooses"
+            keep = f"set DRAFT_ATTENTION_BACKEND={plan.draft} or leave it empty" if plan.draft else "leave it empty"
+            return "DRAFT_ATTENTION_BACKEND", (f"vLLM {version} has no per-draft backend option "
+                                               f"(speculative_config.attention_backend arrives in 0.21), so "
+                                               f"{named} cannot be honoured: {gets}; {keep}")
+        if rocm and values["TARGET_ATTENTION"] == "mla" and values["ATTENTION_BACKEND"] != LEGACY_TARGET:
+            return "ATTENTION_BACKEND", (f"{values['ATTENTION_BACKEND'] or '(empty)'} with DFlash and an MLA "
+                                         f"target on vLLM {version}: {LEGACY_TARGET} is the target backend the "
+                                         f"recipe proves there; set ATTENTION_BACKEND={LEGACY_TARGET}")
+    return None
+
+
+# ---------------------------------------------------------------- the patch set as data
+def load_patch_data(path: Path = PATCHSET) -> tuple[list[dict], list[dict]]:
+    """(PATCHES, RETIRED) of the patch set, parsed as literals (never executed)."""
+    found: dict[str, Any] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Name) and t.id in ("PATCHES", "RETIRED"):
+                    found[t.id] = ast.literal_eval(node.value)
+    return found["PATCHES"], found.get("RETIRED", [])
+
+
+def covers(patch: Mapping[str, Any], version: str) -> bool:
+    """Whether a variant of the patch is for this release."""
+    v = release(version)
+    return any(release(lo) <= v < release(hi) for var in patch["variants"] for lo, hi in var["versions"])
+
+
+def runs(patch: Mapping[str, Any], values: Mapping[str, Any]) -> bool:
+    """Whether the patched code changes what vLLM does for this config on its pin."""
+    if not covers(patch, values["VLLM_VERSION"]):
+        return False
+    return all(any(fnmatch.fnmatchcase(str(values[key]), pat) for pat in pats)
+               for key, pats in patch.get("runs_when", {}).items())
+
+
+def exercised(values: Mapping[str, Any], patches: list[dict] | None = None) -> list[str]:
+    patches = load_patch_data()[0] if patches is None else patches
+    return [p["id"] for p in patches if runs(p, values)]

@@ -1,0 +1,69 @@
+"""The attention plan per config and pin, and the rule that every shipped patch runs
+on a shipped config's path (tests/test_backend_selection.py checks the plan against
+vLLM's own selector in the real trees)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kimidflash import backends, docs_gen
+from kimidflash.config import load_config
+
+from .helpers import CONFIGS, PRODUCTION_CONFIGS
+
+
+def values(name: str, pin: str, **sets: str) -> dict:
+    return load_config(CONFIGS / name, {"VLLM_VERSION": pin, **sets}, environ={}).values
+
+
+def test_the_current_pin_is_the_production_configs_pin():
+    assert backends.PINS[-1] == values("production.env", backends.PINS[-1])["VLLM_VERSION"]
+    assert load_config(CONFIGS / "production.env", environ={})["VLLM_VERSION"] == backends.PINS[-1]
+
+
+@pytest.mark.parametrize("name", PRODUCTION_CONFIGS)
+def test_every_production_config_runs_triton_mla_and_rocm_attn_on_both_pins(name):
+    for pin in backends.PINS:
+        plan = backends.attention_plan(values(name, pin))
+        assert (plan.target, plan.draft) == ("TRITON_MLA", "ROCM_ATTN"), (name, pin, plan)
+    assert "speculative_config" in backends.attention_plan(values(name, "0.33.0")).draft_how
+    assert "P5" in backends.attention_plan(values(name, "0.20.2")).draft_how
+
+
+def test_patches_run_on_the_pins_and_configs_their_data_says():
+    assert backends.exercised(values("production.env", "0.20.2")) == ["P3", "P5"]
+    assert backends.exercised(values("production-fp8kv.env", "0.20.2")) == ["P3", "P5", "P10"]
+    assert backends.exercised(values("production.env", "0.33.0")) == []
+    assert backends.exercised(values("production-fp8kv.env", "0.33.0")) == ["P10"]
+    assert backends.exercised(values("production.env", "0.20.2", ATTENTION_BACKEND="TRITON_MLA",
+                                     SPECULATIVE_METHOD="none")) == []
+
+
+def test_every_shipped_patch_runs_on_some_production_config_and_pin():
+    """A patch that no shipped config exercises does not ship (retire it instead)."""
+    patches, retired = backends.load_patch_data()
+    ran = {pid for row in docs_gen.map_rows() for pid in row["patches"]}
+    assert [p["id"] for p in patches if p["id"] not in ran] == []
+    assert not {r["id"] for r in retired} & {p["id"] for p in patches}
+
+
+@pytest.mark.parametrize("version, per_draft", [("0.20.2", False), ("0.20.0", False), ("0.21.0", True),
+                                                ("0.33.0+rocm700", True), ("0.20", False)])
+def test_per_draft_option_arrives_in_0_21(version, per_draft):
+    assert backends.per_draft_option(version) is per_draft
+
+
+def test_a_non_mla_target_backend_is_inherited_by_the_draft_before_0_21():
+    v = dict(values("production.env", "0.20.2"), TARGET_ATTENTION="standard", ATTENTION_BACKEND="ROCM_ATTN",
+             DRAFT_ATTENTION_BACKEND="")
+    plan = backends.attention_plan(v)
+    assert plan.draft == "ROCM_ATTN" and "inherits" in plan.draft_how
+    assert backends.refusal(dict(v, DRAFT_ATTENTION_BACKEND="TRITON_ATTN"))[0] == "DRAFT_ATTENTION_BACKEND"
+
+
+def test_the_backend_map_has_every_production_config_on_both_pins():
+    rows = docs_gen.map_rows()
+    assert [(r["config"], r["pin"]) for r in rows] == [(n, p) for n in PRODUCTION_CONFIGS for p in backends.PINS]
+    table = docs_gen.backend_map_table()
+    for name in PRODUCTION_CONFIGS:
+        assert table.count(f"| `{name}` |") == len(backends.PINS)

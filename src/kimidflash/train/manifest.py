@@ -12,7 +12,6 @@ the absolute paths the phases use.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import platform
@@ -22,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..downloads import sha256_file
 from ..paths import REPO_ROOT, portable
 
 
@@ -46,14 +46,6 @@ def versions() -> dict[str, str | None]:
         except ImportError:
             out[mod] = None
     return out
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for c in iter(lambda: f.read(1 << 20), b""):
-            h.update(c)
-    return h.hexdigest()
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
@@ -101,7 +93,7 @@ class Manifest:
         self.data["drafter_shape"] = shape
         self.data["seed"] = cfg["seed"]
         self.data["target"] = {"dir": portable(target),
-                               "config_sha256": sha256(target / "config.json"),
+                               "config_sha256": sha256_file(target / "config.json"),
                                "origin": json.loads(stamp.read_text()) if stamp.is_file() else None}
         self.data["mask_token"] = {"id": shape["dflash_config"]["mask_token_id"], "token": mask_token}
         self.data["prompts"] = {"source": portable(cfg["data"]["prompts"]), "count": n_prompts}

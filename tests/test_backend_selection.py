@@ -117,12 +117,18 @@ def assert_as_planned(result: dict, config) -> None:
     assert result["aiter"] == {"mla": True, "mha": True}  # the rendered env turns AITER on
 
 
-def test_0_20_2_patched_every_config_gets_its_planned_backends(tmp_path, models):
-    pkg, rep = patched("0.20.2", tmp_path)
-    configs = {name: config_values(name, "0.20.2", models) for name in PRODUCTION_CONFIGS}
+def probe_patched(version: str, configs: dict, tmp_path: Path) -> tuple[dict, set[str]]:
+    """The selector's answers for `configs` in the release's tree patched by the shipped set,
+    and the ids of the patches that applied."""
+    pkg, rep = patched(version, tmp_path)
     out = probe(pkg, [case(n, c) for n, c in configs.items()], tmp_path)
-    assert out["version"] == "0.20.2"
-    applied = {pid for pid, s in states(rep).items() if s == "applied"}
+    assert out["version"] == version
+    return out, {pid for pid, s in states(rep).items() if s == "applied"}
+
+
+def test_0_20_2_patched_every_config_gets_its_planned_backends(tmp_path, models):
+    configs = {name: config_values(name, "0.20.2", models) for name in PRODUCTION_CONFIGS}
+    out, applied = probe_patched("0.20.2", configs, tmp_path)
     for name, config in configs.items():
         result = out["cases"][name]
         assert_as_planned(result, config)
@@ -135,14 +141,11 @@ def test_0_20_2_patched_every_config_gets_its_planned_backends(tmp_path, models)
 
 
 def test_0_33_0_patched_every_config_gets_its_planned_backends(tmp_path, models):
-    pkg, rep = patched("0.33.0", tmp_path)
     configs = {name: config_values(name, "0.33.0", models) for name in PRODUCTION_CONFIGS}
     # vLLM's own choice for the draft, for comparison: ROCm's order gives the same.
     configs["production.env, draft backend unset"] = config_values(
         "production.env", "0.33.0", models, DRAFT_ATTENTION_BACKEND="")
-    out = probe(pkg, [case(n, c) for n, c in configs.items()], tmp_path)
-    assert out["version"] == "0.33.0"
-    applied = {pid for pid, s in states(rep).items() if s == "applied"}
+    out, applied = probe_patched("0.33.0", configs, tmp_path)
     for name, config in configs.items():
         result = out["cases"][name]
         assert_as_planned(result, config)

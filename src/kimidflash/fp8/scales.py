@@ -1,0 +1,159 @@
+"""KV-cache scales measured by calibration: one typed shape, one JSON file.
+
+``payload/calibrate_kv_scales.py`` writes it, ``fp8.checkpoint`` turns it into scale
+tensors a stock vLLM loads, the running-max patch (P10) can start from it
+(``KV_SCALES_FILE``), and docs and reports read it. The measured quantity is the
+largest |value| of exactly what the cache stores per layer:
+
+* ``mla``: one entry per token holding the compressed latent (``kv_c_normed``) and
+  the rope key (``k_pe`` after rotary) under ONE scale (vLLM's ``_k_scale``;
+  ``_v_scale`` is ignored), so ``k_amax = max(latent_amax, rope_amax)``;
+* ``mha``: keys after rotary (``k_amax``) and values (``v_amax``), each its own scale.
+
+The file holds amax values (format-free) plus the derived checkpoint scales (OCP
+e4m3fn units, see ``formats``); reading checks the two agree, so a hand-edited
+scale is caught rather than silently used.
+
+P10 reads this file inside vLLM with the stdlib only: it relies on ``schema``,
+``headroom`` and, per entry of ``layers``, ``index`` and ``k_amax``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..fsio import write_json_atomic
+from .formats import CHECKPOINT_FORMAT, FP8_MAX, runtime_scale_from_checkpoint, scale_for
+
+SCHEMA = "kimidflash-kv-scales/1"
+Attention = Literal["mla", "mha"]
+
+
+class ScaleFileError(ValueError):
+    """A scales file that is missing, unreadable or inconsistent (message names it)."""
+
+
+@dataclass(frozen=True)
+class LayerScale:
+    index: int
+    k_amax: float
+    v_amax: float | None = None  # mha only
+    latent_amax: float | None = None  # mla only: kv_c_normed alone
+    rope_amax: float | None = None  # mla only: k_pe after rotary alone
+
+
+@dataclass(frozen=True)
+class KvScales:
+    attention: Attention
+    layers: tuple[LayerScale, ...]
+    headroom: float
+    tokens: int
+    prompts: int
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.attention not in ("mla", "mha"):
+            raise ScaleFileError(f"attention must be 'mla' or 'mha', got {self.attention!r}")
+        if not self.layers:
+            raise ScaleFileError("no layers")
+        idx = [ly.index for ly in self.layers]
+        if idx != list(range(len(idx))):
+            raise ScaleFileError(f"layer indices must be 0..{len(idx) - 1} in order, got {idx}")
+        for ly in self.layers:
+            need = ("k_amax", "v_amax") if self.attention == "mha" else ("k_amax", "latent_amax", "rope_amax")
+            for name in need:
+                v = getattr(ly, name)
+                if v is None or not math.isfinite(v) or v <= 0:
+                    raise ScaleFileError(f"layer {ly.index}: {name} must be finite and positive, got {v!r}")
+            if self.attention == "mla" and ly.k_amax != max(ly.latent_amax, ly.rope_amax):  # type: ignore[type-var]
+                raise ScaleFileError(f"layer {ly.index}: k_amax {ly.k_amax} is not max(latent_amax, rope_amax)")
+        if not (math.isfinite(self.headroom) and self.headroom >= 1.0):
+            raise ScaleFileError(f"headroom must be >= 1.0, got {self.headroom!r}")
+
+    # ------------------------------------------------------------------ scales
+    def checkpoint_scales(self) -> list[tuple[float, float | None]]:
+        """(k_scale, v_scale) per layer in checkpoint units (e4m3fn); v_scale None for mla."""
+        out = []
+        for ly in self.layers:
+            k = scale_for(ly.k_amax, CHECKPOINT_FORMAT, self.headroom)
+            v = scale_for(ly.v_amax, CHECKPOINT_FORMAT, self.headroom) if ly.v_amax is not None else None
+            out.append((k, v))
+        return out
+
+    def runtime_k_scales(self, fmt: str) -> list[float]:
+        """The k scale vLLM uses per layer on a platform of format ``fmt`` once the
+        checkpoint scales are loaded (doubled on e4m3fnuz)."""
+        return [runtime_scale_from_checkpoint(k, fmt) for k, _ in self.checkpoint_scales()]
+
+    def summary(self) -> dict[str, Any]:
+        ks = [k for k, _ in self.checkpoint_scales()]
+        out: dict[str, Any] = {
+            "layers": len(self.layers), "tokens": self.tokens, "prompts": self.prompts,
+            "k_amax": [min(ly.k_amax for ly in self.layers), max(ly.k_amax for ly in self.layers)],
+            "checkpoint_k_scale": [min(ks), max(ks)],
+            "runtime_k_scale": {fmt: [min(r), max(r)] for fmt in FP8_MAX if fmt != "e5m2"
+                                for r in [self.runtime_k_scales(fmt)]},
+        }
+        if self.attention == "mla":
+            out["rope_exceeds_latent_layers"] = [ly.index for ly in self.layers
+                                                 if (ly.rope_amax or 0) > (ly.latent_amax or 0)]
+        return out
+
+    # --------------------------------------------------------------------- I/O
+    def to_json(self) -> dict[str, Any]:
+        layers = []
+        for ly, (k, v) in zip(self.layers, self.checkpoint_scales()):
+            d = {key: val for key, val in asdict(ly).items() if val is not None}
+            d["k_scale"] = k
+            if v is not None:
+                d["v_scale"] = v
+            layers.append(d)
+        return {"schema": SCHEMA, "attention": self.attention, "headroom": self.headroom,
+                "checkpoint_format": CHECKPOINT_FORMAT, "tokens": self.tokens, "prompts": self.prompts,
+                "summary": self.summary(), "layers": layers, "provenance": self.provenance}
+
+    def save(self, path: str | Path) -> Path:
+        return write_json_atomic(path, self.to_json())
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "<scales>") -> "KvScales":
+        try:
+            if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+                raise ScaleFileError(f"not a {SCHEMA} file (schema={data.get('schema') if isinstance(data, dict) else None!r})")
+            layers = tuple(
+                LayerScale(index=int(d["index"]), k_amax=float(d["k_amax"]),
+                           v_amax=_opt(d.get("v_amax")), latent_amax=_opt(d.get("latent_amax")),
+                           rope_amax=_opt(d.get("rope_amax")))
+                for d in data["layers"])
+            scales = cls(attention=data["attention"], layers=layers, headroom=float(data["headroom"]),
+                         tokens=int(data["tokens"]), prompts=int(data["prompts"]),
+                         provenance=dict(data.get("provenance") or {}))
+            for d, (k, v) in zip(data["layers"], scales.checkpoint_scales()):
+                for name, want in (("k_scale", k), ("v_scale", v)):
+                    if name in d and (want is None or not math.isclose(float(d[name]), want, rel_tol=1e-6)):
+                        raise ScaleFileError(f"layer {d['index']}: {name} {d[name]} does not follow from its amax "
+                                             f"and headroom ({want}); edited by hand?")
+            return scales
+        except ScaleFileError as exc:
+            raise ScaleFileError(f"{source}: {exc}") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ScaleFileError(f"{source}: malformed scales file: {exc!r}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "KvScales":
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ScaleFileError(f"{p}: cannot read: {exc.strerror or exc}") from None
+        except json.JSONDecodeError as exc:
+            raise ScaleFileError(f"{p}: not JSON: {exc}") from None
+        return cls.from_json(data, str(p))
+
+
+def _opt(v: Any) -> float | None:
+    return None if v is None else float(v)

@@ -94,19 +94,22 @@ PATCHES = [
     {
         "id": "P10",
         "group": "FP8 KV running-max scale",
-        "what": "MLA KV-cache writes update k/v scales with a running max when "
-                "KIMIDFLASH_FP8_KV_SCALE=running-max",
+        "what": "MLA KV-cache writes keep one k/v scale per layer covering the largest real value "
+                "(slot >= 0) seen so far, with headroom, optionally seeded from a calibration file; "
+                "when it grows, the layer's cache is rescaled first so cached entries keep their "
+                "values (KIMIDFLASH_FP8_KV_SCALE=running-max, KIMIDFLASH_FP8_KV_SCALES=<scales JSON>)",
         "why": "without checkpoint KV scales vLLM writes the FP8 MLA cache with scale 1.0, "
                "which loses small values and clips large ones",
         "upstream": None,
         "runs_when": {"KV_SCALE_POLICY": ["running-max"], "TARGET_ATTENTION": ["mla"]},
         "proven_by": "tests/test_fp8_p10_patched.py (patched 0.20.2 and 0.33.0: vLLM's own "
                      "MLAAttention forward, by the custom op ROCm takes and by the direct call, "
-                     "hands its cache write a k/v scale of the running max of |kv_c_normed| and "
-                     "|k_pe| over the FP8 maximum, and the upstream 1.0 with the policy unset or "
-                     "off or an auto cache; dummy-run writes still feed the max, an xfail for "
-                     "issue 17) and tests/test_fp8_scale.py (the helper it installs); the FP8 "
-                     "cache-write kernel the scale reaches needs a GPU and is not run here",
+                     "hands its cache write the running scale; dummy-run and padding rows do not "
+                     "feed it; entries cached before a 4x growth read back within FP8 rounding, "
+                     "which the previous version failed with a 3.0 relative error; a calibration "
+                     "file seeds it; unset, off or an auto cache keep upstream's 1.0) and "
+                     "tests/test_fp8_scale.py (the helper it installs); the compiled FP8 "
+                     "cache-write kernel needs a GPU and is restated in torch there",
         "adds": [{"path": "_kimidflash_fp8_kv.py", "source": "kimidflash_fp8_kv.py"}],
         "variants": [
             {

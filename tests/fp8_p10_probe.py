@@ -24,12 +24,25 @@ stack), and its forward_impl (the attention itself, a no-op here). The layer is
 registered where vLLM's forward context keeps layers (no_compile_layers) under its
 name, with the batch's slot mapping, via vLLM's override_forward_context.
 
+The stand-in write also stores what it is handed as the cache kernel does
+(``concat_and_cache_mla``: each real row, slot >= 0, as fp8(concat(kv_c_normed,
+k_pe) / k_scale) at its slot; the compiled kernel has no CPU build, so this is a
+torch restatement of it, not vLLM's kernel). At the end of a case every batch's
+entries are read back as the attention reads them, fp8 value * the layer's current
+scale, and compared with what was written: the largest error relative to the
+batch's largest |value|, and the relative error of an MLA-style attention (queries
+against all cached entries, values = the latent part) against the same attention
+over the exact values.
+
 Input: argv[1], JSON {"cases": [{"name", "entry", "policy" (null: unset),
 "kv_cache_dtype", "arch" (null or a gfx name the helper's platform_arch answers),
-"batches": [{"tokens", "kv_c", "k_pe", "dummy"}]}]}; a batch's kv_c / k_pe is the
-largest |value| it holds; dummy: a slot mapping of all -1, as vLLM's dummy runs
-write. Output: one stdout line "P10-JSON <json>" holding {"version", "vllm_file",
-"hook_file", "cases": {name: {"fp8_max", "writes": [...], "final": {...}}}}.
+"seed" (null or {"headroom", "k_amax"}: a calibration file for every layer),
+"batches": [{"tokens", "kv_c", "k_pe", "dummy", "masked"}]}]}; a batch's kv_c / k_pe
+is the largest |value| of its real rows; dummy: a slot mapping of all -1, as vLLM's
+dummy runs write; masked: that many extra rows at the end with slot -1 and values
+100x larger (padding). Output: one stdout line "P10-JSON <json>" holding {"version",
+"vllm_file", "hook_file", "cases": {name: {"fp8_max", "writes": [...], "final":
+{...}, "readback": [...], "attention_rel_error"}}}.
 """
 from __future__ import annotations
 
@@ -37,8 +50,10 @@ import inspect
 import json
 import os
 import sys
+import tempfile
 
 ENV = "KIMIDFLASH_FP8_KV_SCALE"
+SCALES_ENV = "KIMIDFLASH_FP8_KV_SCALES"
 LAYER = "model.layers.0.self_attn.attn"
 KV_LORA_RANK, ROPE_DIM = 512, 64  # Kimi K2.6 (DeepSeek-V3 MLA): 512 + 64 = 576 per entry
 
@@ -59,8 +74,8 @@ def batch_tensors(torch, tokens: int, kv_c: float, k_pe: float, seed: int):
 class StandInImpl:
     """Records each cache write the patched code hands the backend."""
 
-    def __init__(self, layer, hook_file: str):
-        self.layer, self.hook_file, self.writes = layer, hook_file, []
+    def __init__(self, layer, hook_file: str, fp8_dtype):
+        self.layer, self.hook_file, self.writes, self.fp8_dtype = layer, hook_file, [], fp8_dtype
 
     def do_kv_cache_update(self, kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype,
                            k_scale, *rest):
@@ -76,6 +91,7 @@ class StandInImpl:
                 stack.append(frame.f_code.co_name)
             frame = frame.f_back
         layer = self.layer
+        self.store(kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale)
         self.writes.append({
             "k_scale": float(k_scale),
             "k_scale_is_layer_buffer": k_scale is layer._k_scale,
@@ -94,7 +110,21 @@ class StandInImpl:
         })
 
 
-def make_layer(mla, torch, kv_cache_dtype: str, entry: str):
+    def store(self, kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale):
+        """What concat_and_cache_mla stores: real rows only, divided by k_scale."""
+        import torch
+
+        n = slot_mapping.shape[0]
+        rows = torch.cat([kv_c_normed[:n].float(), k_pe[:n].reshape(n, -1).float()], dim=1)
+        real = slot_mapping >= 0
+        flat = kv_cache.view(-1, kv_cache.shape[-1])
+        if kv_cache_dtype.startswith("fp8"):
+            flat.view(self.fp8_dtype)[slot_mapping[real]] = (rows[real] / float(k_scale)).to(self.fp8_dtype)
+        else:
+            flat[slot_mapping[real]] = rows[real].to(flat.dtype)
+
+
+def make_layer(mla, torch, kv_cache_dtype: str, entry: str, fp8_dtype):
     layer = mla.MLAAttention.__new__(mla.MLAAttention)
     torch.nn.Module.__init__(layer)
     layer.layer_name = LAYER
@@ -108,9 +138,32 @@ def make_layer(mla, torch, kv_cache_dtype: str, entry: str):
     layer.hisparse_cache = None
     layer.use_pcp = False
     layer.pcp_shard_decode_requests = False
-    layer.impl = StandInImpl(layer, mla.__file__)
+    layer.impl = StandInImpl(layer, mla.__file__, fp8_dtype)
     layer.forward_impl = lambda *a, **k: None  # the attention itself is not under test
     return layer
+
+
+def readback(torch, layer, fp8_dtype, written, kv_cache_dtype):
+    """Per batch, the largest read-back error over its largest |value|, and the
+    relative error of attention over all entries, read at the layer's current scale."""
+    flat = layer.kv_cache.view(-1, layer.kv_cache.shape[-1])
+    scale = float(layer._k_scale)
+    errors, exact, read = [], [], []
+    for slots, rows in written:
+        if not len(slots):
+            errors.append(None)
+            continue
+        stored = flat[slots]
+        got = stored.view(fp8_dtype).float() * scale if kv_cache_dtype.startswith("fp8") else stored.float()
+        errors.append(float((got - rows).abs().amax() / rows.abs().amax()))
+        exact.append(rows)
+        read.append(got)
+    k_exact, k_read = torch.cat(exact), torch.cat(read)
+    q = torch.randn(8, k_exact.shape[1], generator=torch.Generator().manual_seed(7)) / k_exact.shape[1]
+    def attend(k):
+        return torch.softmax(q @ k.T, dim=-1) @ k[:, :KV_LORA_RANK]
+    ref = attend(k_exact)
+    return errors, float((attend(k_read) - ref).norm() / ref.norm())
 
 
 def run_case(case: dict, mla, fp8, torch) -> dict:
@@ -123,26 +176,48 @@ def run_case(case: dict, mla, fp8, torch) -> dict:
     real_arch = fp8.platform_arch
     if case["arch"]:
         fp8.platform_arch = lambda: case["arch"]
+    seed_dir = tempfile.TemporaryDirectory()
+    if case.get("seed"):
+        path = os.path.join(seed_dir.name, "scales.json")
+        with open(path, "w") as f:
+            json.dump({"schema": "kimidflash-kv-scales/1", "headroom": case["seed"]["headroom"],
+                       "layers": [{"index": 0, "k_amax": case["seed"]["k_amax"]}]}, f)
+        os.environ[SCALES_ENV] = path
     try:
-        layer = make_layer(mla, torch, case["kv_cache_dtype"], case["entry"])
+        fp8_dtype = fp8.fp8_dtype(case["kv_cache_dtype"]) if case["kv_cache_dtype"].startswith("fp8") else None
+        layer = make_layer(mla, torch, case["kv_cache_dtype"], case["entry"], fp8_dtype)
+        written, next_slot = [], 0
         for i, b in enumerate(case["batches"]):
-            n = b["tokens"]
+            n, masked = b["tokens"], b.get("masked", 0)
             kv_c, k_pe = batch_tensors(torch, n, b["kv_c"], b["k_pe"], seed=i)
-            slots = torch.full((n,), -1, dtype=torch.int64) if b["dummy"] else torch.arange(n)
-            q = torch.zeros(n, 8, KV_LORA_RANK + ROPE_DIM, dtype=torch.bfloat16)
+            if masked:  # padding rows with far larger values, never written
+                pad_c, pad_pe = batch_tensors(torch, masked, 100 * b["kv_c"], 100 * b["k_pe"], seed=100 + i)
+                kv_c, k_pe = torch.cat([kv_c, pad_c]), torch.cat([k_pe, pad_pe])
+            if b["dummy"]:
+                slots = torch.full((n + masked,), -1, dtype=torch.int64)
+            else:
+                slots = torch.cat([torch.arange(next_slot, next_slot + n), torch.full((masked,), -1)])
+                written.append((slots[:n], torch.cat([kv_c[:n].float(), k_pe[:n].reshape(n, -1).float()], 1)))
+                next_slot += n
+            q = torch.zeros(n + masked, 8, KV_LORA_RANK + ROPE_DIM, dtype=torch.bfloat16)
             ctx = ForwardContext(no_compile_layers={LAYER: layer}, attn_metadata={LAYER: None},
                                  slot_mapping={LAYER: slots})
             with override_forward_context(ctx):
-                layer(q, kv_c, k_pe, output_shape=(n, 8 * 128))
-        fp8_max = fp8.fp8_max(case["kv_cache_dtype"]) if case["kv_cache_dtype"].startswith("fp8") else None
-        amax = getattr(layer, "_kimidflash_kv_amax", None)
-        return {"fp8_max": fp8_max, "writes": layer.impl.writes, "final": {
-            "k_scale": float(layer._k_scale), "v_scale": float(layer._v_scale),
-            "k_scale_float": layer._k_scale_float, "v_scale_float": layer._v_scale_float,
-            "amax": None if amax is None else float(amax)}}
+                layer(q, kv_c, k_pe, output_shape=(n + masked, 8 * 128))
+        fp8_max = fp8.fp8_max(case["kv_cache_dtype"]) if fp8_dtype is not None else None
+        state = getattr(layer, "_kimidflash_kv_state", None)
+        errors, attention = readback(torch, layer, fp8_dtype, written, case["kv_cache_dtype"])
+        return {"fp8_max": fp8_max, "writes": layer.impl.writes, "readback": errors,
+                "attention_rel_error": attention, "final": {
+                    "k_scale": float(layer._k_scale), "v_scale": float(layer._v_scale),
+                    "k_scale_float": layer._k_scale_float, "v_scale_float": layer._v_scale_float,
+                    "capacity": None if state is None else state.capacity,
+                    "growths": None if state is None else state.growths}}
     finally:
         fp8.platform_arch = real_arch
         os.environ.pop(ENV, None)
+        os.environ.pop(SCALES_ENV, None)
+        seed_dir.cleanup()
 
 
 def main() -> None:

@@ -94,7 +94,24 @@ def refusal(tmp_path, body: str, environ=None) -> ConfigError:
     ("MAX_NUM_BATCHED_TOKENS=65536", "MAX_NUM_BATCHED_TOKENS", ["384-expert", "32768", "MOE_BACKEND=triton"]),
     ("NUM_SPECULATIVE_TOKENS=9", "NUM_SPECULATIVE_TOKENS", ["outside 1..8", "kimi-k2.6-dflash-draft.json"]),
     ("BLOCK_SIZE=32", "BLOCK_SIZE", ["MLA", "BLOCK_SIZE=16"]),
-    ("KV_CACHE_DTYPE=fp8", "KV_SCALE_POLICY", ["running-max", "scale 1.0"]),
+    ("KV_CACHE_DTYPE=fp8", "KV_SCALE_POLICY", ["running-max", "scale 1.0", "KV_SCALE_POLICY=checkpoint", "13133"]),
+    # FP8 KV (docs/fp8-kv.md): policies that mean what they say, the draft's cache per pin.
+    ("KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max\nDRAFT_KV_CACHE_DTYPE=auto\nENFORCE_EAGER=false",
+     "ENFORCE_EAGER", ["host", "graph capture", "ENFORCE_EAGER=true"]),
+    ("KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max\nDRAFT_KV_CACHE_DTYPE=auto\nTARGET_ATTENTION=standard",
+     "KV_SCALE_POLICY", ["MLA cache writes only", "checkpoint"]),
+    ("KV_CACHE_DTYPE=fp8_e5m2\nKV_SCALE_POLICY=checkpoint\nDRAFT_KV_CACHE_DTYPE=auto", "KV_CACHE_DTYPE",
+     ["fp8_e5m2", "KV_CACHE_DTYPE=fp8"]),
+    ("KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max", "DRAFT_KV_CACHE_DTYPE",
+     ["scale 1.0", "auto", "fp8"]),
+    ("VLLM_VERSION=0.20.2\nKV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max\nDRAFT_KV_CACHE_DTYPE=fp8",
+     "DRAFT_KV_CACHE_DTYPE", ["without the cache config", "stays BF16", "42692"]),
+    ("VLLM_VERSION=0.25.0\nDRAFT_KV_CACHE_DTYPE=auto", "DRAFT_KV_CACHE_DTYPE", ["from vLLM 0.32 on", "0.25.0"]),
+    ("SPECULATIVE_METHOD=none\nDRAFT_KV_CACHE_DTYPE=auto", "DRAFT_KV_CACHE_DTYPE", ["DFlash draft only"]),
+    ("KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=checkpoint\nDRAFT_KV_CACHE_DTYPE=auto\nKV_SCALES_FILE=x.json",
+     "KV_SCALES_FILE", ["KV_SCALE_POLICY=running-max", "--overlay"]),
+    ("KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max\nDRAFT_KV_CACHE_DTYPE=auto\nKV_SCALES_FILE=/nonexistent/s.json",
+     "KV_SCALES_FILE", ["/nonexistent/s.json", "cannot read"]),
     ("KV_SCALE_POLICY=running-max", "KV_SCALE_POLICY", ["only to an FP8 KV cache"]),
     ("HOST=0.0.0.0", "HOST", ["API_KEY", "127.0.0.1"]),
     ("EXTRA_VLLM_ARGS=--max-num-seqs 4", "EXTRA_VLLM_ARGS", ["repeats --max-num-seqs"]),
@@ -127,6 +144,51 @@ def test_refusals_name_the_key_and_the_fix(tmp_path, body, key, words):
 ])
 def test_attention_backends_each_pin_honours_are_accepted(tmp_path, body):
     load_config(write_env(tmp_path / "ok.env", f"INCLUDE={CONFIGS / 'production.env'}\n{body}\n"), environ={})
+
+
+@pytest.mark.parametrize("body", [
+    # 0.20.x keeps the draft cache BF16 by itself: nothing to choose, auto is a no-op.
+    "VLLM_VERSION=0.20.2\nKV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max",
+    "VLLM_VERSION=0.20.2\nKV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max\nDRAFT_KV_CACHE_DTYPE=auto",
+    "KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max\nDRAFT_KV_CACHE_DTYPE=fp8",  # chosen, at the user's risk
+    "KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=checkpoint\nDRAFT_KV_CACHE_DTYPE=auto",
+    "SPECULATIVE_METHOD=ngram\nKV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max",  # no draft cache
+])
+def test_fp8_settings_each_pin_honours_are_accepted(tmp_path, body):
+    load_config(write_env(tmp_path / "ok.env", f"INCLUDE={CONFIGS / 'production.env'}\n{body}\n"), environ={})
+
+
+def test_kv_scales_file_is_read_and_checked_against_the_checkpoint(tmp_path):
+    from kimidflash.fp8.scales import KvScales, LayerScale
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "kv_lora_rank": 512,
+                                                   "num_hidden_layers": 3}))
+    good = tmp_path / "good.json"
+    KvScales("mla", tuple(LayerScale(i, 4.0, None, 4.0, 1.0) for i in range(3)), 1.25, 10, 1).save(good)
+    base = f"MODEL_DIR={model}\nKV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max\nDRAFT_KV_CACHE_DTYPE=auto\n"
+    load_config(write_env(tmp_path / "ok.env", f"INCLUDE={CONFIGS / 'production.env'}\n{base}KV_SCALES_FILE={good}\n"),
+                environ={})
+    short = tmp_path / "short.json"
+    KvScales("mla", (LayerScale(0, 4.0, None, 4.0, 1.0),), 1.25, 10, 1).save(short)
+    err = refusal(tmp_path, f"{base}KV_SCALES_FILE={short}")
+    assert err.key == "KV_SCALES_FILE" and "1 layers" in str(err) and "has 3" in str(err)
+    mha = tmp_path / "mha.json"
+    KvScales("mha", tuple(LayerScale(i, 4.0, 2.0) for i in range(3)), 1.25, 10, 1).save(mha)
+    err = refusal(tmp_path, f"{base}KV_SCALES_FILE={mha}")
+    assert err.key == "KV_SCALES_FILE" and "mha scales" in str(err)
+
+
+def test_a_checkpoint_with_kv_scales_refuses_a_bf16_cache(tmp_path):
+    """vLLM turns an `auto` cache into FP8 when the checkpoint declares a
+    kv_cache_scheme (attention.py, 0.20.2 and 0.33.0): auto would be a silent lie."""
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "kv_lora_rank": 512,
+                                                   "quantization_config": {"kv_cache_scheme": {"num_bits": 8}}}))
+    err = refusal(tmp_path, f"MODEL_DIR={model}")
+    assert err.key == "KV_CACHE_DTYPE" and "kv_cache_scheme" in str(err) and "KV_SCALE_POLICY=checkpoint" in str(err)
 
 
 def test_refused_attention_settings_are_one_line(tmp_path):

@@ -34,7 +34,27 @@ def test_speculative_config_is_json_with_the_draft_and_k():
     r = render(load_config(CONFIGS / "production-fp8kv-matched.env", environ={}))
     spec = json.loads(r.argv[r.argv.index("--speculative-config") + 1])
     assert spec == {"method": "dflash", "model": "/models/Kimi-K2.6-DFlash-matched", "num_speculative_tokens": 8,
-                    "attention_backend": "ROCM_ATTN"}
+                    "attention_backend": "ROCM_ATTN", "kv_cache_dtype": "auto"}
+
+
+def test_draft_kv_cache_dtype_is_rendered_only_where_vllm_has_the_option():
+    """speculative_config.kv_cache_dtype exists in 0.32/0.33, not in 0.20.x, whose
+    draft cache is BF16 anyway: the key stays off the command line there."""
+    for pin, rendered in (("0.20.2", None), ("0.33.0", "auto")):
+        config = load_config(CONFIGS / "production-fp8kv.env", {"VLLM_VERSION": pin}, environ={})
+        argv = render(config).argv
+        assert json.loads(argv[argv.index("--speculative-config") + 1]).get("kv_cache_dtype") == rendered
+
+
+def test_a_scales_file_seeds_running_max_through_the_environment(tmp_path):
+    from kimidflash.fp8.scales import KvScales, LayerScale
+
+    path = tmp_path / "scales.json"
+    KvScales("mla", (LayerScale(0, 4.0, None, 4.0, 1.0),), 1.25, 10, 1).save(path)
+    config = load_config(CONFIGS / "production-fp8kv.env", {"KV_SCALES_FILE": str(path)}, environ={})
+    env = render(config).env
+    assert env["KIMIDFLASH_FP8_KV_SCALE"] == "running-max" and env["KIMIDFLASH_FP8_KV_SCALES"] == str(path)
+    assert "KIMIDFLASH_FP8_KV_SCALES" not in render(load_config(CONFIGS / "production-fp8kv.env", environ={})).env
 
 
 def test_draft_backend_is_rendered_only_where_vllm_has_the_option():

@@ -30,6 +30,12 @@ from .paths import REPO_ROOT
 PATCHSET = REPO_ROOT / "patches" / "patchset.py"
 PINS = ("0.20.2", "0.33.0")  # legacy (the seed's released line) and current (configs/production.env)
 PER_DRAFT_OPTION_SINCE = (0, 21, 0)  # speculative_config.attention_backend (vLLM PR 39930)
+# speculative_config.kv_cache_dtype: present in 0.32.0 and 0.33.0, absent in 0.21.0
+# (releases in between were not read, so the recipe renders it from 0.32 on).
+DRAFT_KV_DTYPE_OPTION_SINCE = (0, 32, 0)
+# Below 0.22 the DFlash draft's layers are built without the cache config (qwen3_dflash.py,
+# 0.20.2 and 0.21.0; vLLM PR 42692 passed it on), so their cache is the model dtype.
+DRAFT_CACHE_BF16_BEFORE = (0, 22, 0)
 ROCM_FIRST = "ROCM_ATTN"  # first in ROCm's order for standard attention on both pins
 LEGACY_TARGET = "TRITON_MLA"  # the MLA target backend proven with DFlash on 0.20.x
 # Draft backends refused on ROCm for DFlash, on every release the recipe has read.
@@ -51,6 +57,24 @@ def release(version: str) -> tuple[int, int, int]:
 def per_draft_option(version: str) -> bool:
     """Whether this vLLM takes speculative_config.attention_backend."""
     return release(version) >= PER_DRAFT_OPTION_SINCE
+
+
+def draft_kv_dtype_option(version: str) -> bool:
+    """Whether this vLLM takes speculative_config.kv_cache_dtype."""
+    return release(version) >= DRAFT_KV_DTYPE_OPTION_SINCE
+
+
+def draft_cache_dtype(values: Mapping[str, Any]) -> str | None:
+    """The DFlash draft's KV cache dtype on this pin ("auto" = the model dtype), or
+    None when it cannot be known (a release the recipe has not read)."""
+    if values["SPECULATIVE_METHOD"] != "dflash":
+        return None
+    version, named = values["VLLM_VERSION"], values["DRAFT_KV_CACHE_DTYPE"]
+    if release(version) < DRAFT_CACHE_BF16_BEFORE:
+        return "auto"
+    if draft_kv_dtype_option(version):
+        return named or values["KV_CACHE_DTYPE"]
+    return None
 
 
 def is_mla(backend: str) -> bool:

@@ -10,10 +10,11 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from .backends import attention_plan, per_draft_option
+from .backends import attention_plan, draft_kv_dtype_option, per_draft_option
 from .config import Config
 
 FP8_POLICY_ENV = "KIMIDFLASH_FP8_KV_SCALE"  # read by the FP8 KV patch inside vLLM
+FP8_SCALES_ENV = "KIMIDFLASH_FP8_KV_SCALES"  # its seed: a kimidflash calibrate scales JSON
 PIN_ENV = "KIMIDFLASH_VLLM_VERSION"  # checked by the launcher against the installed vLLM
 SECRET_ENV = ("VLLM_API_KEY",)
 
@@ -52,6 +53,8 @@ def speculative_config(config: Config) -> dict[str, object] | None:
         # Before 0.21 vLLM has no such key (and refuses unknown ones); the validator
         # accepts only the backend that pin picks itself (backends.attention_plan).
         spec["attention_backend"] = v["DRAFT_ATTENTION_BACKEND"]
+    if method == "dflash" and v["DRAFT_KV_CACHE_DTYPE"] and draft_kv_dtype_option(v["VLLM_VERSION"]):
+        spec["kv_cache_dtype"] = v["DRAFT_KV_CACHE_DTYPE"]
     return spec
 
 
@@ -107,6 +110,8 @@ def vllm_env(config: Config) -> dict[str, str]:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(v["CPU_KVCACHE_SPACE"])
     if v["KV_SCALE_POLICY"] == "running-max":
         env[FP8_POLICY_ENV] = "running-max"
+        if v["KV_SCALES_FILE"]:
+            env[FP8_SCALES_ENV] = v["KV_SCALES_FILE"]
     if v["HF_HOME"]:
         env["HF_HOME"] = v["HF_HOME"]
     if v["API_KEY"]:

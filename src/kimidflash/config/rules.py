@@ -45,6 +45,13 @@ def model_is_mla(cfg: dict[str, Any]) -> bool:
     return "kv_lora_rank" in inner or inner.get("model_type") in MLA_MODEL_TYPES
 
 
+def model_field(cfg: dict[str, Any] | None, key: str) -> Any:
+    """A key of a model's config.json, top level first, then its text_config (Kimi
+    K2.5/K2.6 nest the language model's fields there)."""
+    cfg = cfg or {}
+    return cfg[key] if key in cfg else (cfg.get("text_config") or {}).get(key)
+
+
 def draft_block_size(config: "Config") -> tuple[int | None, str]:
     """The drafter's block size and where it was read (checkpoint first)."""
     from .loader import ConfigError
@@ -61,6 +68,75 @@ def draft_block_size(config: "Config") -> tuple[int | None, str]:
         if data is not None and "block_size" in data:
             return int(data["block_size"]), str(path)
     return None, ""
+
+
+def kv_cache_rules(v: dict[str, Any], fail, target_cfg: dict[str, Any] | None) -> None:
+    """FP8 KV cache: a scale policy that means what it says, and the draft's cache
+    chosen per pin (docs/fp8-kv.md)."""
+    fp8, policy = v["KV_CACHE_DTYPE"].startswith("fp8"), v["KV_SCALE_POLICY"]
+    quant = model_field(target_cfg, "quantization_config") or {}
+    if quant.get("kv_cache_scheme") and not fp8:
+        fail("KV_CACHE_DTYPE", f"{v['MODEL_DIR']} carries KV scales (quantization_config.kv_cache_scheme), which "
+                               "makes vLLM store an FP8 cache whatever --kv-cache-dtype says; set KV_CACHE_DTYPE=fp8 "
+                               "KV_SCALE_POLICY=checkpoint, or serve the checkpoint without the scale overlay")
+    if fp8 and policy == "none":
+        fail("KV_SCALE_POLICY", f"KV_CACHE_DTYPE={v['KV_CACHE_DTYPE']} with no policy stores the cache at vLLM's scale "
+                                "1.0 unless the checkpoint carries k_scale tensors; Kimi K2.6 ships none and its output "
+                                "degenerates (vLLM issues 13133, 27364). Set KV_SCALE_POLICY=checkpoint for a checkpoint "
+                                "with scales (`kimidflash calibrate --overlay` writes them; preflight verifies them) or "
+                                "running-max (MLA targets)")
+    if not fp8 and policy != "none":
+        fail("KV_SCALE_POLICY", f"{policy} applies only to an FP8 KV cache; set KV_CACHE_DTYPE=fp8 "
+                                "or KV_SCALE_POLICY=none")
+    if policy == "running-max":
+        if v["TARGET_ATTENTION"] != "mla":
+            fail("KV_SCALE_POLICY", "running-max is patch P10, which hooks MLA cache writes only; give a "
+                                    "standard-attention model checkpoint scales (KV_SCALE_POLICY=checkpoint)")
+        if not v["ENFORCE_EAGER"]:
+            fail("ENFORCE_EAGER", "KV_SCALE_POLICY=running-max reads each layer's batch maximum back to the host "
+                                  "every step, which graph capture cannot record; set ENFORCE_EAGER=true or use "
+                                  "KV_SCALE_POLICY=checkpoint")
+    if policy == "checkpoint" and v["KV_CACHE_DTYPE"] == "fp8_e5m2":
+        fail("KV_CACHE_DTYPE", "checkpoint KV scales are e4m3 scales and vLLM refuses fp8_e5m2 with a "
+                               "kv_cache_scheme; use KV_CACHE_DTYPE=fp8")
+    if v["KV_SCALES_FILE"]:
+        if policy != "running-max":
+            fail("KV_SCALES_FILE", "seeds the running-max scales; it needs KV_SCALE_POLICY=running-max (for "
+                                   "KV_SCALE_POLICY=checkpoint write the scales into an overlay: "
+                                   "kimidflash calibrate --overlay)")
+        from ..fp8.scales import KvScales, ScaleFileError
+
+        try:
+            scales = KvScales.load(v["KV_SCALES_FILE"])
+        except ScaleFileError as exc:
+            fail("KV_SCALES_FILE", str(exc))
+        if scales.attention != "mla":
+            fail("KV_SCALES_FILE", f"holds {scales.attention} scales; P10 seeds an MLA target's latent cache")
+        layers = model_field(target_cfg, "num_hidden_layers")
+        if layers is not None and len(scales.layers) != layers:
+            fail("KV_SCALES_FILE", f"has {len(scales.layers)} layers but {v['MODEL_DIR']}/config.json has {layers}")
+    draft_kv_rules(v, fail)
+
+
+def draft_kv_rules(v: dict[str, Any], fail) -> None:
+    named, version = v["DRAFT_KV_CACHE_DTYPE"], v["VLLM_VERSION"]
+    if v["SPECULATIVE_METHOD"] != "dflash":
+        if named:
+            fail("DRAFT_KV_CACHE_DTYPE", "applies to the DFlash draft only; leave it empty")
+        return
+    if backends.release(version) < backends.DRAFT_CACHE_BF16_BEFORE:
+        if named.startswith("fp8"):
+            fail("DRAFT_KV_CACHE_DTYPE", f"vLLM {version} builds the DFlash draft's layers without the cache config, "
+                                         "so the draft cache stays BF16 whatever is set (vLLM PR 42692 changed that); "
+                                         "leave it empty or auto")
+    elif not backends.draft_kv_dtype_option(version):
+        if named:
+            fail("DRAFT_KV_CACHE_DTYPE", f"the recipe knows speculative_config.kv_cache_dtype from vLLM 0.32 on, "
+                                         f"not on {version}; leave it empty")
+    elif v["KV_CACHE_DTYPE"].startswith("fp8") and not named:
+        fail("DRAFT_KV_CACHE_DTYPE", f"with an FP8 target cache on vLLM {version} the draft inherits FP8 at scale 1.0 "
+                                     "(the drafter ships no KV scales and P10 covers MLA layers only); choose: auto "
+                                     "(BF16 draft cache, recommended) or fp8")
 
 
 def check(config: "Config") -> None:
@@ -111,13 +187,7 @@ def check(config: "Config") -> None:
             fail("TARGET_ATTENTION", f"is {v['TARGET_ATTENTION']} but {v['MODEL_DIR']}/config.json describes "
                                      f"a {actual} model; set TARGET_ATTENTION={actual}")
 
-    fp8 = v["KV_CACHE_DTYPE"].startswith("fp8")
-    if fp8 and v["KV_SCALE_POLICY"] == "none":
-        fail("KV_SCALE_POLICY", f"KV_CACHE_DTYPE={v['KV_CACHE_DTYPE']} without scales clips K/V at scale 1.0 and "
-                                "degrades output (Kimi K2.6 ships no KV scales); set KV_SCALE_POLICY=running-max")
-    if not fp8 and v["KV_SCALE_POLICY"] != "none":
-        fail("KV_SCALE_POLICY", f"{v['KV_SCALE_POLICY']} applies only to an FP8 KV cache; set KV_CACHE_DTYPE=fp8 "
-                                "or KV_SCALE_POLICY=none")
+    kv_cache_rules(v, fail, target_cfg)
 
     if v["PLATFORM"] == "cpu" and v["MOE_BACKEND"] != "auto":
         fail("MOE_BACKEND", "AITER and Triton MoE are ROCm kernels; set MOE_BACKEND=auto with PLATFORM=cpu")

@@ -122,3 +122,28 @@ def test_privileged_spec_refused():
     _, spec = spec_for(CONFIGS / "production.env")
     with pytest.raises(ValueError, match="privileged"):
         docker_run_line({**spec, "privileged": True})
+
+
+def test_an_overlay_mounts_the_checkpoint_it_links_and_the_scales_file(tmp_path):
+    """A KV-scale overlay's relative links resolve inside the container only if the
+    checkpoint beside it is mounted at the same path; a seed file is mounted too."""
+    from kimidflash.fp8.scales import KvScales, LayerScale
+
+    ckpt, overlay = tmp_path / "Kimi-K2.6", tmp_path / "Kimi-K2.6-kv"
+    ckpt.mkdir()
+    overlay.mkdir()
+    (ckpt / "model-00001.safetensors").write_bytes(b"x")
+    (overlay / "model-00001.safetensors").symlink_to("../Kimi-K2.6/model-00001.safetensors")
+    (overlay / "config.json").write_text('{"model_type": "deepseek_v3", "kv_lora_rank": 512}')  # a real file
+    scales = tmp_path / "scales.json"
+    KvScales("mla", (LayerScale(0, 4.0, None, 4.0, 1.0),), 1.25, 10, 1).save(scales)
+    env = write_env(tmp_path / "o.env", f"INCLUDE={CONFIGS / 'production-fp8kv.env'}\nMODEL_DIR={overlay}\n"
+                                        f"KV_SCALES_FILE={scales}\n")
+    config = load_config(env, environ={})
+    volumes = container_spec(config, render(config), "img:1")["volumes"]
+    assert volumes[str(ckpt)] == {"bind": str(ckpt), "mode": "ro"}
+    assert volumes[str(overlay)] == {"bind": str(overlay), "mode": "ro"}
+    assert volumes[str(scales)] == {"bind": str(scales), "mode": "ro"}
+    plain = load_config(write_env(tmp_path / "p.env", f"INCLUDE={CONFIGS / 'production.env'}\nMODEL_DIR={ckpt}\n"),
+                        environ={})
+    assert set(container_spec(plain, render(plain), "img:1")["volumes"]) == {str(ckpt), "/models/Kimi-K2.5-DFlash"}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 from ..config import Config
@@ -32,12 +33,31 @@ def container_name(config: Config) -> str:
     return f"kimidflash-{safe}-{v['PORT']}"
 
 
+def link_targets(directory: str) -> list[str]:
+    """Directories outside ``directory`` that its top-level symlinks point into.
+
+    A KV-scale overlay (`kimidflash calibrate --overlay`) links every file of the
+    checkpoint beside it; inside the container those links only resolve if the
+    checkpoint is mounted too, at the same path.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    found = {str(p.resolve().parent) for p in root.iterdir() if p.is_symlink()}
+    return sorted(d for d in found if not Path(d).is_relative_to(root.resolve()))
+
+
 def mounts(config: Config) -> dict[str, dict[str, str]]:
-    """Host path -> bind: model and drafter read-only at the same path; HF cache writable."""
+    """Host path -> bind: model (and what an overlay links to), drafter and a KV scales
+    file read-only at the same path; HF cache writable."""
     v = config.values
     out: dict[str, dict[str, str]] = {v["MODEL_DIR"]: {"bind": v["MODEL_DIR"], "mode": "ro"}}
+    for target in link_targets(v["MODEL_DIR"]):
+        out[target] = {"bind": target, "mode": "ro"}
     if v["SPECULATIVE_METHOD"] == "dflash" and v["DRAFT_MODEL_DIR"]:
         out[v["DRAFT_MODEL_DIR"]] = {"bind": v["DRAFT_MODEL_DIR"], "mode": "ro"}
+    if v["KV_SCALE_POLICY"] == "running-max" and v["KV_SCALES_FILE"]:
+        out[v["KV_SCALES_FILE"]] = {"bind": v["KV_SCALES_FILE"], "mode": "ro"}
     if v["HF_HOME"]:
         out[v["HF_HOME"]] = {"bind": v["HF_HOME"], "mode": "rw"}
     return dict(sorted(out.items()))

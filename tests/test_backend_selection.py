@@ -23,7 +23,7 @@ from kimidflash.config import load_config
 from kimidflash.render import render
 from tests.helpers import CONFIGS, PRODUCTION_CONFIGS
 from tests.test_patcher_wheels import PATCHER, apply, states
-from tests.vllm_wheels import copy_vllm_package, run_probe
+from tests.vllm_wheels import copy_vllm_package, run_probe, vllm_tree
 
 pytestmark = pytest.mark.slow
 
@@ -112,8 +112,15 @@ def assert_as_planned(result: dict, config) -> None:
     assert draft["head_size"] == 128 and draft["non_causal"] is True
     assert draft.get("backend") == (plan.draft or backends.ROCM_FIRST), draft
     assert draft["candidates"][0] == backends.ROCM_FIRST  # first in ROCm's order on both pins
-    # The draft shares the target's cache dtype: ROCM_ATTN takes BF16 and FP8 alike.
-    assert draft["kv_cache_dtype"] == target["kv_cache_dtype"] == config["KV_CACHE_DTYPE"]
+    assert target["kv_cache_dtype"] == config["KV_CACHE_DTYPE"]
+    # The draft's cache as the engine config gives it: from 0.32 the config's own
+    # choice (speculative_config.kv_cache_dtype); 0.20.x hands the draft the target's,
+    # though its DFlash layers then ignore it (test_draft_layers_get_the_cache_config...).
+    # ROCM_ATTN takes BF16 and FP8 alike.
+    if backends.draft_kv_dtype_option(config["VLLM_VERSION"]):
+        assert draft["kv_cache_dtype"] == backends.draft_cache_dtype(config.values), draft
+    else:
+        assert draft["kv_cache_dtype"] == config["KV_CACHE_DTYPE"], draft
     assert result["aiter"] == {"mla": True, "mha": True}  # the rendered env turns AITER on
 
 
@@ -153,6 +160,45 @@ def test_0_33_0_patched_every_config_gets_its_planned_backends(tmp_path, models)
         assert set(backends.exercised(config.values)) <= applied
     assert json.loads(next(a for a in case("p", configs["production.env"])["argv"]
                            if a.startswith("{")))["attention_backend"] == "ROCM_ATTN"
+
+
+def test_0_33_0_a_draft_with_its_own_fp8_cache_gets_rocm_attn(tmp_path, models):
+    """DFlash + FP8 KV on ROCm, checked rather than assumed (vLLM issue 41559 found no
+    CUDA backend taking non-causal attention over an FP8 cache): with the draft's cache
+    FP8 too, vLLM's selector still gives the non-causal draft ROCM_ATTN."""
+    config = config_values("production-fp8kv.env", "0.33.0", models, DRAFT_KV_CACHE_DTYPE="fp8")
+    out, _ = probe_patched("0.33.0", {"fp8 draft": config}, tmp_path)
+    result = out["cases"]["fp8 draft"]
+    assert result["draft"]["kv_cache_dtype"] == "fp8" and result["target"]["kv_cache_dtype"] == "fp8"
+    assert_as_planned(result, config)
+    assert result["draft"]["backend"] == "ROCM_ATTN"
+
+
+def dflash_layer_calls(version: str) -> list[set[str]]:
+    """Keyword names of every call that builds the draft's decoder layers in the
+    release's source: DFlashQwen3DecoderLayer(...) or, in later releases,
+    self.decoder_layer_cls(...)."""
+    import ast
+
+    tree = ast.parse((vllm_tree(version) / "vllm/model_executor/models/qwen3_dflash.py").read_text())
+    return [{k.arg for k in node.keywords} for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and (getattr(node.func, "id", None) == "DFlashQwen3DecoderLayer"
+                                               or getattr(node.func, "attr", None) == "decoder_layer_cls")]
+
+
+@pytest.mark.parametrize("version", ["0.20.2", "0.21.0", "0.33.0"])
+def test_draft_layers_get_the_cache_config_only_from_0_22(version):
+    """backends.DRAFT_CACHE_BF16_BEFORE: before 0.22 the DFlash draft's layers are built
+    without cache_config, so their Attention falls back to kv_cache_dtype 'auto' (BF16)
+    whatever --kv-cache-dtype says; 0.33.0 passes it (and speculative_config's
+    kv_cache_dtype, which 0.21.0 does not have, picks it)."""
+    calls = dflash_layer_calls(version)
+    assert calls, "no DFlashQwen3DecoderLayer call found"
+    passes = all("cache_config" in kw for kw in calls)
+    assert passes == (backends.release(version) >= backends.DRAFT_CACHE_BF16_BEFORE), calls
+    speculative = (vllm_tree(version) / "vllm/config/speculative.py").read_text()
+    has_option = "    kv_cache_dtype: " in speculative
+    assert has_option == backends.draft_kv_dtype_option(version)
 
 
 def test_0_20_2_unpatched_the_target_finds_no_backend(tmp_path, models):

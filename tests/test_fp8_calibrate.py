@@ -146,7 +146,8 @@ def test_result_json_shape_table_and_portable_provenance(models, tmp_path, capsy
     assert len(prov["prompt_ids"]) == 3 and sum(prov["categories"].values()) == 3
     scales = KvScales.load(out)
     rows = cal.table_rows(scales)
-    assert [r["k_scale_fnuz"] / r["k_scale"] for r in rows] == [2.0] * 3
+    # a compressed-tensors scale runs as it is: the MI300X overlay's is amax * headroom / 240, not 2x the /448 one
+    assert [r["k_scale_fnuz"] / r["k_scale"] for r in rows] == pytest.approx([448 / 240] * 3)
     text = capsys.readouterr().out
     assert "rope amax" in text and "latent amax" in text and "e4m3fnuz" in text
 

@@ -98,26 +98,32 @@ def load(model: Path, cwd: Path, **extra) -> dict:
     out = run_probe(stock_pkg, PROBE, {"model": str(model), **extra}, "LOAD-JSON", cwd)
     print(f"vLLM load {model.name} {extra}: {time.monotonic() - t0:.1f} s")
     assert out["version"] == "0.32.0"
+    assert out["layers"].pop("_platform") == {"is_fp8_fnuz": bool(extra.get("pose_fnuz"))}
     return out["layers"]
 
 
 def test_stock_vllm_loads_the_mha_overlay(calibrated, models, tmp_path):
     scales, _ = calibrated["smollm2"]
-    overlay = write_overlay(models["smollm2"], scales, tmp_path / "smollm2-kv")
+    overlay = write_overlay(models["smollm2"], scales, tmp_path / "smollm2-kv", fmt="e4m3fn")  # CPU FP8 is OCP
     verify(overlay)
     layers = load(overlay, tmp_path)
     assert len(layers) == 30
-    for i, (k, v) in enumerate(scales.checkpoint_scales()):
+    for i, (k, v) in enumerate(scales.scales_for("e4m3fn")):
         got = layers[f"model.layers.{i}.self_attn.attn"]
         assert got["quant_method"] == "CompressedTensorsKVCacheMethod"
         assert got["k_scale"] == pytest.approx(k, rel=1e-6) and got["v_scale"] == pytest.approx(v, rel=1e-6)
+    # on an e4m3fnuz platform the compressed-tensors method keeps the scale as written (no doubling),
+    # which is why write_overlay takes the serving format
+    fnuz = load(overlay, tmp_path, pose_fnuz=True)
+    assert [fnuz[f"model.layers.{i}.self_attn.attn"]["k_scale"] for i in range(30)] == pytest.approx(
+        [k for k, _ in scales.scales_for("e4m3fn")], rel=1e-6)
     plain = load(models["smollm2"], tmp_path)
     assert {(d["k_scale"], d["v_scale"]) for d in plain.values()} == {(1.0, 1.0)} and len(plain) == 30
 
 
 def test_mla_overlay_is_ignored_by_stock_vllm_and_loads_once_routed(calibrated, models, tmp_path):
     scales, _ = calibrated["mla"]
-    overlay = write_overlay(models["mla"], scales, tmp_path / "mla-kv")
+    overlay = write_overlay(models["mla"], scales, tmp_path / "mla-kv", fmt="e4m3fn")
     with pytest.raises(CheckpointError, match="MLA model: stock vLLM"):
         verify(overlay)
     stock = load(overlay, tmp_path)
@@ -125,7 +131,7 @@ def test_mla_overlay_is_ignored_by_stock_vllm_and_loads_once_routed(calibrated, 
     assert all(d["cls"] == "MLAAttention" and d["quant_method"] is None and d["k_scale"] == 1.0
                for d in stock.values()), stock
     routed = load(overlay, tmp_path, mla_kv_method=True)
-    for i, (k, _) in enumerate(scales.checkpoint_scales()):
+    for i, (k, _) in enumerate(scales.scales_for("e4m3fn")):
         got = routed[f"model.layers.{i}.self_attn.mla_attn.mla_attn"]
         assert got["k_scale"] == pytest.approx(k, rel=1e-6), (i, got)
     assert verify(overlay, vllm_loads_mla_scales=True).layers == MLA["num_hidden_layers"]

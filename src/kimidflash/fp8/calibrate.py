@@ -192,9 +192,11 @@ def calibrate(model_dir: Path, attention: str, prompts: Sequence[Prompt], max_to
 
 # ------------------------------------------------------------------ report
 def table_rows(scales: KvScales) -> list[dict[str, Any]]:
-    """One row per layer: what the table shows and tests check."""
+    """One row per layer: what the table shows and tests check. ``k_scale`` is the
+    checkpoint scale in OCP e4m3fn units (the JSON's); ``k_scale_fnuz`` is the scale
+    vLLM runs with on MI300X (e4m3fnuz) from a compressed-tensors overlay written for it."""
     rows = []
-    runtime = scales.runtime_k_scales("e4m3fnuz")
+    runtime = [k for k, _ in scales.scales_for("e4m3fnuz")]
     for ly, (k, v), rt in zip(scales.layers, scales.checkpoint_scales(), runtime):
         row: dict[str, Any] = {"layer": ly.index, "k_amax": ly.k_amax, "k_scale": k, "k_scale_fnuz": rt}
         if scales.attention == "mla":
@@ -213,7 +215,7 @@ def print_table(scales: KvScales, file: Any = None) -> None:
     t = Table(title=f"KV scales ({scales.attention.upper()}, {scales.prompts} prompts, {scales.tokens} tokens, "
                     f"headroom {scales.headroom})")
     cols = ["layer"] + (["latent amax", "rope amax"] if mla else []) + ["k amax"] + ([] if mla else ["v amax"]) + \
-        ["k scale (ckpt e4m3fn)"] + ([] if mla else ["v scale (ckpt)"]) + ["k scale runtime e4m3fnuz"]
+        ["k scale (ckpt e4m3fn)"] + ([] if mla else ["v scale (ckpt)"]) + ["k scale e4m3fnuz (MI300X overlay)"]
     for c in cols:
         t.add_column(c, justify="right")
     for r in table_rows(scales):
@@ -238,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM)
     ap.add_argument("--overlay", type=Path, help="also write a checkpoint overlay vLLM serves with the scales")
     ap.add_argument("--force", action="store_true", help="replace a non-empty --overlay directory")
+    ap.add_argument("--kv-format", choices=("e4m3fnuz", "e4m3fn"), default="e4m3fnuz",
+                    help="FP8 format of the platform serving the overlay: e4m3fnuz for MI300X/MI325X (gfx94x), "
+                         "e4m3fn for gfx950, CUDA and CPU (default %(default)s: never clips anywhere)")
     return ap
 
 
@@ -252,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.overlay is not None:
             from .checkpoint import write_overlay
 
-            out = write_overlay(args.model_dir, scales, args.overlay, force=args.force)
-            print(f"overlay: {out} (serve it as MODEL_DIR with KV_SCALE_POLICY=checkpoint)")
+            out = write_overlay(args.model_dir, scales, args.overlay, force=args.force, fmt=args.kv_format)
+            print(f"overlay: {out} (scales for {args.kv_format}; serve it as MODEL_DIR with KV_SCALE_POLICY=checkpoint)")
         scales.save(args.output)
         print(f"scales: {args.output} ({len(scales.layers)} layers, {scales.tokens} tokens, "
               f"{scales.provenance['seconds']} s, peak RSS {scales.provenance['peak_rss_mib']} MiB)")

@@ -313,3 +313,18 @@ def test_truncated_shard_is_one_clear_error(tmp_path):
     (out / ck.SHARD).write_bytes(struct.pack("<Q", 1 << 40))
     with pytest.raises(CheckpointError, match="header length .* not plausible"):
         verify(out)
+
+
+def test_links_resolve_when_the_models_folder_is_reached_through_a_symlink(tmp_path):
+    real = tmp_path / "mnt" / "models"
+    src, _ = make_checkpoint(real / "m")
+    (tmp_path / "models").symlink_to(real)
+    out = write_overlay(tmp_path / "models" / "m", mha_scales(2), tmp_path / "models" / "m-kv")
+    for name in ("model.safetensors", "tokenizer.json", "sub"):
+        assert (out / name).exists(), name
+        assert os.readlink(out / name) == f"../m/{name}"
+    # the same relative links resolve wherever the folder is mounted (a container's /models)
+    moved = tmp_path / "elsewhere"
+    os.rename(real, moved)
+    assert (moved / "m-kv" / "model.safetensors").resolve() == (moved / "m" / "model.safetensors")
+    assert verify(moved / "m-kv").layers == 2

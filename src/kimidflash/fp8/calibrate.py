@@ -141,7 +141,7 @@ def check_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], str, list[Pr
 # ------------------------------------------------------------------ run
 def calibrate(model_dir: Path, attention: str, prompts: Sequence[Prompt], max_tokens: int, seed: int,
               dtype: str = "auto", headroom: float = DEFAULT_HEADROOM, device: str = "cpu",
-              prompts_file: Path | None = None) -> KvScales:
+              prompts_file: Path | None = None, trust_remote_code: bool = False) -> KvScales:
     """Run ``prompts`` through the model and return the measured scales."""
     import torch
     import transformers
@@ -151,8 +151,9 @@ def calibrate(model_dir: Path, attention: str, prompts: Sequence[Prompt], max_to
 
     t0 = time.monotonic()
     torch.manual_seed(seed)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    kwargs: dict[str, Any] = {"dtype": "auto" if dtype == "auto" else getattr(torch, dtype)}
+    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    kwargs: dict[str, Any] = {"dtype": "auto" if dtype == "auto" else getattr(torch, dtype),
+                              "trust_remote_code": trust_remote_code}
     model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs).to(device).eval()
     mla = attention == "mla"
     tokens = 0
@@ -238,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: the checkpoint's dtype (what vLLM serves)")
     ap.add_argument("--device", default="cpu", help="torch device (cpu; cuda on a ROCm host)")
     ap.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM)
+    ap.add_argument("--trust-remote-code", action="store_true",
+                    help="let transformers run the checkpoint's own modeling code (multimodal wrappers such as Kimi K2.6)")
     ap.add_argument("--overlay", type=Path, help="also write a checkpoint overlay vLLM serves with the scales")
     ap.add_argument("--force", action="store_true", help="replace a non-empty --overlay directory")
     ap.add_argument("--kv-format", choices=("e4m3fnuz", "e4m3fn"), default="e4m3fnuz",
@@ -252,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         _, attention, prompts = check_inputs(args)
         chosen = select(prompts, args.num_prompts, args.seed)
         scales = calibrate(args.model_dir, attention, chosen, args.max_tokens, args.seed, args.dtype,
-                           args.headroom, args.device, args.prompts)
+                           args.headroom, args.device, args.prompts, args.trust_remote_code)
         print_table(scales)
         if args.overlay is not None:
             from .checkpoint import write_overlay

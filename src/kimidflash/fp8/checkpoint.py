@@ -205,11 +205,19 @@ def kv_scheme_problem(kv: Any) -> str:
 
 
 # ----------------------------------------------------------------- overlay
+def _physical(path: str | Path) -> Path:
+    """``path`` with its parent's symlinks resolved: a relative link's ``..`` is walked
+    physically by the kernel, so it must be computed between physical locations
+    (``/models`` a link to ``/mnt/models`` would otherwise give a dangling link)."""
+    p = Path(os.path.abspath(path))
+    return Path(os.path.realpath(p.parent)) / p.name
+
+
 def check_overlay_target(model_dir: str | Path, out_dir: str | Path, force: bool = False) -> None:
     """What can be refused before any scale exists (calibrate runs it before an hour
     of forward passes): the checkpoint, its quantization config, its names and out_dir."""
     src = Path(model_dir).resolve()
-    out = Path(os.path.abspath(out_dir))
+    out = _physical(out_dir)
     if not src.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory")
     if out == src or src in out.parents:
@@ -243,7 +251,7 @@ def write_overlay(model_dir: str | Path, scales: KvScales, out_dir: str | Path, 
     if fmt not in ("e4m3fn", "e4m3fnuz"):
         raise CheckpointError(f"fmt {fmt!r}: an FP8 KV overlay is for e4m3fn or e4m3fnuz")
     src = Path(model_dir).resolve()
-    out = Path(os.path.abspath(out_dir))
+    out = _physical(out_dir)
     config = load_config(src)
     mla = is_mla(config)
     n = num_layers(config, str(src / "config.json"))

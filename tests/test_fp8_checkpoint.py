@@ -328,3 +328,11 @@ def test_links_resolve_when_the_models_folder_is_reached_through_a_symlink(tmp_p
     os.rename(real, moved)
     assert (moved / "m-kv" / "model.safetensors").resolve() == (moved / "m" / "model.safetensors")
     assert verify(moved / "m-kv").layers == 2
+
+
+def test_a_modelopt_checkpoint_with_a_separate_quant_file_is_refused(tmp_path):
+    src, _ = make_checkpoint(tmp_path / "m")
+    (src / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
+    with pytest.raises(CheckpointError, match="hf_quant_config.json: a ModelOpt checkpoint"):
+        write_overlay(src, mha_scales(2), tmp_path / "m-kv")
+    assert not (tmp_path / "m-kv").exists()

@@ -228,6 +228,11 @@ def check_overlay_target(model_dir: str | Path, out_dir: str | Path, force: bool
         raise CheckpointError(f"{out}: not empty; pass force to replace it")
     config = load_config(src)
     num_layers(config, str(src / "config.json"))
+    if config.get("quantization_config") is None and (src / "hf_quant_config.json").exists():
+        # vLLM reads ModelOpt's separate file only when config.json has no quantization_config;
+        # a new compressed-tensors config would silently replace that quantization
+        raise CheckpointError(f"{src / 'hf_quant_config.json'}: a ModelOpt checkpoint; its KV scales are not "
+                              "written by an overlay")
     merged_quant_config(config, str(src / "config.json"))
     if (src / SHARD).exists():
         raise CheckpointError(f"{src / SHARD}: the checkpoint already has a file named like the scale shard")

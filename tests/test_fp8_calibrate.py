@@ -207,3 +207,13 @@ def test_prompt_set_is_generated_diverse_and_seeded():
     assert len(longs) >= 10 and min(len(p.text.split()) for p in longs) >= 1500
     assert cal.select(prompts, 200, 0) == cal.select(prompts, 200, 0) != cal.select(prompts, 200, 1)
     assert {p.category for p in cal.select(prompts, 200, 0)} == cats
+
+
+def test_device_auto_spreads_the_model_and_measures_the_same(models):
+    """--device auto (accelerate's device_map, how a model larger than one GPU runs)
+    gives the same maxima as a plain single-device load."""
+    prompts = chosen(3, seed=2)
+    one = cal.calibrate(models["mla"], "mla", prompts, max_tokens=48, seed=2, dtype="float32", device="cpu")
+    auto = cal.calibrate(models["mla"], "mla", prompts, max_tokens=48, seed=2, dtype="float32", device="auto")
+    assert auto.layers == one.layers and auto.tokens == one.tokens
+    assert auto.provenance["device"] == "cpu"  # where the inputs went: the embeddings' device

@@ -154,7 +154,11 @@ def calibrate(model_dir: Path, attention: str, prompts: Sequence[Prompt], max_to
     tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     kwargs: dict[str, Any] = {"dtype": "auto" if dtype == "auto" else getattr(torch, dtype),
                               "trust_remote_code": trust_remote_code}
-    model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs).to(device).eval()
+    if device == "auto":  # spread over every GPU (and host memory): a 1T-parameter model fits no single device
+        model = AutoModelForCausalLM.from_pretrained(model_dir, device_map="auto", **kwargs).eval()
+        device = str(model.get_input_embeddings().weight.device)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs).to(device).eval()
     mla = attention == "mla"
     tokens = 0
     try:
@@ -237,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-tokens", type=int, default=4096, help="tokens per prompt, cut after the chat template")
     ap.add_argument("--seed", type=int, default=0, help="chooses and orders the prompts")
     ap.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: the checkpoint's dtype (what vLLM serves)")
-    ap.add_argument("--device", default="cpu", help="torch device (cpu; cuda on a ROCm host)")
+    ap.add_argument("--device", default="cpu",
+                    help="torch device: cpu, cuda (one GPU; ROCm too), or auto (accelerate's device_map over all GPUs)")
     ap.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM)
     ap.add_argument("--trust-remote-code", action="store_true",
                     help="let transformers run the checkpoint's own modeling code (multimodal wrappers such as Kimi K2.6)")

@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("launch", help="the standard launcher (see launchers/kimi26-vllm-dflash.sh)", add_help=False)
     sub.add_parser("build", help="build the recipe image (same as build-kimi26-dflash.sh)", add_help=False)
     sub.add_parser("bench", help="the multi-turn benchmark (same as payload/benchmark_multi_turn.py)", add_help=False)
+    sub.add_parser("calibrate", help="measure FP8 KV scales, optionally write a checkpoint overlay "
+                   "(same as payload/calibrate_kv_scales.py)", add_help=False)
     return p
 
 
@@ -86,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench.cli import main as bench_main
 
         return bench_main(argv[1:])
+    if argv[:1] == ["calibrate"]:  # payload/calibrate_kv_scales.py's CLI
+        from .fp8.calibrate import main as calibrate_main
+
+        return calibrate_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

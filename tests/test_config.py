@@ -100,7 +100,10 @@ def refusal(tmp_path, body: str, environ=None) -> ConfigError:
      "ENFORCE_EAGER", ["host", "graph capture", "ENFORCE_EAGER=true"]),
     ("KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max\nDRAFT_KV_CACHE_DTYPE=auto\nTARGET_ATTENTION=standard",
      "KV_SCALE_POLICY", ["MLA cache writes only", "checkpoint"]),
-    ("KV_CACHE_DTYPE=fp8_e5m2\nKV_SCALE_POLICY=checkpoint\nDRAFT_KV_CACHE_DTYPE=auto", "KV_CACHE_DTYPE",
+    ("KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=checkpoint\nDRAFT_KV_CACHE_DTYPE=auto", "KV_SCALE_POLICY",
+     ["MLA target", "isinstance(layer, Attention)", "KV_SCALE_POLICY=running-max", "KV_SCALES_FILE"]),
+    ("KV_CACHE_DTYPE=fp8_e5m2\nKV_SCALE_POLICY=checkpoint\nDRAFT_KV_CACHE_DTYPE=auto\nTARGET_ATTENTION=standard",
+     "KV_CACHE_DTYPE",
      ["fp8_e5m2", "KV_CACHE_DTYPE=fp8"]),
     ("KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max", "DRAFT_KV_CACHE_DTYPE",
      ["scale 1.0", "auto", "fp8"]),
@@ -108,7 +111,8 @@ def refusal(tmp_path, body: str, environ=None) -> ConfigError:
      "DRAFT_KV_CACHE_DTYPE", ["without the cache config", "stays BF16", "42692"]),
     ("VLLM_VERSION=0.25.0\nDRAFT_KV_CACHE_DTYPE=auto", "DRAFT_KV_CACHE_DTYPE", ["from vLLM 0.32 on", "0.25.0"]),
     ("SPECULATIVE_METHOD=none\nDRAFT_KV_CACHE_DTYPE=auto", "DRAFT_KV_CACHE_DTYPE", ["DFlash draft only"]),
-    ("KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=checkpoint\nDRAFT_KV_CACHE_DTYPE=auto\nKV_SCALES_FILE=x.json",
+    ("KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=checkpoint\nDRAFT_KV_CACHE_DTYPE=auto\nTARGET_ATTENTION=standard\n"
+     "KV_SCALES_FILE=x.json",
      "KV_SCALES_FILE", ["KV_SCALE_POLICY=running-max", "--overlay"]),
     ("KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max\nDRAFT_KV_CACHE_DTYPE=auto\nKV_SCALES_FILE=/nonexistent/s.json",
      "KV_SCALES_FILE", ["/nonexistent/s.json", "cannot read"]),
@@ -151,7 +155,7 @@ def test_attention_backends_each_pin_honours_are_accepted(tmp_path, body):
     "VLLM_VERSION=0.20.2\nKV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max",
     "VLLM_VERSION=0.20.2\nKV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max\nDRAFT_KV_CACHE_DTYPE=auto",
     "KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max\nDRAFT_KV_CACHE_DTYPE=fp8",  # chosen, at the user's risk
-    "KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=checkpoint\nDRAFT_KV_CACHE_DTYPE=auto",
+    "KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=checkpoint\nDRAFT_KV_CACHE_DTYPE=auto\nTARGET_ATTENTION=standard",
     "SPECULATIVE_METHOD=ngram\nKV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max",  # no draft cache
 ])
 def test_fp8_settings_each_pin_honours_are_accepted(tmp_path, body):

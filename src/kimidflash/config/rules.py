@@ -96,6 +96,11 @@ def kv_cache_rules(v: dict[str, Any], fail, target_cfg: dict[str, Any] | None) -
             fail("ENFORCE_EAGER", "KV_SCALE_POLICY=running-max reads each layer's batch maximum back to the host "
                                   "every step, which graph capture cannot record; set ENFORCE_EAGER=true or use "
                                   "KV_SCALE_POLICY=checkpoint")
+    if policy == "checkpoint" and v["TARGET_ATTENTION"] == "mla":
+        from ..fp8.checkpoint import MLA_LIMIT
+
+        fail("KV_SCALE_POLICY", f"checkpoint with an MLA target: {MLA_LIMIT}; use KV_SCALE_POLICY=running-max "
+                                "with KV_SCALES_FILE=<kimidflash calibrate output> instead")
     if policy == "checkpoint" and v["KV_CACHE_DTYPE"] == "fp8_e5m2":
         fail("KV_CACHE_DTYPE", "checkpoint KV scales are e4m3 scales and vLLM refuses fp8_e5m2 with a "
                                "kv_cache_scheme; use KV_CACHE_DTYPE=fp8")

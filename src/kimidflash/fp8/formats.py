@@ -3,19 +3,19 @@
 vLLM stores x / scale in the cache and reads back q * scale. A scale therefore has
 to be amax * headroom / FP8_MAX[format] for the values seen to fit.
 
-Checkpoint ``k_scale`` / ``v_scale`` tensors are written in OCP e4m3fn units
-(max 448): that is what llm-compressor's ``kv_cache_scheme`` writes and what vLLM's
-``BaseKVCacheMethod`` reads. On an e4m3fnuz platform (MI300X, gfx942: max 240, the
-same bits worth half) vLLM doubles a loaded scale, so a checkpoint scale of
-amax/448 becomes amax/224 at run time and the largest value stored is 224 < 240.
+The scales JSON records per-layer scales in OCP e4m3fn units (max 448), the units
+llm-compressor writes. What vLLM does with a loaded checkpoint scale depends on the
+quantization method: ``BaseKVCacheMethod`` (the fp8, ModelOpt and Quark methods)
+doubles it on an e4m3fnuz platform (MI300X, gfx942: max 240, the same bits worth
+half); the compressed-tensors method, which the recipe's overlay uses, takes it as it
+is on every pin read. So an overlay carries scales for the serving platform's own
+format (``KvScales.scales_for``), and nothing here applies a doubling.
 """
 
 from __future__ import annotations
 
 FP8_MAX = {"e4m3fn": 448.0, "e4m3fnuz": 240.0, "e5m2": 57344.0}
-CHECKPOINT_FORMAT = "e4m3fn"
-# Factor vLLM applies to a checkpoint scale when the platform's FP8 is e4m3fnuz.
-FNUZ_CHECKPOINT_FACTOR = 2.0
+CHECKPOINT_FORMAT = "e4m3fn"  # units of the scales JSON's per-layer k_scale / v_scale
 # Room above the largest calibrated value before a write clips: 1.25 costs a third of
 # a bit of precision and absorbs activations 25% larger than any seen in calibration.
 DEFAULT_HEADROOM = 1.25
@@ -42,8 +42,3 @@ def scale_for(amax: float, fmt: str, headroom: float = DEFAULT_HEADROOM) -> floa
     if headroom < 1.0:
         raise ValueError(f"headroom must be >= 1.0, got {headroom!r}")
     return amax * headroom / FP8_MAX[fmt]
-
-
-def runtime_scale_from_checkpoint(scale: float, fmt: str) -> float:
-    """What vLLM uses at run time for a checkpoint scale on a platform of format ``fmt``."""
-    return scale * FNUZ_CHECKPOINT_FACTOR if fmt == "e4m3fnuz" else scale

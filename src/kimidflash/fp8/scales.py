@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..fsio import write_json_atomic
-from .formats import CHECKPOINT_FORMAT, FP8_MAX, runtime_scale_from_checkpoint, scale_for
+from .formats import CHECKPOINT_FORMAT, FP8_MAX, scale_for
 
 SCHEMA = "kimidflash-kv-scales/1"
 Attention = Literal["mla", "mha"]
@@ -76,13 +76,8 @@ class KvScales:
 
     # ------------------------------------------------------------------ scales
     def checkpoint_scales(self) -> list[tuple[float, float | None]]:
-        """(k_scale, v_scale) per layer in checkpoint units (e4m3fn); v_scale None for mla."""
-        out = []
-        for ly in self.layers:
-            k = scale_for(ly.k_amax, CHECKPOINT_FORMAT, self.headroom)
-            v = scale_for(ly.v_amax, CHECKPOINT_FORMAT, self.headroom) if ly.v_amax is not None else None
-            out.append((k, v))
-        return out
+        """(k_scale, v_scale) per layer in the JSON's units (OCP e4m3fn); v_scale None for mla."""
+        return self.scales_for(CHECKPOINT_FORMAT)
 
     def scales_for(self, fmt: str) -> list[tuple[float, float | None]]:
         """(k_scale, v_scale) per layer mapping amax * headroom onto ``fmt``'s largest
@@ -93,19 +88,14 @@ class KvScales:
         return [(scale_for(ly.k_amax, fmt, self.headroom),
                  scale_for(ly.v_amax, fmt, self.headroom) if ly.v_amax is not None else None) for ly in self.layers]
 
-    def runtime_k_scales(self, fmt: str) -> list[float]:
-        """The k scale vLLM uses per layer on a platform of format ``fmt`` once the
-        checkpoint scales are loaded (doubled on e4m3fnuz)."""
-        return [runtime_scale_from_checkpoint(k, fmt) for k, _ in self.checkpoint_scales()]
-
     def summary(self) -> dict[str, Any]:
         ks = [k for k, _ in self.checkpoint_scales()]
         out: dict[str, Any] = {
             "layers": len(self.layers), "tokens": self.tokens, "prompts": self.prompts,
             "k_amax": [min(ly.k_amax for ly in self.layers), max(ly.k_amax for ly in self.layers)],
             "checkpoint_k_scale": [min(ks), max(ks)],
-            "runtime_k_scale": {fmt: [min(r), max(r)] for fmt in FP8_MAX if fmt != "e5m2"
-                                for r in [self.runtime_k_scales(fmt)]},
+            "k_scale_by_format": {fmt: [min(k for k, _ in r), max(k for k, _ in r)] for fmt in FP8_MAX
+                                  if fmt != "e5m2" for r in [self.scales_for(fmt)]},
         }
         if self.attention == "mla":
             out["rope_exceeds_latent_layers"] = [ly.index for ly in self.layers

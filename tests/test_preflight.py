@@ -163,3 +163,41 @@ def test_port_in_time_wait_is_free_but_a_listener_on_any_address_is_not(tmp_path
         with pytest.raises(PreflightError) as exc:
             preflight(config, proc, dev, is_root=True)
     assert [c.name for c in exc.value.failed] == ["port"]
+
+
+def _cpu_fp8_config(tmp_path: Path, model_dir: Path, policy: str = "checkpoint"):
+    return load_config(write_env(tmp_path / "fp8.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nPORT={free_port()}\n"
+                                 f"MODEL_DIR={model_dir}\nSPECULATIVE_METHOD=none\nKV_CACHE_DTYPE=fp8\n"
+                                 f"KV_SCALE_POLICY={policy}\n"), environ={})
+
+
+def test_checkpoint_policy_refuses_a_model_dir_without_loadable_scales(tmp_path):
+    from .test_fp8_checkpoint import make_checkpoint
+
+    proc, dev = fake_host(tmp_path, kfd=False, gpus=0, numa="0")
+    src, _ = make_checkpoint(tmp_path / "m", layers=2)
+    with pytest.raises(PreflightError) as exc:
+        preflight(_cpu_fp8_config(tmp_path, src), proc, dev, is_root=False)
+    (failed,) = exc.value.failed
+    assert failed.name == "KV scales" and "no quantization_config" in failed.detail and "--overlay" in failed.fix
+    # the same checkpoint passes under a policy that does not read scales from it
+    assert "KV scales" not in names(preflight(_cpu_fp8_config(tmp_path, src, "running-max"), proc, dev, is_root=False))
+
+
+def test_checkpoint_policy_passes_an_overlay_and_refuses_a_broken_one(tmp_path):
+    from kimidflash.fp8.checkpoint import SHARD, write_overlay
+    from kimidflash.fp8.safetensors_io import encode_f32_scalars
+
+    from .test_fp8_checkpoint import make_checkpoint, mha_scales
+
+    proc, dev = fake_host(tmp_path, kfd=False, gpus=0, numa="0")
+    src, _ = make_checkpoint(tmp_path / "m", layers=2)
+    out = write_overlay(src, mha_scales(2), tmp_path / "m-kv")
+    checks = preflight(_cpu_fp8_config(tmp_path, out), proc, dev, is_root=False)
+    assert next(c for c in checks if c.name == "KV scales").detail.startswith("2 MHA layers with KV scales")
+    (out / SHARD).write_bytes(encode_f32_scalars({"model.layers.0.self_attn.k_scale": 0.1,
+                                                  "model.layers.0.self_attn.v_scale": 0.1,
+                                                  "model.layers.1.self_attn.k_scale": 0.1,
+                                                  "model.layers.1.self_attn.v_scale": float("nan")}))
+    with pytest.raises(PreflightError, match=r"layer 1 tensor model.layers.1.self_attn.v_scale = nan"):
+        preflight(_cpu_fp8_config(tmp_path, out), proc, dev, is_root=False)

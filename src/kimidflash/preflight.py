@@ -85,6 +85,26 @@ def check_model_dirs(config: Config) -> list[Check]:
     return checks
 
 
+def check_kv_scales(config: Config) -> list[Check]:
+    """KV_SCALE_POLICY=checkpoint promises scales vLLM loads; without them vLLM
+    silently serves the FP8 cache at scale 1.0 (clipped K/V, degenerate output), so
+    the checkpoint is verified before a long model load rather than trusted."""
+    if config["KV_SCALE_POLICY"] != "checkpoint":
+        return []
+    model_dir = Path(config["MODEL_DIR"])
+    if not (model_dir / "config.json").is_file():
+        return []  # check_model_dirs already reports it
+    from .fp8.checkpoint import CheckpointError, verify
+
+    try:
+        report = verify(model_dir)
+    except CheckpointError as exc:
+        return [Check("KV scales", False, str(exc),
+                      "calibrate and serve the overlay (kimidflash calibrate --overlay DIR; MODEL_DIR=DIR), "
+                      "or choose another KV_SCALE_POLICY")]
+    return [Check("KV scales", True, report.summary())]
+
+
 def check_port(config: Config) -> Check:
     """Refuse a port only when something listens on it.
 
@@ -117,6 +137,7 @@ def preflight(
         checks += check_devices(config, dev_root)
         checks.append(check_numa(proc_root, is_root, allow_numa_balancing))
     checks += check_model_dirs(config)
+    checks += check_kv_scales(config)
     checks.append(check_port(config))
     failed = [c for c in checks if not c.ok]
     if failed:

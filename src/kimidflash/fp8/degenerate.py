@@ -136,9 +136,12 @@ TEXT_RULES: tuple[TextRule, ...] = (empty, non_text, symbol_soup)
 
 def check(text: str, token_ids: Sequence[int] | None = None) -> list[Finding]:
     """Every rule's finding for one output. Token rules use ``token_ids`` when the
-    server returned them, else the characters of ``text`` (a loop is a loop in
-    either; thresholds then count characters)."""
-    units: Sequence[object] = token_ids if token_ids is not None else text
-    found = [f for rule in TOKEN_RULES if (f := rule(units)) is not None]
+    server returned them. Without ids the loop rule runs on characters (a loop is a
+    loop in either; its thresholds then count characters) and the collapse rule is
+    skipped: any text uses only a few dozen distinct characters."""
+    if token_ids is not None:
+        found = [f for rule in TOKEN_RULES if (f := rule(token_ids)) is not None]
+    else:
+        found = [f for f in (repetition_loop(text),) if f is not None]
     found += [f for rule in TEXT_RULES if (f := rule(text)) is not None]
     return found

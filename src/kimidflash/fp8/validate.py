@@ -188,6 +188,7 @@ def evaluate(opts: Options, ref: dict[str, Any], fp8: dict[str, Any]) -> dict[st
         reasons.append(f"{len(broken)} FP8 output(s) degenerate where the reference's do not "
                        f"(first: {first['id']}: {first['fp8_degenerate'][0]['reason']})")
     ref_tps, fp8_tps = ref["bench"].get("output_throughput"), fp8["bench"].get("output_throughput")
+    ref_al, fp8_al = (s["bench"].get("spec_decode_acceptance_length") for s in (ref, fp8))
     return {
         "schema": SCHEMA,
         "passed": not reasons,
@@ -203,7 +204,8 @@ def evaluate(opts: Options, ref: dict[str, Any], fp8: dict[str, Any]) -> dict[st
                            "kl": "lower bound of KL(P_bf16 || P_fp8) in nats: both top-k lists' shared tokens "
                                  "plus one bucket for the rest (log-sum inequality)"},
         "throughput": {"reference_output_tok_s": ref_tps, "fp8_output_tok_s": fp8_tps,
-                       "ratio": round(fp8_tps / ref_tps, 4) if ref_tps and fp8_tps else None},
+                       "ratio": round(fp8_tps / ref_tps, 4) if ref_tps and fp8_tps else None,
+                       "reference_acceptance_length": ref_al, "fp8_acceptance_length": fp8_al},
         "servers": {s["label"]: {"overrides": {k: portable(v) if os.path.isabs(v) else v
                                                for k, v in s["overrides"].items()},
                                  "recipe": recipe_info(opts.config, s["overrides"]),
@@ -294,7 +296,7 @@ def parse_args(argv: Sequence[str]) -> Options:
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out}: exists and is not a directory")
     return Options(a.config, overrides, a.prompts, a.max_tokens, a.min_agreement, out.absolute(),
-                   a.reference_model, a.top_k, a.bench_sessions, a.port, tuple(sys.argv[:1]) + tuple(argv))
+                   a.reference_model, a.top_k, a.bench_sessions, a.port, ("validate-fp8.sh", *argv))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

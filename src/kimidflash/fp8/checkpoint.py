@@ -189,14 +189,9 @@ def kv_scheme_problem(kv: Any) -> str:
 
 
 # ----------------------------------------------------------------- overlay
-def write_overlay(model_dir: str | Path, scales: KvScales, out_dir: str | Path, force: bool = False) -> Path:
-    """Build ``out_dir`` so ``vllm serve out_dir`` loads ``scales``; returns out_dir.
-
-    Atomic: everything is built in a temp dir beside ``out_dir`` and renamed at the
-    end, so a failure leaves no half overlay for serve to pick up. Refuses a
-    non-empty ``out_dir`` unless ``force``, a checkpoint whose layer count or
-    attention kind differs from the scales, one that already carries KV scale
-    tensors, and quantization methods other than compressed-tensors."""
+def check_overlay_target(model_dir: str | Path, out_dir: str | Path, force: bool = False) -> None:
+    """What can be refused before any scale exists (calibrate runs it before an hour
+    of forward passes): the checkpoint, its quantization config, its names and out_dir."""
     src = Path(model_dir).resolve()
     out = Path(os.path.abspath(out_dir))
     if not src.is_dir():
@@ -208,6 +203,25 @@ def write_overlay(model_dir: str | Path, scales: KvScales, out_dir: str | Path, 
     if out.is_dir() and any(out.iterdir()) and not force:
         raise CheckpointError(f"{out}: not empty; pass force to replace it")
     config = load_config(src)
+    num_layers(config, str(src / "config.json"))
+    merged_quant_config(config, str(src / "config.json"))
+    if (src / SHARD).exists():
+        raise CheckpointError(f"{src / SHARD}: the checkpoint already has a file named like the scale shard")
+    layer_prefix(list(weight_map(src)), str(src))
+
+
+def write_overlay(model_dir: str | Path, scales: KvScales, out_dir: str | Path, force: bool = False) -> Path:
+    """Build ``out_dir`` so ``vllm serve out_dir`` loads ``scales``; returns out_dir.
+
+    Atomic: everything is built in a temp dir beside ``out_dir`` and renamed at the
+    end, so a failure leaves no half overlay for serve to pick up. Refuses a
+    non-empty ``out_dir`` unless ``force``, a checkpoint whose layer count or
+    attention kind differs from the scales, one that already carries KV scale
+    tensors, and quantization methods other than compressed-tensors."""
+    check_overlay_target(model_dir, out_dir, force)
+    src = Path(model_dir).resolve()
+    out = Path(os.path.abspath(out_dir))
+    config = load_config(src)
     mla = is_mla(config)
     n = num_layers(config, str(src / "config.json"))
     if len(scales.layers) != n:
@@ -217,8 +231,6 @@ def write_overlay(model_dir: str | Path, scales: KvScales, out_dir: str | Path, 
         raise CheckpointError(f"{src / 'config.json'}: the model is {'MLA' if mla else 'MHA'} but the scales were "
                               f"measured as {scales.attention}")
     quant = merged_quant_config(config, str(src / "config.json"))
-    if (src / SHARD).exists():
-        raise CheckpointError(f"{src / SHARD}: the checkpoint already has a file named like the scale shard")
     wm = weight_map(src)
     prefix = layer_prefix(list(wm), str(src))
     tensors: dict[str, float] = {}

@@ -1,0 +1,267 @@
+"""``kimidflash calibrate``: measure per-layer KV-cache maxima and write FP8 scales.
+
+Runs a calibration prompt set (default: the shipped ``payload/kv_calibration_prompts.jsonl``,
+200 prompts of code, math, chat and long context) through the model with transformers,
+one prompt at a time (no padding, so no pad token ever reaches the maxima), records
+what the KV cache stores per layer (``capture``), and writes a ``KvScales`` JSON: amax
+values, checkpoint scales (OCP e4m3fn units, what vLLM loads; doubled by vLLM on
+e4m3fnuz), provenance and a summary. ``--overlay DIR`` also writes the checkpoint
+overlay a stock vLLM serves with the scales loaded (``checkpoint.write_overlay``).
+
+Every input is checked before the model is loaded, and outputs are written
+atomically at the end, so bad input costs seconds and a failure leaves nothing half
+written. Errors are one line naming the culprit, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import platform
+import random
+import resource
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..paths import REPO_ROOT, portable
+from .checkpoint import CheckpointError, check_overlay_target, is_mla, load_config, num_layers, text_config
+from .formats import DEFAULT_HEADROOM
+from .scales import KvScales, LayerScale
+
+DEFAULT_PROMPTS = REPO_ROOT / "payload" / "kv_calibration_prompts.jsonl"
+# model_type -> attention kind; the families whose attention code capture.py instruments.
+SUPPORTED = {"deepseek_v3": "mla", "deepseek_v2": "mla", "kimi_k2": "mla", "llama": "mha", "qwen3": "mha",
+             "qwen2": "mha", "mistral": "mha"}
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+MAX_TOKENS_RANGE = (16, 262144)
+
+
+class CalibrationError(ValueError):
+    """Bad input or a failed calibration; the message names the culprit."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    category: str
+    text: str
+
+
+def load_prompts(path: Path) -> list[Prompt]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise CalibrationError(f"{path}: cannot read the prompt set: {exc.strerror or exc}") from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            out.append(Prompt(str(d["id"]), str(d["category"]), str(d["prompt"])))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CalibrationError(f"{path}:{n}: not a prompt record (id, category, prompt): {exc!r}") from None
+    if not out:
+        raise CalibrationError(f"{path}: no prompts")
+    return out
+
+
+def select(prompts: list[Prompt], n: int, seed: int) -> list[Prompt]:
+    """``n`` prompts chosen by ``seed``: the same seed gives the same prompts in the same order."""
+    order = list(range(len(prompts)))
+    random.Random(seed).shuffle(order)
+    return [prompts[i] for i in order[:n]]
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def encode(tok: Any, text: str, max_tokens: int) -> list[int]:
+    """Token ids as the server would see the prompt: the chat template when the
+    tokenizer has one (generation prompt added), else the plain text; cut to max_tokens."""
+    if getattr(tok, "chat_template", None):
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
+            ids = ids["input_ids"]
+    else:
+        ids = tok(text)["input_ids"]
+    return list(ids)[:max_tokens]
+
+
+# ------------------------------------------------------------------ checks
+def check_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], str, list[Prompt]]:
+    """Everything that can be wrong before loading a model: (config, attention, prompts)."""
+    model_dir: Path = args.model_dir
+    if not model_dir.is_dir():
+        raise CalibrationError(f"{model_dir}: model directory not found")
+    try:
+        config = load_config(model_dir)
+    except CheckpointError as exc:
+        raise CalibrationError(str(exc)) from None
+    mtype = text_config(config).get("model_type") or config.get("model_type")
+    if mtype not in SUPPORTED:
+        raise CalibrationError(f"{model_dir / 'config.json'}: model_type {mtype!r} is not supported "
+                               f"(supported: {', '.join(sorted(SUPPORTED))})")
+    attention = SUPPORTED[mtype]
+    if (attention == "mla") != is_mla(config):
+        raise CalibrationError(f"{model_dir / 'config.json'}: model_type {mtype} but kv_lora_rank "
+                               f"{'missing' if attention == 'mla' else 'present'}")
+    try:
+        num_layers(config, str(model_dir / "config.json"))
+    except CheckpointError as exc:
+        raise CalibrationError(str(exc)) from None
+    lo, hi = MAX_TOKENS_RANGE
+    if not lo <= args.max_tokens <= hi:
+        raise CalibrationError(f"--max-tokens {args.max_tokens} is out of range [{lo}, {hi}]")
+    if not args.headroom >= 1.0 or args.headroom > 4.0:
+        raise CalibrationError(f"--headroom {args.headroom} is out of range [1.0, 4.0]")
+    if args.seed < 0:
+        raise CalibrationError(f"--seed {args.seed} must be >= 0")
+    prompts = load_prompts(args.prompts)
+    if not 1 <= args.num_prompts <= len(prompts):
+        raise CalibrationError(f"--num-prompts {args.num_prompts} is out of range [1, {len(prompts)}] "
+                               f"({args.prompts} holds {len(prompts)})")
+    if args.output.exists() and args.output.is_dir():
+        raise CalibrationError(f"--output {args.output} is a directory")
+    if args.overlay is not None:
+        try:
+            check_overlay_target(model_dir, args.overlay, args.force)
+        except CheckpointError as exc:
+            raise CalibrationError(f"--overlay: {exc}") from None
+    return config, attention, prompts
+
+
+# ------------------------------------------------------------------ run
+def calibrate(model_dir: Path, attention: str, prompts: Sequence[Prompt], max_tokens: int, seed: int,
+              dtype: str = "auto", headroom: float = DEFAULT_HEADROOM, device: str = "cpu",
+              prompts_file: Path | None = None) -> KvScales:
+    """Run ``prompts`` through the model and return the measured scales."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .capture import CaptureError, KvCapture
+
+    t0 = time.monotonic()
+    torch.manual_seed(seed)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    kwargs: dict[str, Any] = {"dtype": "auto" if dtype == "auto" else getattr(torch, dtype)}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs).to(device).eval()
+    mla = attention == "mla"
+    tokens = 0
+    try:
+        with torch.inference_mode(), KvCapture(model, mla) as cap:
+            for p in prompts:
+                ids = encode(tok, p.text, max_tokens)
+                if not ids:
+                    continue
+                model(torch.tensor([ids], device=device), use_cache=False)
+                tokens += len(ids)
+            cap.check_complete()
+    except CaptureError as exc:
+        raise CalibrationError(f"{model_dir}: {exc}") from None
+    layers = tuple(
+        LayerScale(index=i, k_amax=max(m.latent, m.rope), latent_amax=m.latent, rope_amax=m.rope) if mla
+        else LayerScale(index=i, k_amax=m.k, v_amax=m.v)
+        for i, m in enumerate(cap.layers))
+    pf = prompts_file or DEFAULT_PROMPTS
+    provenance = {
+        "model_dir": portable(model_dir),
+        "prompts_file": portable(pf),
+        "prompts_sha256": sha256(pf) if pf.is_file() else None,
+        "prompt_ids": [p.id for p in prompts],
+        "categories": {c: sum(p.category == c for p in prompts) for c in sorted({p.category for p in prompts})},
+        "max_tokens": max_tokens, "seed": seed,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "device": device,
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "host": socket.gethostname(), "python": platform.python_version(),
+        "seconds": round(time.monotonic() - t0, 2),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    return KvScales(attention=attention, layers=layers, headroom=headroom, tokens=tokens, prompts=len(prompts),
+                    provenance=provenance)
+
+
+# ------------------------------------------------------------------ report
+def table_rows(scales: KvScales) -> list[dict[str, Any]]:
+    """One row per layer: what the table shows and tests check."""
+    rows = []
+    runtime = scales.runtime_k_scales("e4m3fnuz")
+    for ly, (k, v), rt in zip(scales.layers, scales.checkpoint_scales(), runtime):
+        row: dict[str, Any] = {"layer": ly.index, "k_amax": ly.k_amax, "k_scale": k, "k_scale_fnuz": rt}
+        if scales.attention == "mla":
+            row.update(latent_amax=ly.latent_amax, rope_amax=ly.rope_amax)
+        else:
+            row.update(v_amax=ly.v_amax, v_scale=v)
+        rows.append(row)
+    return rows
+
+
+def print_table(scales: KvScales, file: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    mla = scales.attention == "mla"
+    t = Table(title=f"KV scales ({scales.attention.upper()}, {scales.prompts} prompts, {scales.tokens} tokens, "
+                    f"headroom {scales.headroom})")
+    cols = ["layer"] + (["latent amax", "rope amax"] if mla else []) + ["k amax"] + ([] if mla else ["v amax"]) + \
+        ["k scale (ckpt e4m3fn)"] + ([] if mla else ["v scale (ckpt)"]) + ["k scale runtime e4m3fnuz"]
+    for c in cols:
+        t.add_column(c, justify="right")
+    for r in table_rows(scales):
+        cells = [str(r["layer"])] + ([f"{r['latent_amax']:.4g}", f"{r['rope_amax']:.4g}"] if mla else []) + \
+            [f"{r['k_amax']:.4g}"] + ([] if mla else [f"{r['v_amax']:.4g}"]) + [f"{r['k_scale']:.5g}"] + \
+            ([] if mla else [f"{r['v_scale']:.5g}"]) + [f"{r['k_scale_fnuz']:.5g}"]
+        t.add_row(*cells)
+    Console(file=file or sys.stdout, width=140).print(t)
+
+
+# ------------------------------------------------------------------ CLI
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kimidflash calibrate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("model_dir", type=Path, help="Hugging Face checkpoint directory")
+    ap.add_argument("--output", "-o", type=Path, default=Path("kv-scales.json"), help="scales JSON (default %(default)s)")
+    ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="JSONL prompt set (id, category, prompt)")
+    ap.add_argument("--num-prompts", type=int, default=200)
+    ap.add_argument("--max-tokens", type=int, default=4096, help="tokens per prompt, cut after the chat template")
+    ap.add_argument("--seed", type=int, default=0, help="chooses and orders the prompts")
+    ap.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: the checkpoint's dtype (what vLLM serves)")
+    ap.add_argument("--device", default="cpu", help="torch device (cpu; cuda on a ROCm host)")
+    ap.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM)
+    ap.add_argument("--overlay", type=Path, help="also write a checkpoint overlay vLLM serves with the scales")
+    ap.add_argument("--force", action="store_true", help="replace a non-empty --overlay directory")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        _, attention, prompts = check_inputs(args)
+        chosen = select(prompts, args.num_prompts, args.seed)
+        scales = calibrate(args.model_dir, attention, chosen, args.max_tokens, args.seed, args.dtype,
+                           args.headroom, args.device, args.prompts)
+        print_table(scales)
+        if args.overlay is not None:
+            from .checkpoint import write_overlay
+
+            out = write_overlay(args.model_dir, scales, args.overlay, force=args.force)
+            print(f"overlay: {out} (serve it as MODEL_DIR with KV_SCALE_POLICY=checkpoint)")
+        scales.save(args.output)
+        print(f"scales: {args.output} ({len(scales.layers)} layers, {scales.tokens} tokens, "
+              f"{scales.provenance['seconds']} s, peak RSS {scales.provenance['peak_rss_mib']} MiB)")
+    except (CalibrationError, CheckpointError) as exc:
+        print(f"calibrate: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -73,13 +73,14 @@ def render(doc: dict[str, Any]) -> str:
     ]
     for row in doc["per_prompt"]:
         t = row["teacher_forced"] or {}
-        degen = "; ".join(f"{d['rule']}: {d['reason']}" for d in row["fp8_degenerate"]) or "-"
+        found = row["fp8_degenerate"]
+        degen = (", ".join(d["rule"] for d in found) + f" ({found[0]['reason']})") if found else "-"
         if row["reference_degenerate"]:
             degen += " (reference too: " + ", ".join(d["rule"] for d in row["reference_degenerate"]) + ")"
         first = "identical" if row["first_divergence"] is None else row["first_divergence"]
         lines.append(f"| {row['id']} | {first} | {row['matched_prefix']:.3f} | {row['reference_tokens']} / "
                      f"{row['fp8_tokens']} | {_f(t.get('top1_agreement'))} | {_f(t.get('mean_kl'), '.2e')} | "
-                     f"{_cell(degen, 120)} | {_cell(row['fp8_text'])} |")
+                     f"{_cell(degen, 160)} | {_cell(row['fp8_text'])} |")
     lines += ["", "## Provenance", "",
               f"- tool: {prov.get('tool')} {prov.get('tool_version', '')}, git {git.get('revision')}"
               f"{' (dirty)' if git.get('dirty') else ''}",

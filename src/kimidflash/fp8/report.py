@@ -41,6 +41,8 @@ def render(doc: dict[str, Any]) -> str:
         over = " ".join(f"{k}={v}" for k, v in srv["overrides"].items())
         lines.append(f"| {label} | `{_cell(over, 200)}` | {_cell(srv['vllm_kv_log'] or 'none (model dtype)', 50)} "
                      f"| {srv['ready_after_s']} s |")
+    scales = doc.get("fp8_checkpoint_scales")
+    lines += ["", f"FP8 server's checkpoint KV scales: {scales['summary'] if scales else 'none (vLLM uses 1.0)'}."]
     lines += [
         "",
         "## Agreement",

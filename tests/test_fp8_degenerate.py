@@ -93,3 +93,25 @@ def test_symbol_soup_and_empty() -> None:
     assert dg.symbol_soup("$$x^2 + y^2 = z^2$$ and \\frac{a}{b} holds for all a, b") is None
     assert dg.empty("  \n ") is not None and dg.empty("Paris.") is None
     assert [f.rule for f in dg.check("", [])] == ["empty"]
+
+
+def test_a_loop_with_varying_separators_is_a_repeated_ngram() -> None:
+    """Seen on the CPU reference (v31): the phrase returns with ", and" and a blank
+    line between; no period holds, but the same 8 tokens recur again and again."""
+    text = ("The novel was first published in 1813, and the 1813 edition was published in 1813. "
+            "The 1813 edition was published in 1813, and the 1813 edition was published in 1813.\n\n"
+            "The 1813 edition was published in 1813, and the 1813 edition was published in")
+    toks = words(text)
+    assert dg.repetition_loop(toks) is None
+    found = dg.repeated_ngram(toks, n=5)
+    assert found is not None and "occur 5 times" in found.reason
+    assert dg.repeated_ngram(toks, n=5, min_count=6) is None
+
+
+def test_repeated_ngram_ignores_a_phrase_said_three_times_and_overlaps() -> None:
+    phrase = list(range(10, 18))  # 8 tokens
+    assert dg.repeated_ngram([1] + phrase + [2] + phrase + [3] + phrase + [4]) is None
+    assert dg.repeated_ngram([1] + phrase + [2] + phrase + [3] + phrase + [4] + phrase) is not None
+    # overlapping occurrences do not count: 31 equal tokens hold 3 disjoint 8-grams, 32 hold 4
+    assert dg.repeated_ngram([9] * 31) is None
+    assert dg.repeated_ngram([9] * 32) is not None

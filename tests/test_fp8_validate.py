@@ -138,7 +138,7 @@ def test_low_agreement_and_a_degenerate_output_fail_with_reasons(tmp_path) -> No
     assert doc["reasons"][1].startswith("1 FP8 output(s) degenerate where the reference's do not (first: v01: ")
     md = report.render(doc)
     assert md.startswith("# FP8 KV validation\n\n**FAIL**: teacher-forced top-1 agreement 0.500 < 0.9")
-    assert "| repetition_loop, token_collapse, symbol_soup (a 1-token unit repeats 40 times" in md
+    assert "| repetition_loop, repeated_ngram, token_collapse, symbol_soup (a 1-token unit repeats 40 times" in md
 
 
 def test_a_reference_with_an_fp8_cache_is_no_reference(tmp_path) -> None:

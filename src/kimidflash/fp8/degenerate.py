@@ -24,6 +24,11 @@ from typing import Callable, Sequence
 MAX_PERIOD = 64
 MIN_REPEATS = 4
 MIN_SPAN = 24
+# repeated_ngram: one run of NGRAM tokens occurring at least NGRAM_MIN_COUNT times
+# anywhere in the output. Catches loops whose separators vary ("X, and X.\n\nX, and
+# X"), which are not periodic; 8 tokens x 4 is more than a list or code repeats.
+NGRAM = 8
+NGRAM_MIN_COUNT = 4
 # token_collapse: over at least COLLAPSE_MIN_TOKENS tokens, fewer than this share
 # distinct or one token over TOP_SHARE of the output. Normal prose of 64 tokens
 # has roughly 50-70% distinct tokens and no token above ~15%.
@@ -70,6 +75,25 @@ def repetition_loop(tokens: Sequence[object], *, max_period: int = MAX_PERIOD, m
     return Finding("repetition_loop", f"a {p}-token unit repeats {span // p} times back to back "
                                       f"({span} tokens from position {start}; limit {min_repeats} repeats over "
                                       f"{min_span} tokens)")
+
+
+def repeated_ngram(tokens: Sequence[object], *, n: int = NGRAM, min_count: int = NGRAM_MIN_COUNT) -> Finding | None:
+    """The same n tokens said ``min_count`` times or more (occurrences may overlap
+    only by less than n: a periodic loop of a shorter unit is the loop rule's)."""
+    last: dict[tuple[object, ...], int] = {}
+    counts: dict[tuple[object, ...], int] = {}
+    for i in range(len(tokens) - n + 1):
+        gram = tuple(tokens[i:i + n])
+        if gram in last and i - last[gram] < n:
+            continue  # overlapping occurrence
+        last[gram] = i
+        counts[gram] = counts.get(gram, 0) + 1
+    if not counts:
+        return None
+    gram, count = max(counts.items(), key=lambda kv: kv[1])
+    if count < min_count:
+        return None
+    return Finding("repeated_ngram", f"the same {n} tokens occur {count} times (limit {min_count - 1}): {gram!r}"[:200])
 
 
 def token_collapse(tokens: Sequence[object], *, min_tokens: int = COLLAPSE_MIN_TOKENS,
@@ -130,7 +154,7 @@ def empty(text: str) -> Finding | None:
 
 TokenRule = Callable[[Sequence[object]], "Finding | None"]
 TextRule = Callable[[str], "Finding | None"]
-TOKEN_RULES: tuple[TokenRule, ...] = (repetition_loop, token_collapse)
+TOKEN_RULES: tuple[TokenRule, ...] = (repetition_loop, repeated_ngram, token_collapse)
 TEXT_RULES: tuple[TextRule, ...] = (empty, non_text, symbol_soup)
 
 

@@ -96,7 +96,7 @@ def test_stdlib_reader_reads_scalars_the_stock_writer_wrote(tmp_path, dtype):
 def test_overlay_links_every_file_and_indexes_every_tensor(tmp_path, shards, mla):
     src, wm = make_checkpoint(tmp_path / "models" / "m", layers=3, mla=mla, shards=shards)
     scales = mla_scales(3) if mla else mha_scales(3)
-    out = write_overlay(src, scales, tmp_path / "models" / "m-kv")
+    out = write_overlay(src, scales, tmp_path / "models" / "m-kv", fmt="e4m3fn")
     entries = {p.name for p in out.iterdir()}
     originals = {p.name for p in src.iterdir()} - {ck.INDEX}
     assert entries == originals | {ck.SHARD, ck.INDEX}
@@ -191,7 +191,7 @@ def test_non_empty_out_dir_is_refused_unless_forced(tmp_path):
     assert (out / "keep").exists()
     write_overlay(src, mha_scales(2, k0=9.0), out, force=True)
     assert not (out / "keep").exists()
-    assert math.isclose(verify(out).k_scales[0], 9.0 * 1.25 / 448, rel_tol=1e-6)
+    assert math.isclose(verify(out).k_scales[0], 9.0 * 1.25 / 240, rel_tol=1e-6)  # default: MI300X's e4m3fnuz
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "m-kv"]  # no temp or trash left
 
 
@@ -276,8 +276,21 @@ def test_verify_refuses_mla_on_stock_vllm_and_accepts_it_when_vllm_loads_it(tmp_
     with pytest.raises(CheckpointError, match="MLA model: stock vLLM .* creates no KV scale parameters for MLA"):
         verify(out)
     report = verify(out, vllm_loads_mla_scales=True)
-    assert report.attention == "mla" and report.v_scales == ()
-    assert [round(k, 7) for k in report.k_scales] == [round(k, 7) for k, _ in mla_scales(2).checkpoint_scales()]
+    assert report.attention == "mla" and report.v_scales == () and report.fp8_format == "e4m3fnuz"
+    assert [round(k, 7) for k in report.k_scales] == [round(k, 7) for k, _ in mla_scales(2).scales_for("e4m3fnuz")]
+
+
+@pytest.mark.parametrize("fmt, fp8_max", [("e4m3fnuz", 240.0), ("e4m3fn", 448.0)])
+def test_overlay_scales_are_for_the_serving_platforms_format(tmp_path, fmt, fp8_max):
+    """vLLM's compressed-tensors KV method uses the scale as it is (no e4m3fnuz doubling),
+    so the overlay maps amax * headroom onto the serving format's own maximum."""
+    src, _ = make_checkpoint(tmp_path / "m", layers=2)
+    report = verify(write_overlay(src, mha_scales(2), tmp_path / "m-kv", fmt=fmt))
+    assert report.fp8_format == fmt and f"for {fmt}" in report.summary()
+    assert list(report.k_scales) == pytest.approx([(3.0 + i) * 1.25 / fp8_max for i in range(2)], rel=1e-6)
+    assert list(report.v_scales) == pytest.approx([(0.5 + i) * 1.25 / fp8_max for i in range(2)], rel=1e-6)
+    with pytest.raises(CheckpointError, match="fmt 'e5m2'"):
+        write_overlay(src, mha_scales(2), tmp_path / "other", fmt="e5m2")
 
 
 def test_verify_reads_bf16_scales_written_by_another_tool(tmp_path):
@@ -300,3 +313,26 @@ def test_truncated_shard_is_one_clear_error(tmp_path):
     (out / ck.SHARD).write_bytes(struct.pack("<Q", 1 << 40))
     with pytest.raises(CheckpointError, match="header length .* not plausible"):
         verify(out)
+
+
+def test_links_resolve_when_the_models_folder_is_reached_through_a_symlink(tmp_path):
+    real = tmp_path / "mnt" / "models"
+    src, _ = make_checkpoint(real / "m")
+    (tmp_path / "models").symlink_to(real)
+    out = write_overlay(tmp_path / "models" / "m", mha_scales(2), tmp_path / "models" / "m-kv")
+    for name in ("model.safetensors", "tokenizer.json", "sub"):
+        assert (out / name).exists(), name
+        assert os.readlink(out / name) == f"../m/{name}"
+    # the same relative links resolve wherever the folder is mounted (a container's /models)
+    moved = tmp_path / "elsewhere"
+    os.rename(real, moved)
+    assert (moved / "m-kv" / "model.safetensors").resolve() == (moved / "m" / "model.safetensors")
+    assert verify(moved / "m-kv").layers == 2
+
+
+def test_a_modelopt_checkpoint_with_a_separate_quant_file_is_refused(tmp_path):
+    src, _ = make_checkpoint(tmp_path / "m")
+    (src / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
+    with pytest.raises(CheckpointError, match="hf_quant_config.json: a ModelOpt checkpoint"):
+        write_overlay(src, mha_scales(2), tmp_path / "m-kv")
+    assert not (tmp_path / "m-kv").exists()

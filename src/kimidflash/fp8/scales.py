@@ -84,6 +84,15 @@ class KvScales:
             out.append((k, v))
         return out
 
+    def scales_for(self, fmt: str) -> list[tuple[float, float | None]]:
+        """(k_scale, v_scale) per layer mapping amax * headroom onto ``fmt``'s largest
+        value; v_scale None for mla. What a loader that uses a checkpoint scale as it
+        is needs on a platform of that format: vLLM's compressed-tensors KV method does
+        (no e4m3fnuz doubling on any pin read), so a compressed-tensors overlay for
+        MI300X must carry e4m3fnuz scales (see fp8.checkpoint)."""
+        return [(scale_for(ly.k_amax, fmt, self.headroom),
+                 scale_for(ly.v_amax, fmt, self.headroom) if ly.v_amax is not None else None) for ly in self.layers]
+
     def runtime_k_scales(self, fmt: str) -> list[float]:
         """The k scale vLLM uses per layer on a platform of format ``fmt`` once the
         checkpoint scales are loaded (doubled on e4m3fnuz)."""

@@ -132,7 +132,7 @@ def test_events_split_across_reads_and_crlf_lines_are_framed_whole() -> None:
     events = [
         b": keep-alive comment",
         b"event: message",
-        b'data: {"choices":[{"delta":{"role":"assistant"}}]}',
+        b'data: {"choices":[{"delta":{"role":"assistant"}}],"prompt_token_ids":[7,8,9,10,11]}',
         b'data: {"choices":[{"delta":{"content":"He"},"token_ids":[1,2]}]}',
         b'data: {"choices":[{"delta":{"content":"llo"},"token_ids":[3],"finish_reason":"length"}]}',
         b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}',
@@ -154,3 +154,5 @@ def test_events_split_across_reads_and_crlf_lines_are_framed_whole() -> None:
     assert rec.ok, rec.error_detail
     assert (rec.text, rec.output_tokens, rec.prompt_tokens, rec.finish_reason) == ("Hello", 3, 5, "length")
     assert [n for _, n in rec.chunks] == [2, 1] and rec.token_source == "token_ids"
+    # the ids themselves, in order (what FP8 validation compares token by token)
+    assert (rec.prompt_token_ids, rec.token_ids) == ([7, 8, 9, 10, 11], [1, 2, 3])

@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("launch", help="the standard launcher (see launchers/kimi26-vllm-dflash.sh)", add_help=False)
     sub.add_parser("build", help="build the recipe image (same as build-kimi26-dflash.sh)", add_help=False)
     sub.add_parser("bench", help="the multi-turn benchmark (same as payload/benchmark_multi_turn.py)", add_help=False)
+    sub.add_parser("validate-fp8", help="FP8 KV against BF16 KV: agreement, divergence, degenerate outputs (validate-fp8.sh)",
+                   add_help=False)
     sub.add_parser("calibrate", help="measure FP8 KV scales, optionally write a checkpoint overlay "
                    "(same as payload/calibrate_kv_scales.py)", add_help=False)
     return p
@@ -88,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench.cli import main as bench_main
 
         return bench_main(argv[1:])
+    if argv[:1] == ["validate-fp8"]:  # validate-fp8.sh; its own options and exit codes (0, 1, 2)
+        from .fp8.validate import main as validate_main
+
+        return validate_main(argv[1:])
     if argv[:1] == ["calibrate"]:  # payload/calibrate_kv_scales.py's CLI
         from .fp8.calibrate import main as calibrate_main
 

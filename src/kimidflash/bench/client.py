@@ -49,6 +49,9 @@ class RequestRecord:
     error: str | None = None
     error_detail: str | None = None
     spec_decode: dict[str, Any] | None = None
+    # The ids themselves (vLLM's return_token_ids): what FP8 validation compares.
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -174,6 +177,8 @@ class _Stream:
         metrics = obj.get("metrics")
         if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
             rec.spec_decode = metrics["speculative_decoding"]
+        if isinstance(obj.get("prompt_token_ids"), list):
+            rec.prompt_token_ids = obj["prompt_token_ids"]
         n = 0
         source = ""
         for c in obj.get("choices") or []:
@@ -187,6 +192,7 @@ class _Stream:
             tids = c.get("token_ids")
             if isinstance(tids, list):
                 n += len(tids)
+                rec.token_ids.extend(tids)
                 source = _worse(source, "token_ids")
             elif usage is not None and isinstance(usage.get("completion_tokens"), int):
                 n += usage["completion_tokens"] - self.last_usage_completion

@@ -17,7 +17,7 @@ from kimidflash.paths import REPO_ROOT
 
 from .helpers import CONFIGS
 
-FP8_SETS = ["--set", "KV_CACHE_DTYPE=fp8", "--set", "KV_SCALE_POLICY=checkpoint"]
+FP8_SETS = ["--set", "KV_CACHE_DTYPE=fp8", "--set", "KV_SCALE_POLICY=checkpoint", "--set", "DRAFT_KV_CACHE_DTYPE=fp8"]
 
 
 @pytest.mark.parametrize("argv, culprit", [
@@ -80,14 +80,14 @@ def test_overlay_source_finds_the_linked_checkpoint(tmp_path) -> None:
 
 # ------------------------------------------------------------- verdict + files
 def _opts(tmp_path: Path, min_agreement: float = 0.9) -> validate.Options:
-    return validate.Options(str(CONFIGS / "cpu-reference.env"), {"KV_CACHE_DTYPE": "fp8", "KV_SCALE_POLICY": "checkpoint"},
+    return validate.Options(str(CONFIGS / "cpu-reference.env"), {"KV_CACHE_DTYPE": "fp8", "KV_SCALE_POLICY": "checkpoint", "DRAFT_KV_CACHE_DTYPE": "fp8"},
                             2, 8, min_agreement, tmp_path / "bench" / "fp8" / "case", None, 20, 2, None,
                             ("validate-fp8.sh", str(CONFIGS / "cpu-reference.env")))
 
 
 def _server(label: str, outputs: list[Output], scored, tps: float, kv_log: bool) -> dict:
     over = {"KV_CACHE_DTYPE": "fp8" if kv_log else "auto", "KV_SCALE_POLICY": "checkpoint" if kv_log else "none",
-            "MODEL_DIR": str(REPO_ROOT / "drafters" / "x")}
+            "DRAFT_KV_CACHE_DTYPE": "fp8" if kv_log else "", "MODEL_DIR": str(REPO_ROOT / "drafters" / "x")}
     return {"label": label, "overrides": over, "outputs": outputs, "scored": scored,
             "bench": {"output_throughput": tps, "spec_decode_acceptance_length": 1.0}, "start_seconds": 30.0,
             "fp8_log": ["Using fp8 data type to store kv cache."] if kv_log else []}

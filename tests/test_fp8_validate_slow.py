@@ -45,7 +45,7 @@ def smollm2() -> Path:
 def validate(overlay: Path, out: Path) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()
     r = subprocess.run([str(ROOT / "validate-fp8.sh"), str(CONFIG), "--set", "KV_CACHE_DTYPE=fp8",
-                        "--set", "KV_SCALE_POLICY=checkpoint", "--set", f"MODEL_DIR={overlay}", *FAST,
+                        "--set", "KV_SCALE_POLICY=checkpoint", "--set", "DRAFT_KV_CACHE_DTYPE=fp8", "--set", f"MODEL_DIR={overlay}", *FAST,
                         "--out", str(out)], capture_output=True, text=True, timeout=1500, stdin=subprocess.DEVNULL)
     return r, time.monotonic() - t0
 

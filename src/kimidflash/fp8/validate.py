@@ -108,7 +108,9 @@ def plan(opts: Options) -> tuple[dict[str, str], dict[str, str]]:
     if not str(fp8["KV_CACHE_DTYPE"]).startswith("fp8"):
         raise InputError(f"{opts.config}: KV_CACHE_DTYPE={fp8['KV_CACHE_DTYPE']} is not an FP8 KV cache; "
                          "validate-fp8 compares an FP8 config with its BF16-KV twin (set KV_CACHE_DTYPE=fp8)")
-    ref_over = {**opts.overrides, "KV_CACHE_DTYPE": "auto", "KV_SCALE_POLICY": "none"}
+    # The reference keeps every cache in the model dtype, the draft's too, and no seed.
+    ref_over = {**opts.overrides, "KV_CACHE_DTYPE": "auto", "KV_SCALE_POLICY": "none", "DRAFT_KV_CACHE_DTYPE": "",
+                "KV_SCALES_FILE": ""}
     if opts.reference_model:
         ref_over["MODEL_DIR"] = opts.reference_model
     else:

@@ -90,7 +90,8 @@ def _server(label: str, outputs: list[Output], scored, tps: float, kv_log: bool)
             "DRAFT_KV_CACHE_DTYPE": "fp8" if kv_log else "", "MODEL_DIR": str(REPO_ROOT / "drafters" / "x")}
     return {"label": label, "overrides": over, "outputs": outputs, "scored": scored,
             "bench": {"output_throughput": tps, "spec_decode_acceptance_length": 1.0}, "start_seconds": 30.0,
-            "fp8_log": ["Using fp8 data type to store kv cache."] if kv_log else []}
+            "fp8_log": ["Using fp8 data type to store kv cache."] if kv_log else [],
+            "kv_cache_tokens": 87360 if kv_log else 21824}
 
 
 def _pos(top: int, p: float = 0.9) -> dict[int, float]:
@@ -124,10 +125,17 @@ def test_a_close_fp8_run_passes_and_its_files_are_whole_and_portable(tmp_path) -
     assert json.loads((out / "validation.json").read_text()) == json.loads(json.dumps(doc))
     md = (out / "report.md").read_text()
     assert md == report.render(doc) and "**PASS**" in md and "| v01 | 3 | 0.750 | 4 / 4 |" in md
+    assert "| 87,360 |" in md and "| 21,824 |" in md  # each server's KV capacity, from vLLM's log
     for f in out.iterdir():
         text = f.read_text()
         assert str(REPO_ROOT) not in text and str(tmp_path) not in text, f.name
     assert [p.name for p in out.parent.iterdir()] == ["case"]  # no temp dirs left beside it
+
+
+def test_kv_capacity_is_read_from_vllms_log_line():
+    line = "(EngineCore pid=1) INFO 11-23 [kv_cache_utils.py:2328] CPU KV cache size: 87,360 tokens, Maximum concurrency"
+    assert int(validate.KV_TOKENS.search(line).group(1).replace(",", "")) == 87360
+    assert validate.KV_TOKENS.search("GPU KV cache size: 2,469,568 tokens, ...").group(1) == "2,469,568"
 
 
 def test_low_agreement_and_a_degenerate_output_fail_with_reasons(tmp_path) -> None:

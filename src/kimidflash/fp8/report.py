@@ -37,13 +37,14 @@ def render(doc: dict[str, Any]) -> str:
         "The reference serves KV_CACHE_DTYPE=auto: its KV cache keeps the model's dtype (BF16 in production, "
         "float32 in the CPU reference).",
         "",
-        "| server | overrides | vLLM KV cache log | ready after |",
-        "|---|---|---|---|",
+        "| server | overrides | vLLM KV cache log | KV cache tokens (vLLM's log) | ready after |",
+        "|---|---|---|---:|---|",
     ]
     for label, srv in doc["servers"].items():
         over = " ".join(f"{k}={v}" for k, v in srv["overrides"].items())
+        tokens = srv.get("kv_cache_tokens")
         lines.append(f"| {label} | `{_cell(over, 200)}` | {_cell(srv['vllm_kv_log'] or 'none (model dtype)', 50)} "
-                     f"| {srv['ready_after_s']} s |")
+                     f"| {f'{tokens:,}' if tokens else 'not logged'} | {srv['ready_after_s']} s |")
     scales = doc.get("fp8_checkpoint_scales")
     lines += ["", f"FP8 server's checkpoint KV scales: {scales['summary'] if scales else 'none (vLLM uses 1.0)'}."]
     lines += [

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -47,6 +48,8 @@ SCHEMA = "kimidflash-fp8-validation/1"
 PROMPTS_FILE = "validation_prompts.jsonl"
 DEFAULT_MIN_AGREEMENT = 0.9
 FP8_LOG_LINE = "data type to store kv cache"  # vLLM: "Using fp8 data type to store kv cache. ..."
+# vLLM: "<GPU|CPU> KV cache size: 87,360 tokens, Maximum concurrency ..." (kv_cache_utils.py)
+KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
 
 
 class InputError(ValueError):
@@ -152,10 +155,13 @@ def _serve_and_measure(opts: Options, label: str, overrides: dict[str, str], pro
                           f"(log: {portable(log)})") from None
     except (ServerRequestError, BenchError) as exc:
         raise CheckFailed(f"the {label} server: {exc} (log: {portable(log)})") from None
-    fp8_log = [line[line.find("Using"):].strip() for line in log.read_text(errors="replace").splitlines()
+    text = log.read_text(errors="replace")
+    fp8_log = [line[line.find("Using"):].strip() for line in text.splitlines()
                if FP8_LOG_LINE in line and "Using" in line]
+    tokens = KV_TOKENS.search(text)
     return {"label": label, "overrides": overrides, "outputs": outputs, "scored": scored, "bench": bench,
-            "start_seconds": round(started, 1), "fp8_log": fp8_log[:1]}
+            "start_seconds": round(started, 1), "fp8_log": fp8_log[:1],
+            "kv_cache_tokens": int(tokens.group(1).replace(",", "")) if tokens else None}
 
 
 def checkpoint_scales(model_dir: str) -> dict[str, Any] | None:
@@ -229,7 +235,8 @@ def evaluate(opts: Options, ref: dict[str, Any], fp8: dict[str, Any]) -> dict[st
                                                for k, v in s["overrides"].items()},
                                  "recipe": recipe_info(opts.config, s["overrides"]),
                                  "ready_after_s": s["start_seconds"],
-                                 "vllm_kv_log": s["fp8_log"][0] if s["fp8_log"] else None}
+                                 "vllm_kv_log": s["fp8_log"][0] if s["fp8_log"] else None,
+                                 "kv_cache_tokens": s.get("kv_cache_tokens")}
                     for s in (ref, fp8)},
         "per_prompt": rows,
     }

@@ -8,15 +8,18 @@ removed and the destination is untouched.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 
 def _umask_mode() -> int:
-    mask = os.umask(0)
+    """The mode a plain open() would give: mkstemp's 0600 would hide results from other users."""
+    mask = os.umask(0o022)
     os.umask(mask)
     return 0o666 & ~mask
 
@@ -47,3 +50,25 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
     return write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Build a directory whole: yields a temporary sibling of ``path`` to fill; on a
+    clean exit it takes ``path``'s place (an old ``path`` is removed only after the
+    swap), on an error it is removed and ``path`` is untouched."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        yield tmp
+        if out.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+            os.rename(out, trash / "old")
+            os.rename(tmp, out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

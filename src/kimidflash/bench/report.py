@@ -435,7 +435,7 @@ def compare(paths: Sequence[str | os.PathLike[str]], baseline: str | None = None
     md_dir = Path(markdown).resolve().parent if markdown else None
     md = render_markdown(tables, sources, [p.resolve() for p in chart_paths] if md_dir else chart_paths, md_dir)
     if markdown:
-        from .result import write_text_atomic
+        from ..fsio import write_text_atomic
         write_text_atomic(markdown, md)
     if terminal:
         print_rich(tables, sources)

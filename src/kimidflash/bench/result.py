@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..fsio import write_text_atomic
 from . import stats
 from .client import SOURCES, RequestRecord
 from .metrics import (GENERATION_TOKENS, PROMPT_TOKENS, Delta, SpecDecodeStats,
@@ -308,13 +308,6 @@ def validate_result(doc: Any) -> list[str]:
 
 # --- files --------------------------------------------------------------------------------
 
-def _umask_mode() -> int:
-    """The mode a plain open() would give: mkstemp's 0600 would hide results from other users."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
 def write_result(path: str | os.PathLike[str], doc: dict[str, Any]) -> Path:
     """Write atomically: a reader sees the old file or the new one, never a torn one."""
     return write_text_atomic(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
@@ -341,23 +334,3 @@ def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ResultError(f"{path}: {problems[0]}{more}")
     return doc
-
-
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), _umask_mode())
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return p

@@ -55,13 +55,11 @@ import json
 import math
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..fsio import write_json_atomic
+from ..fsio import atomic_dir, write_json_atomic
 from .safetensors_io import SafetensorsError, read_header, read_scalar, write_f32_scalars
 from .scales import KvScales
 
@@ -279,9 +277,7 @@ def write_overlay(model_dir: str | Path, scales: KvScales, out_dir: str | Path, 
     if clash:
         raise CheckpointError(f"{src}: already carries KV scale tensors (e.g. {clash[0]}); serve it as it is")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         for entry in sorted(src.iterdir()):
             if entry.name in ("config.json", INDEX):
                 continue
@@ -298,16 +294,6 @@ def write_overlay(model_dir: str | Path, scales: KvScales, out_dir: str | Path, 
         total = _total_size(src, wm) + 4 * len(tensors)
         index = {"metadata": {"total_size": total}, "weight_map": {**wm, **{t: SHARD for t in tensors}}}
         write_json_atomic(tmp / INDEX, index)
-        if out.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-            os.rename(out, trash / "old")
-            os.rename(tmp, out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

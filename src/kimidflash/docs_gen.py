@@ -115,7 +115,11 @@ def _kv(values: dict) -> str:
     if dtype == "auto":
         return "auto (model dtype, BF16)"
     scales = values["KV_SCALE_POLICY"]
-    return f"{dtype} (target scales: {scales})" if scales != "none" else dtype
+    target = f"{dtype} (target scales: {scales})" if scales != "none" else dtype
+    draft = backends.draft_cache_dtype(values)
+    if draft is None:
+        return target
+    return f"{target}; draft {'auto (BF16)' if draft == 'auto' else draft}"
 
 
 def backend_map_table() -> str:

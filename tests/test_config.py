@@ -94,7 +94,7 @@ def refusal(tmp_path, body: str, environ=None) -> ConfigError:
     ("MAX_NUM_BATCHED_TOKENS=65536", "MAX_NUM_BATCHED_TOKENS", ["384-expert", "32768", "MOE_BACKEND=triton"]),
     ("NUM_SPECULATIVE_TOKENS=9", "NUM_SPECULATIVE_TOKENS", ["outside 1..8", "kimi-k2.6-dflash-draft.json"]),
     ("BLOCK_SIZE=32", "BLOCK_SIZE", ["MLA", "BLOCK_SIZE=16"]),
-    ("KV_CACHE_DTYPE=fp8", "KV_SCALE_POLICY", ["running-max", "scale 1.0", "KV_SCALE_POLICY=checkpoint", "13133"]),
+    ("KV_CACHE_DTYPE=fp8", "KV_SCALE_POLICY", ["KV_SCALE_POLICY=running-max for an MLA target", "scale 1.0", "KV_SCALE_POLICY=checkpoint for a standard-attention", "13133"]),
     # FP8 KV (docs/fp8-kv.md): policies that mean what they say, the draft's cache per pin.
     ("KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max\nDRAFT_KV_CACHE_DTYPE=auto\nENFORCE_EAGER=false",
      "ENFORCE_EAGER", ["host", "graph capture", "ENFORCE_EAGER=true"]),

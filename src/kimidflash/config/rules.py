@@ -80,11 +80,12 @@ def kv_cache_rules(v: dict[str, Any], fail, target_cfg: dict[str, Any] | None) -
                                "makes vLLM store an FP8 cache whatever --kv-cache-dtype says; set KV_CACHE_DTYPE=fp8 "
                                "KV_SCALE_POLICY=checkpoint, or serve the checkpoint without the scale overlay")
     if fp8 and policy == "none":
-        fail("KV_SCALE_POLICY", f"KV_CACHE_DTYPE={v['KV_CACHE_DTYPE']} with no policy stores the cache at vLLM's scale "
-                                "1.0 unless the checkpoint carries k_scale tensors; Kimi K2.6 ships none and its output "
-                                "degenerates (vLLM issues 13133, 27364). Set KV_SCALE_POLICY=checkpoint for a checkpoint "
-                                "with scales (`kimidflash calibrate --overlay` writes them; preflight verifies them) or "
-                                "running-max (MLA targets)")
+        fail("KV_SCALE_POLICY", f"KV_CACHE_DTYPE={v['KV_CACHE_DTYPE']} with no policy stores the cache at vLLM's "
+                                "scale 1.0 unless the checkpoint carries k_scale tensors; Kimi K2.6 ships none and "
+                                "its output degenerates (vLLM issues 13133, 27364). Set KV_SCALE_POLICY=running-max "
+                                "for an MLA target (Kimi K2.6), or KV_SCALE_POLICY=checkpoint for a standard-attention "
+                                "checkpoint with scales (kimidflash calibrate --overlay writes them; preflight "
+                                "verifies them)")
     if not fp8 and policy != "none":
         fail("KV_SCALE_POLICY", f"{policy} applies only to an FP8 KV cache; set KV_CACHE_DTYPE=fp8 "
                                 "or KV_SCALE_POLICY=none")

@@ -103,3 +103,17 @@ def portable_argv(argv: str | list[str] | tuple[str, ...]) -> str | list[str]:
         new = [_portable_arg(w) for w in words]
         return " ".join(shlex.quote(w) if w == n else _quote(n) for w, n in zip(words, new))
     return [_portable_arg(a) for a in argv]
+
+
+def link_targets(directory: str | os.PathLike[str]) -> list[str]:
+    """Directories outside ``directory`` that its top-level symlinks point into.
+
+    A KV-scale overlay (`kimidflash calibrate --overlay`) links every file of the
+    checkpoint beside it: the docker runtime mounts those directories too, and
+    validate-fp8 serves its reference from them.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    found = {str(p.resolve().parent) for p in root.iterdir() if p.is_symlink()}
+    return sorted(d for d in found if not Path(d).is_relative_to(root.resolve()))

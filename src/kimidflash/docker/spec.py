@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 from typing import Any
 
 from ..config import Config
+from ..paths import link_targets
 from ..render import SECRET_ENV, Rendered
 
 LAUNCHER_IN_IMAGE = "/opt/kimidflash/launchers/kimi26-vllm-dflash.sh"
@@ -31,20 +31,6 @@ def container_name(config: Config) -> str:
     v = config.values
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(v["SERVED_MODEL_NAME"])).strip("-.") or "server"
     return f"kimidflash-{safe}-{v['PORT']}"
-
-
-def link_targets(directory: str) -> list[str]:
-    """Directories outside ``directory`` that its top-level symlinks point into.
-
-    A KV-scale overlay (`kimidflash calibrate --overlay`) links every file of the
-    checkpoint beside it; inside the container those links only resolve if the
-    checkpoint is mounted too, at the same path.
-    """
-    root = Path(directory)
-    if not root.is_dir():
-        return []
-    found = {str(p.resolve().parent) for p in root.iterdir() if p.is_symlink()}
-    return sorted(d for d in found if not Path(d).is_relative_to(root.resolve()))
 
 
 def mounts(config: Config) -> dict[str, dict[str, str]]:

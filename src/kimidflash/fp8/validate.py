@@ -40,7 +40,7 @@ from ..bench.prompts import PromptError, parse_jsonl
 from ..bench.provenance import local_provenance, recipe_info
 from ..config import ConfigError, load_config, parse_overrides
 from ..fsio import atomic_dir, write_json_atomic, write_text_atomic
-from ..paths import REPO_ROOT, portable
+from ..paths import REPO_ROOT, link_targets, portable
 from . import agreement, degenerate, report
 from .requests import TOP_K, ServerRequestError, generate, score
 
@@ -91,7 +91,7 @@ def overlay_source(model_dir: Path) -> Path | None:
     quant = cfg.get("quantization_config") or {}
     if not (isinstance(quant, dict) and quant.get("kv_cache_scheme")):
         return None
-    parents = {Path(os.path.realpath(p)).parent for p in model_dir.iterdir() if p.is_symlink()}
+    parents = [Path(d) for d in link_targets(model_dir)]
     if len(parents) != 1:
         raise InputError(f"MODEL_DIR {model_dir} has a kv_cache_scheme (vLLM would store even KV_CACHE_DTYPE=auto "
                          "in FP8) and is not an overlay of one checkpoint; pass --reference-model DIR")

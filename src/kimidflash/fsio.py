@@ -1,4 +1,6 @@
-"""Atomic file writes: a reader sees the old file or the whole new one, never half.
+"""Files and their provenance: atomic writes (a reader sees the old file or the
+whole new one, never half), atomic directory publish, sha256 of a file, the UTC
+timestamp and the git revision every result records.
 
 A leaf module (stdlib only) so every part of the package can use it without an
 import cycle. Writes go to a temporary file in the destination's directory, are
@@ -9,9 +11,12 @@ removed and the destination is untouched.
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
+import hashlib
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -72,3 +77,34 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks (checkpoint shards are large)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def utc_now() -> str:
+    """Now, as every result file records it: ``2026-11-24T01:10:00Z``."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def git_info(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """Revision of the checkout at ``root`` and whether tracked files differ from it;
+    both None outside a checkout or without git (an image, an unpacked tarball)."""
+    def git(*args: str) -> str | None:
+        try:
+            r = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    rev = git("rev-parse", "HEAD")
+    if rev is None:
+        return {"revision": None, "dirty": None}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"revision": rev, "dirty": bool(status) if status is not None else None}

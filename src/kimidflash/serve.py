@@ -8,6 +8,7 @@ vLLM's engine-core children with it and leaves no orphan holding GPUs.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -20,11 +21,12 @@ from typing import Callable, TextIO
 
 import httpx
 from rich.console import Console
+from rich.table import Table
 
-from .config import Config
+from .config import FIELDS, Config, load_config, parse_overrides
 from .config.rules import check
 from .logtail import STOP_GRACE_S, LogTail
-from .paths import LAUNCHER
+from .paths import CONFIGS_DIR, LAUNCHER
 from .prepare import launch_env, prepare
 from .preflight import PreflightError, preflight
 from .render import Rendered, attention_line, render
@@ -207,3 +209,33 @@ def serve(config: Config, *, dry_run: bool = False, allow_numa_balancing: bool =
         if log is not None:
             log.close()
         sys.stdout.flush()
+
+
+def print_config(config: Config) -> None:
+    table = Table(title=str(config.path), show_lines=False)
+    for col in ("key", "value", "from"):
+        table.add_column(col, overflow="fold")
+    for f in FIELDS:
+        value = config[f.name]
+        table.add_row(f.name, "***" if f.secret and value else str(value), config.sources[f.name])
+    Console().print(table)
+
+
+def main(argv: list[str]) -> int:
+    """`serve.sh` / `python -m kimidflash serve`."""
+    p = argparse.ArgumentParser(prog="kimidflash serve",
+                                description="validate, preflight, start the server and wait until healthy")
+    p.add_argument("config", nargs="?", default=str(CONFIGS_DIR / "production.env"))
+    p.add_argument("--dry-run", action="store_true", help="validate and print the command and environment; no host checks")
+    p.add_argument("--print-config", action="store_true", help="print every resolved value and where it came from")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one key (repeatable)")
+    p.add_argument("--allow-numa-balancing", action="store_true", help="start even if NUMA balancing stays on")
+    p.add_argument("--log-file", type=Path, help="also append the server log to this file")
+    p.add_argument("--quiet", action="store_true", help="do not echo the server log")
+    args = p.parse_args(argv)
+    config = load_config(args.config, parse_overrides(args.set))
+    if args.print_config:
+        print_config(config)
+        return 0
+    return serve(config, dry_run=args.dry_run, allow_numa_balancing=args.allow_numa_balancing,
+                 log_path=args.log_file, quiet=args.quiet)

@@ -17,10 +17,11 @@ from typing import Any, Mapping
 
 from dotenv import dotenv_values
 
+from ..errors import RecipeError
 from .schema import BY_NAME, FIELDS, Field
 
 
-class ConfigError(Exception):
+class ConfigError(RecipeError):
     """A config the recipe refuses; the message names the key and the fix."""
 
     def __init__(self, key: str, message: str, source: str = ""):

@@ -4,6 +4,7 @@ vLLM's layout), the result's shape, and every bad input refused before a model l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -142,7 +143,7 @@ def test_result_json_shape_table_and_portable_provenance(models, tmp_path, capsy
     assert all({"k_amax", "latent_amax", "rope_amax", "k_scale"} <= set(d) for d in data["layers"])
     prov = data["provenance"]
     assert prov["model_dir"].startswith("$TMPDIR/") and not prov["prompts_file"].startswith("/")
-    assert prov["prompts_sha256"] == cal.sha256(PROMPTS) and prov["seed"] == 4 and prov["dtype"] == "float32"
+    assert prov["prompts_sha256"] == hashlib.sha256(PROMPTS.read_bytes()).hexdigest() and prov["seed"] == 4 and prov["dtype"] == "float32"
     assert len(prov["prompt_ids"]) == 3 and sum(prov["categories"].values()) == 3
     scales = KvScales.load(out)
     rows = cal.table_rows(scales)

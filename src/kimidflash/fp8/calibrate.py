@@ -16,8 +16,6 @@ written. Errors are one line naming the culprit, exit status 2.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import hashlib
 import json
 import platform
 import random
@@ -29,8 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from rich.console import Console
+from rich.table import Table
+
+from ..fsio import sha256_file, utc_now
 from ..paths import REPO_ROOT, portable
-from .checkpoint import CheckpointError, check_overlay_target, is_mla, load_config, num_layers, text_config
+from .capture import KvCapture
+from .checkpoint import check_overlay_target, is_mla, load_config, num_layers, text_config, write_overlay
+from .errors import CalibrationError, CaptureError, CheckpointError
 from .formats import DEFAULT_HEADROOM
 from .scales import KvScales, LayerScale
 
@@ -41,9 +45,6 @@ SUPPORTED = {"deepseek_v3": "mla", "deepseek_v2": "mla", "kimi_k2": "mla", "llam
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 MAX_TOKENS_RANGE = (16, 262144)
 
-
-class CalibrationError(ValueError):
-    """Bad input or a failed calibration; the message names the culprit."""
 
 
 @dataclass(frozen=True)
@@ -77,10 +78,6 @@ def select(prompts: list[Prompt], n: int, seed: int) -> list[Prompt]:
     order = list(range(len(prompts)))
     random.Random(seed).shuffle(order)
     return [prompts[i] for i in order[:n]]
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def encode(tok: Any, text: str, max_tokens: int) -> list[int]:
@@ -147,7 +144,6 @@ def calibrate(model_dir: Path, attention: str, prompts: Sequence[Prompt], max_to
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .capture import CaptureError, KvCapture
 
     t0 = time.monotonic()
     torch.manual_seed(seed)
@@ -180,13 +176,13 @@ def calibrate(model_dir: Path, attention: str, prompts: Sequence[Prompt], max_to
     provenance = {
         "model_dir": portable(model_dir),
         "prompts_file": portable(pf),
-        "prompts_sha256": sha256(pf) if pf.is_file() else None,
+        "prompts_sha256": sha256_file(pf) if pf.is_file() else None,
         "prompt_ids": [p.id for p in prompts],
         "categories": {c: sum(p.category == c for p in prompts) for c in sorted({p.category for p in prompts})},
         "max_tokens": max_tokens, "seed": seed,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "device": device,
         "torch": torch.__version__, "transformers": transformers.__version__,
-        "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date_utc": utc_now(),
         "host": socket.gethostname(), "python": platform.python_version(),
         "seconds": round(time.monotonic() - t0, 2),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
@@ -213,9 +209,6 @@ def table_rows(scales: KvScales) -> list[dict[str, Any]]:
 
 
 def print_table(scales: KvScales, file: Any = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     mla = scales.attention == "mla"
     t = Table(title=f"KV scales ({scales.attention.upper()}, {scales.prompts} prompts, {scales.tokens} tokens, "
                     f"headroom {scales.headroom})")
@@ -263,7 +256,6 @@ def main(argv: list[str] | None = None) -> int:
                            args.headroom, args.device, args.prompts, args.trust_remote_code)
         print_table(scales)
         if args.overlay is not None:
-            from .checkpoint import write_overlay
 
             out = write_overlay(args.model_dir, scales, args.overlay, force=args.force, fmt=args.kv_format)
             print(f"overlay: {out} (scales for {args.kv_format}; serve it as MODEL_DIR with KV_SCALE_POLICY=checkpoint)")

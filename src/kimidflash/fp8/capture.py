@@ -31,9 +31,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .errors import CaptureError
 
-class CaptureError(RuntimeError):
-    """The model could not be instrumented, or produced a non-finite KV value."""
 
 
 @dataclass

@@ -60,7 +60,8 @@ from pathlib import Path
 from typing import Any
 
 from ..fsio import atomic_dir, write_json_atomic
-from .safetensors_io import SafetensorsError, read_header, read_scalar, write_f32_scalars
+from .errors import CheckpointError, SafetensorsError
+from .safetensors_io import read_header, read_scalar, write_f32_scalars
 from .scales import KvScales
 
 SHARD = "kv-scales.safetensors"
@@ -73,9 +74,6 @@ MLA_LIMIT = ("stock vLLM (0.20.2-0.33.0) creates no KV scale parameters for MLA 
              "not one), and 0.32/0.33 also rename MLA scale tensors to self_attn.attn.attn.*, so these scales would "
              "be ignored and _k_scale stays 1.0")
 
-
-class CheckpointError(ValueError):
-    """A checkpoint or overlay that cannot be used; the message names file, layer and tensor."""
 
 
 # ---------------------------------------------------------------- model facts

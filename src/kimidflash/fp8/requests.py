@@ -21,13 +21,11 @@ from typing import Any, Sequence
 import httpx
 
 from ..bench.client import RequestRecord, chat_payload, stream_chat
+from .errors import ServerRequestError
 
 # vLLM's default --max-logprobs: the most a stock server returns per position.
 TOP_K = 20
 
-
-class ServerRequestError(RuntimeError):
-    """A request the server did not answer usefully; the message names the prompt."""
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from ..fsio import write_bytes_atomic
+from .errors import SafetensorsError
 
 # dtype tag -> (struct format of one element, its size); bf16 is decoded by hand.
 _SCALAR = {"F64": ("<d", 8), "F32": ("<f", 4), "F16": ("<e", 2), "BF16": (None, 2)}
 _MAX_HEADER = 100 * 1024 * 1024  # the format's own limit; guards against a garbage length
 
-
-class SafetensorsError(ValueError):
-    """A safetensors file that cannot be read as one (the message names the file)."""
 
 
 def read_header(path: str | Path) -> dict[str, Any]:

@@ -27,14 +27,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..fsio import write_json_atomic
+from .errors import ScaleFileError
 from .formats import CHECKPOINT_FORMAT, FP8_MAX, scale_for
 
 SCHEMA = "kimidflash-kv-scales/1"
 Attention = Literal["mla", "mha"]
 
-
-class ScaleFileError(ValueError):
-    """A scales file that is missing, unreadable or inconsistent (message names it)."""
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,9 @@ from ..config import ConfigError, load_config, parse_overrides
 from ..fsio import atomic_dir, write_json_atomic, write_text_atomic
 from ..paths import REPO_ROOT, link_targets, portable
 from . import agreement, degenerate, report
-from .requests import TOP_K, ServerRequestError, generate, score
+from .checkpoint import verify
+from .errors import CheckFailed, CheckpointError, InputError, ServerRequestError
+from .requests import TOP_K, generate, score
 
 SCHEMA = "kimidflash-fp8-validation/1"
 PROMPTS_FILE = "validation_prompts.jsonl"
@@ -52,12 +54,6 @@ FP8_LOG_LINE = "data type to store kv cache"  # vLLM: "Using fp8 data type to st
 KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
 
 
-class InputError(ValueError):
-    """Bad input (exit 2): the message names the culprit."""
-
-
-class CheckFailed(RuntimeError):
-    """The check could not pass (exit 1), e.g. a server that would not start."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +163,6 @@ def _serve_and_measure(opts: Options, label: str, overrides: dict[str, str], pro
 def checkpoint_scales(model_dir: str) -> dict[str, Any] | None:
     """The KV scales the FP8 server loaded from its checkpoint, when it has any (the
     report names what was validated, not only where it lay)."""
-    from .checkpoint import CheckpointError, verify
 
     try:
         rep = verify(model_dir)

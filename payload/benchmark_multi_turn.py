@@ -6,8 +6,9 @@
         --output results/dflash-c32.json
     python3 payload/benchmark_multi_turn.py compare baseline-*.json dflash-*.json --markdown report.md --charts charts/
 
-A thin shim over `kimidflash.bench.cli`; runs from a checkout without
-installing (it puts ../src first on sys.path). Needs httpx and rich
+A thin shim over `kimidflash.bench.cli` (the same command table as
+`python -m kimidflash bench`); runs from a checkout without installing (it puts
+../src first on sys.path). Needs httpx and rich
 (matplotlib for charts). See docs/benchmarking.md.
 """
 

@@ -14,8 +14,9 @@ from typing import Iterator
 import pytest
 
 from kimidflash.bench import validate_result
-from kimidflash.bench.fakeserver import FakeServer, Plan
 from kimidflash.paths import REPO_ROOT
+
+from .fakeserver import FakeServer, Plan
 
 SCRIPT = REPO_ROOT / "payload" / "benchmark_multi_turn.py"
 

@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from kimidflash.bench.client import RequestRecord, chat_payload, split_itls, stream_chat
-from kimidflash.bench.fakeserver import FakeServer, Plan
+
+from .fakeserver import FakeServer, Plan
 
 
 def test_split_itls_spreads_a_multi_token_chunk_over_its_tokens() -> None:

@@ -123,7 +123,7 @@ def test_background_metrics_keys_positions_and_sums_engines() -> None:
     """The slow tests' counter reader (kimidflash.background.metrics) parses with the same parser."""
     from kimidflash.background import metrics
     from kimidflash.bench import BenchConfig, run_benchmark
-    from kimidflash.bench.fakeserver import FakeServer, Plan
+    from .fakeserver import FakeServer, Plan
 
     with FakeServer(Plan(chunks=(1, 2, 3)), spec_tokens=3) as s:
         run_benchmark(BenchConfig(base_url=s.base_url, sessions=2, warmup=0, metrics_settle_timeout=0.3))

@@ -80,7 +80,7 @@ def test_more_sessions_than_prompts_reuses_conversations() -> None:
 
 def test_export_writes_the_prompts_a_run_sends(tmp_path: Path) -> None:
     from kimidflash.bench.cli import main
-    from kimidflash.bench.fakeserver import FakeServer, Plan
+    from .fakeserver import FakeServer, Plan
     from kimidflash.bench import BenchConfig, run_benchmark
 
     out = tmp_path / "peer.jsonl"

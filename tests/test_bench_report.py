@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 
 from kimidflash.bench import BenchConfig, run_benchmark, write_result
-from kimidflash.bench.fakeserver import FakeServer, Plan
-from kimidflash.bench.report import ReportError, compare
+from kimidflash.bench.errors import ReportError
+from kimidflash.bench.report import compare
 from kimidflash.paths import REPO_ROOT
+
+from .fakeserver import FakeServer, Plan
 
 SEED = REPO_ROOT / "benchmarks" / "seed"
 PNG = b"\x89PNG\r\n\x1a\n"

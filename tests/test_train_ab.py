@@ -13,12 +13,12 @@ from typing import Iterator
 import pytest
 
 from kimidflash.bench import load_result
-from kimidflash.bench.fakeserver import FakeServer, Plan
-from kimidflash.bench.report import f_x
+from kimidflash.bench.tables import f_x
 from kimidflash.config import load_config
 from kimidflash.paths import portable
 from kimidflash.train import ab
 
+from .fakeserver import FakeServer, Plan
 from .helpers import CONFIGS, ROOT
 
 OFFLINE = ROOT / "drafters" / "smollm2-135m-dflash" / "offline-acceptance.json"

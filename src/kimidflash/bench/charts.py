@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .report import Acceptance, ReportError, Row, _series_order, by_series_concurrency
+from .errors import ReportError
+from .series import Acceptance, Row, by_series_concurrency, series_order
 
 
 def _plt() -> Any:
@@ -39,7 +40,7 @@ def throughput_chart(rows: list[Row], out: Path) -> Path | None:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for s in _series_order(rows):
+    for s in series_order(rows):
         pts = sorted((c, v) for (ss, c), v in tps.items() if ss == s)
         if pts:
             ax.plot([c for c, _ in pts], [v for _, v in pts], _style(rows, s), marker="o", label=_name(rows, s))
@@ -61,7 +62,7 @@ def latency_chart(rows: list[Row], out: Path) -> Path | None:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for s in _series_order(rows):
+    for s in series_order(rows):
         for data, kind, marker in ((mean, "mean", "o"), (p95, "P95", "^")):
             pts = sorted((c, v) for (ss, c), v in data.items() if ss == s)
             if pts:

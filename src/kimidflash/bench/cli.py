@@ -1,10 +1,14 @@
-"""Command line: `run` (the default, seed-compatible), `compare` and `validate`.
+"""Command line: `run` (the default, seed-compatible), `compare`, `validate`
+and `export-prompts`, as one table of commands run by the package's dispatcher.
 
     benchmark_multi_turn.py --base-url URL/v1 --model NAME --sessions 32 \
         --turns-per-session 1 --max-tokens 512 [--output FILE.json]
     benchmark_multi_turn.py compare A.json B.json [--markdown OUT.md] [--charts DIR]
     benchmark_multi_turn.py validate FILE.json...
     benchmark_multi_turn.py export-prompts --sessions N [--seed S] [--warmup W] --output P.jsonl
+
+The seed's form has no command name: options first means `run`. Also
+`python -m kimidflash bench ...`.
 
 Exit status: 0 done; 2 bad input or unusable server (one line naming the
 culprit); 3 partial result (server died, counters reset); 130 interrupted
@@ -16,13 +20,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
-from .result import ResultError, load_json, validate_result, write_result
-from .runner import BenchConfig, BenchError, Runner
+from ..commands import Command, dispatch
+from ..config import ConfigError, load_config, parse_overrides
+from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from .errors import BenchError, PromptError, ReportError, ResultError
+from .prompts import export_jsonl
+from .report import compare
+from .result import load_json, validate_result, write_result
+from .runner import Runner
+from .series import PUBLISHED_SCHEMA, validate_published
+from .settings import BenchConfig
+from .terminal import print_summary
 
-EXIT_OK, EXIT_USAGE, EXIT_PARTIAL, EXIT_INTERRUPTED = 0, 2, 3, 130
+EXIT_PARTIAL = 3  # the result was written but is partial (server died, counters reset)
 PROG = "benchmark_multi_turn.py"
+
+COMMANDS = (
+    Command("run", "kimidflash.bench.cli:cmd_run",
+            "one benchmark run (the default: options with no command name are run's)"),
+    Command("compare", "kimidflash.bench.cli:cmd_compare", "seed-style tables, Markdown and charts from result files"),
+    Command("validate", "kimidflash.bench.cli:cmd_validate", "check result files against the schema"),
+    Command("export-prompts", "kimidflash.bench.cli:cmd_export",
+            "write the prompts a run sends, as JSONL for vllm bench serve"),
+)
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -103,8 +125,6 @@ def _err(msg: str) -> None:
 
 
 def config_from_args(a: argparse.Namespace, argv: Sequence[str]) -> BenchConfig:
-    from ..config import ConfigError, parse_overrides
-
     try:
         overrides = parse_overrides(a.recipe_set)
     except ConfigError as e:
@@ -115,7 +135,6 @@ def config_from_args(a: argparse.Namespace, argv: Sequence[str]) -> BenchConfig:
     if base_url is None:
         if not a.recipe_config:
             raise BenchError("--base-url is required (or --recipe-config to take it from the recipe)")
-        from ..config import load_config
         try:
             base_url = load_config(a.recipe_config, overrides or None).base_url + "/v1"
         except FileNotFoundError:
@@ -135,50 +154,8 @@ def config_from_args(a: argparse.Namespace, argv: Sequence[str]) -> BenchConfig:
     )
 
 
-def print_summary(doc: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    def f(v: Any, nd: int = 1) -> str:
-        return "—" if v is None else (f"{v:,.{nd}f}" if isinstance(v, float) else str(v))
-
-    t = Table(title=f"{doc['label']}{' (PARTIAL: ' + str(doc['partial_reason']) + ')' if doc['partial'] else ''}")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-    rows = [
-        ("requests completed / failed / not started", f"{doc['completed']} / {doc['failed']} / {doc['not_started']}"),
-        ("errors", ", ".join(f"{k}: {v}" for k, v in doc["errors"].items()) or "none"),
-        ("concurrency", f(doc["max_concurrency"])),
-        ("duration (s)", f(doc["duration"], 2)),
-        ("output tokens", f(doc["total_output_tokens"])),
-        ("output throughput (tok/s)", f(doc["output_throughput"])),
-        ("per-user tok/s (mean)", f(doc["mean_per_user_output_throughput"])),
-        ("TTFT ms mean / p95 / p99", f"{f(doc['mean_ttft_ms'])} / {f(doc['p95_ttft_ms'])} / {f(doc['p99_ttft_ms'])}"),
-        ("TPOT ms mean", f(doc["mean_tpot_ms"], 2)),
-        ("ITL ms mean / p99", f"{f(doc['mean_itl_ms'], 2)} / {f(doc['p99_itl_ms'], 2)}"),
-        ("latency s mean / p95", f"{f((doc['mean_e2el_ms'] or 0) / 1000, 2)} / {f((doc['p95_e2el_ms'] or 0) / 1000, 2)}"),
-        ("slot wait ms mean / p99", f"{f(doc['mean_slot_wait_ms'])} / {f(doc['p99_slot_wait_ms'])}"),
-        ("token counts from", str(doc["token_source"])),
-    ]
-    if doc["spec_decode_num_drafts"] is not None:
-        rates = doc["spec_decode_per_position_acceptance_rates"] or []
-        rows += [
-            ("acceptance rate", f(doc["spec_decode_acceptance_rate"], 3)),
-            ("mean acceptance length", f(doc["spec_decode_acceptance_length"], 3)),
-            ("per-position acceptance", " ".join(f(x, 3) for x in rates)),
-        ]
-    sm = doc["server_metrics"]
-    if sm.get("available"):
-        rows.append(("server generation tokens (delta)", f"{f(sm.get('generation_tokens'), 0)}"
-                     f" (match: {sm.get('output_tokens_match_server')})"))
-    elif sm.get("error"):
-        rows.append(("/metrics", str(sm["error"])))
-    for k, v in rows:
-        t.add_row(k, v)
-    Console(stderr=True).print(t)
-
-
 def cmd_run(argv: Sequence[str]) -> int:
+    """One run: exit 0, 2 (bad input, nothing written), 3 (partial) or 130 (interrupted, partial written)."""
     a = _run_parser().parse_args(argv)
     try:
         cfg = config_from_args(a, argv)
@@ -208,8 +185,7 @@ def cmd_run(argv: Sequence[str]) -> int:
 
 
 def cmd_compare(argv: Sequence[str]) -> int:
-    from .report import ReportError, compare
-
+    """Tables (and optionally Markdown and charts) from result files."""
     a = _compare_parser().parse_args(argv)
     try:
         compare(a.files, baseline=a.baseline, markdown=a.markdown, charts=a.charts, terminal=not a.quiet)
@@ -220,6 +196,7 @@ def cmd_compare(argv: Sequence[str]) -> int:
 
 
 def cmd_validate(argv: Sequence[str]) -> int:
+    """Every file checked, each problem one line; exit 2 when any file is bad."""
     a = _validate_parser().parse_args(argv)
     bad = 0
     for f in a.files:
@@ -229,8 +206,7 @@ def cmd_validate(argv: Sequence[str]) -> int:
             _err(str(e))
             bad += 1
             continue
-        if doc.get("schema") == "kimidflash-bench-published":
-            from .report import validate_published
+        if doc.get("schema") == PUBLISHED_SCHEMA:
             problems = validate_published(doc)
         else:
             problems = validate_result(doc)
@@ -244,8 +220,7 @@ def cmd_validate(argv: Sequence[str]) -> int:
 
 
 def cmd_export(argv: Sequence[str]) -> int:
-    from .prompts import PromptError, export_jsonl
-
+    """The prompts a run would send, for `vllm bench serve`'s custom dataset."""
     a = _export_parser().parse_args(argv)
     try:
         n = export_jsonl(a.output, a.sessions, a.seed, a.warmup, a.prompts)
@@ -257,17 +232,6 @@ def cmd_export(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "export-prompts":
-        return cmd_export(args[1:])
-    if args and args[0] == "compare":
-        return cmd_compare(args[1:])
-    if args and args[0] == "validate":
-        return cmd_validate(args[1:])
-    if args and args[0] == "run":
-        args = args[1:]
-    return cmd_run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return dispatch(COMMANDS, sys.argv[1:] if argv is None else argv, prog=PROG, default="run",
+                    description="Multi-turn streaming benchmark for an OpenAI-compatible server (vLLM) and its "
+                                f"result tools. Options with no command run a benchmark ('{PROG} run -h').")

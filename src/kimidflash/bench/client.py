@@ -121,7 +121,9 @@ def chat_payload(model: str, messages: list[dict[str, str]], max_tokens: int, te
     return body
 
 
-def _worse(a: str, b: str) -> str:
+def worse_source(a: str, b: str) -> str:
+    """The less exact of two token-count sources ("" is no source yet): a request,
+    and a run, report the worst source any of its counts came from."""
     if not a:
         return b
     return a if SOURCES.index(a) >= SOURCES.index(b) else b
@@ -193,13 +195,13 @@ class _Stream:
             if isinstance(tids, list):
                 n += len(tids)
                 rec.token_ids.extend(tids)
-                source = _worse(source, "token_ids")
+                source = worse_source(source, "token_ids")
             elif usage is not None and isinstance(usage.get("completion_tokens"), int):
                 n += usage["completion_tokens"] - self.last_usage_completion
-                source = _worse(source, "usage")
+                source = worse_source(source, "usage")
             elif text or thought:
                 n += 1
-                source = _worse(source, "chunks")
+                source = worse_source(source, "chunks")
         if usage is not None:
             if isinstance(usage.get("completion_tokens"), int):
                 self.last_usage_completion = usage["completion_tokens"]
@@ -210,7 +212,7 @@ class _Stream:
             if rec.first_token is None:
                 rec.first_token = now
             rec.chunks.append((now, n))
-            rec.token_source = _worse(rec.token_source, source)
+            rec.token_source = worse_source(rec.token_source, source)
         rec.end = now
         return False
 

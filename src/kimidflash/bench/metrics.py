@@ -17,12 +17,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable
+
+from .errors import MetricsError
 
 LabelKey = tuple[tuple[str, str], ...]
 SampleKey = tuple[str, LabelKey]
 
-SPEC_PREFIX = "vllm:spec_decode_"
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
@@ -33,10 +34,6 @@ PROMPT_TOKENS = "vllm:prompt_tokens_total"
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?\s*$")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-
-
-class MetricsError(ValueError):
-    """The text is not Prometheus exposition format."""
 
 
 def _parse_value(raw: str) -> float:
@@ -84,10 +81,21 @@ def parse_prometheus(text: str) -> dict[SampleKey, float]:
 
 
 @dataclass
-class Snapshot:
-    """The cumulative counters (`*_total`) of one scrape, filtered to one model."""
+class Counters:
+    """Counter samples keyed by (name, labels): what a scrape and a delta share."""
 
     counters: dict[SampleKey, float]
+
+    def total(self, name: str) -> float | None:
+        """Sum of a counter over all its label sets (engines), None if absent."""
+        vals = [v for (n, _), v in self.counters.items() if n == name]
+        return sum(vals) if vals else None
+
+
+@dataclass
+class Snapshot(Counters):
+    """The cumulative counters (`*_total`) of one scrape, filtered to one model."""
+
     wall_time: float  # time.time() of the scrape
 
     @classmethod
@@ -102,23 +110,13 @@ class Snapshot:
             counters[(name, labels)] = value
         return cls(counters, wall_time)
 
-    def total(self, name: str) -> float | None:
-        """Sum of a counter over all its label sets (engines), None if absent."""
-        vals = [v for (n, _), v in self.counters.items() if n == name]
-        return sum(vals) if vals else None
-
 
 @dataclass
-class Delta:
+class Delta(Counters):
     """after - before, per counter; `reset` lists counters that went backwards."""
 
-    counters: dict[SampleKey, float]
     seconds: float
     reset: list[str] = field(default_factory=list)
-
-    def total(self, name: str) -> float | None:
-        vals = [v for (n, _), v in self.counters.items() if n == name]
-        return sum(vals) if vals else None
 
     def totals(self, prefix: str = "vllm:") -> dict[str, float]:
         """Every counter summed over label sets (engines, finish reasons, positions)."""
@@ -244,18 +242,12 @@ def spec_decode_fields(s: SpecDecodeStats | None) -> dict[str, object]:
     }
 
 
-def metrics_url_for(base_url: str) -> str:
-    """`http://h:p/v1` -> `http://h:p/metrics` (vLLM serves /metrics at the root)."""
-    root = base_url.rstrip("/")
-    if root.endswith("/v1"):
-        root = root[: -len("/v1")]
-    return root + "/metrics"
-
-
 def server_root(base_url: str) -> str:
+    """`http://h:p/v1` -> `http://h:p`: vLLM serves /metrics and /version at the root."""
     root = base_url.rstrip("/")
     return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
-def counters_as_json(m: Mapping[SampleKey, float]) -> list[dict[str, object]]:
-    return [{"name": n, "labels": dict(l), "value": v} for (n, l), v in sorted(m.items())]
+def metrics_url_for(base_url: str) -> str:
+    """`http://h:p/v1` -> `http://h:p/metrics`."""
+    return server_root(base_url) + "/metrics"

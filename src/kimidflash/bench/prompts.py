@@ -17,6 +17,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..fsio import write_text_atomic
+from .errors import PromptError
+
 BUILTIN = "builtin"
 FORMATS = ("auto", "jsonl", "sharegpt")
 
@@ -32,10 +35,6 @@ GENERIC_FOLLOW_UPS: tuple[str, ...] = (
     "Which part of your answer are you least sure about, and why?",
     "Turn that into a short checklist.",
 )
-
-
-class PromptError(ValueError):
-    """A prompt source we cannot use; the message names the file and the line."""
 
 
 @dataclass(frozen=True)
@@ -98,12 +97,11 @@ def parse_sharegpt(text: str, name: str) -> list[Conversation]:
     if not isinstance(data, list):
         raise PromptError(f"{name}: a ShareGPT file is a JSON array of conversations")
     out: list[Conversation] = []
-    skipped = 0
     for i, obj in enumerate(data):
         try:
             out.append(_from_obj(obj, f"{name}[{i}]", i))
         except PromptError:
-            skipped += 1  # ShareGPT dumps hold empty or assistant-only records; skip them
+            pass  # ShareGPT dumps hold empty or assistant-only records; skip them
     if not out:
         raise PromptError(f"{name}: no conversation with a user turn")
     return out
@@ -182,7 +180,5 @@ def export_jsonl(path: str | Path, sessions: int, seed: int, warmup: int = 0, so
     sends the same prompts (the peer cross-check). Returns the number written."""
     convs = load_source(source)
     turns, _ = session_turns(convs, sessions, 1, seed, reserve=warmup)
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text("".join(json.dumps({"prompt": t[0]}, ensure_ascii=False) + "\n" for t in turns), encoding="utf-8")
+    write_text_atomic(path, "".join(json.dumps({"prompt": t[0]}, ensure_ascii=False) + "\n" for t in turns))
     return len(turns)

@@ -10,17 +10,17 @@ recorded portable (paths.portable): repo-relative, `$KIMIDFLASH_CACHE/...`,
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import platform
 import shlex
 import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from .. import __version__
+from ..config import load_config
+from ..fsio import git_info, utc_now
 from ..paths import REPO_ROOT, portable, portable_argv
 
 # Recipe config keys that describe the served deployment (never secrets).
@@ -33,26 +33,6 @@ RECIPE_KEYS = (
 )
 # Of those, the ones holding a path (recorded through portable()).
 RECIPE_PATH_KEYS = ("MODEL_DIR", "DRAFT_MODEL_DIR")
-
-
-def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def git_info(root: Path = REPO_ROOT) -> dict[str, Any]:
-    """Revision of the checkout the tool runs from; None outside a checkout."""
-    def git(*args: str) -> str | None:
-        try:
-            r = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return r.stdout.strip() if r.returncode == 0 else None
-
-    rev = git("rev-parse", "HEAD")
-    if rev is None:
-        return {"revision": None, "dirty": None}
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"revision": rev, "dirty": bool(status) if status is not None else None}
 
 
 def host_info() -> dict[str, Any]:
@@ -93,8 +73,6 @@ def recipe_info(path: str | None, overrides: dict[str, str] | None = None) -> di
     """
     if not path:
         return None
-    from ..config import load_config
-
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"recipe config not found: {p}")
@@ -115,7 +93,7 @@ def local_provenance(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return {
         "tool": "kimidflash.bench",
         "tool_version": __version__,
-        "git": git_info(),
+        "git": git_info(REPO_ROOT),
         "host": host_info(),
         "command": portable_argv(redacted_argv(list(argv if argv is not None else sys.argv))),
         "utc_time": utc_now(),

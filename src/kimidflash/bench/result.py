@@ -23,16 +23,13 @@ from typing import Any
 
 from ..fsio import write_text_atomic
 from . import stats
-from .client import SOURCES, RequestRecord
+from .client import RequestRecord, worse_source
+from .errors import ResultError
 from .metrics import (GENERATION_TOKENS, PROMPT_TOKENS, Delta, SpecDecodeStats,
                       spec_decode_fields)
 
 SCHEMA_NAME = "kimidflash-bench-result"
 SCHEMA_VERSION = 1
-
-
-class ResultError(ValueError):
-    """A result file we cannot read; the message names the file."""
 
 
 @dataclass
@@ -141,17 +138,57 @@ def _per_request_spec(records: list[RequestRecord]) -> dict[str, Any] | None:
     return out
 
 
-def build_result(run: RunData) -> dict[str, Any]:
-    ok = [r for r in run.records if r.ok]
-    failed = [r for r in run.records if not r.ok]
+def _error_counts(records: list[RequestRecord]) -> dict[str, int]:
     errors: dict[str, int] = {}
-    for r in failed:
-        errors[r.error or "unknown"] = errors.get(r.error or "unknown", 0) + 1
-    t0 = run.t0 or 0.0
-    duration = (run.t_end - run.t0) if (run.t0 is not None and run.t_end is not None) else 0.0
+    for r in records:
+        if not r.ok:
+            errors[r.error or "unknown"] = errors.get(r.error or "unknown", 0) + 1
+    return dict(sorted(errors.items()))
+
+
+def _duration(run: RunData) -> float:
+    return (run.t_end - run.t0) if (run.t0 is not None and run.t_end is not None) else 0.0
+
+
+def _counts(run: RunData, ok: list[RequestRecord]) -> dict[str, Any]:
+    """What ran and how much came back: requests, tokens, throughput, the client's CPU."""
+    duration = _duration(run)
     out_tokens = sum(r.output_tokens or 0 for r in ok)
     in_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    worst = ""
+    for r in ok:
+        if r.token_source:
+            worst = worse_source(worst, r.token_source)
 
+    def rate(n: float) -> float | None:
+        return _r(n / duration if duration > 0 else None, 6)
+
+    return {
+        "max_concurrency": run.config.get("concurrency"),
+        "num_sessions": run.config.get("sessions"),
+        "turns_per_session": run.config.get("turns_per_session"),
+        "num_prompts": run.planned_requests,
+        "completed": len(ok),
+        "failed": len(run.records) - len(ok),
+        "not_started": run.planned_requests - len(run.records),
+        "errors": _error_counts(run.records),
+        "duration": _r(duration, 6),
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput": rate(len(ok)),
+        "output_throughput": rate(out_tokens),
+        "total_token_throughput": rate(in_tokens + out_tokens),
+        "token_source": worst or None,
+        "client_cpu_seconds": _r(run.client_cpu_seconds, 6),
+        "client_cpu_utilization": _r(run.client_cpu_seconds / duration
+                                     if run.client_cpu_seconds is not None and duration > 0 else None, 3),
+    }
+
+
+def _latency(ok: list[RequestRecord]) -> dict[str, Any]:
+    """Distributions in `vllm bench serve` style: TTFT, TPOT, ITL, latency, slot
+    waits, and output tokens per second per user (a session's tokens over its
+    time in requests) and per request."""
     per_user: list[float] = []
     for s in sorted({r.session for r in ok}):
         mine = [r for r in ok if r.session == s]
@@ -159,50 +196,20 @@ def build_result(run: RunData) -> dict[str, Any]:
         if busy > 0:
             per_user.append(sum(r.output_tokens or 0 for r in mine) / busy)
     per_request_tps = [r.output_tokens / r.e2el for r in ok if r.e2el and r.output_tokens]
+    out: dict[str, Any] = {}
+    out.update(stats.summarize("ttft", "ms", [r.ttft for r in ok if r.ttft is not None], 1000))
+    out.update(stats.summarize("tpot", "ms", [r.tpot for r in ok if r.tpot is not None], 1000))
+    out.update(stats.summarize("itl", "ms", [x for r in ok for x in r.itls], 1000))
+    out.update(stats.summarize("e2el", "ms", [r.e2el for r in ok if r.e2el is not None], 1000))
+    out.update(stats.summarize("slot_wait", "ms", [r.slot_wait for r in ok if r.slot_wait is not None], 1000))
+    out.update(stats.summarize("per_user_output_throughput", "", per_user))
+    out.update(stats.summarize("per_request_output_throughput", "", per_request_tps))
+    return out
 
-    worst = ""
-    for r in ok:
-        if r.token_source:
-            worst = r.token_source if not worst or SOURCES.index(r.token_source) > SOURCES.index(worst) else worst
 
-    doc: dict[str, Any] = {
-        "schema": SCHEMA_NAME,
-        "schema_version": SCHEMA_VERSION,
-        "partial": run.partial,
-        "partial_reason": run.partial_reason,
-        "label": run.label,
-        "speculative": run.speculative,
-        "date": run.start_utc,
-        "provenance": run.provenance,
-        "config": run.config,
-        "max_concurrency": run.config.get("concurrency"),
-        "num_sessions": run.config.get("sessions"),
-        "turns_per_session": run.config.get("turns_per_session"),
-        "num_prompts": run.planned_requests,
-        "completed": len(ok),
-        "failed": len(failed),
-        "not_started": run.planned_requests - len(run.records),
-        "errors": dict(sorted(errors.items())),
-        "duration": _r(duration, 6),
-        "total_input_tokens": in_tokens,
-        "total_output_tokens": out_tokens,
-        "request_throughput": _r(len(ok) / duration if duration > 0 else None, 6),
-        "output_throughput": _r(out_tokens / duration if duration > 0 else None, 6),
-        "total_token_throughput": _r((in_tokens + out_tokens) / duration if duration > 0 else None, 6),
-        "token_source": worst or None,
-        "client_cpu_seconds": _r(run.client_cpu_seconds, 6),
-        "client_cpu_utilization": _r(run.client_cpu_seconds / duration
-                                     if run.client_cpu_seconds is not None and duration > 0 else None, 3),
-    }
-    doc.update(stats.summarize("ttft", "ms", [r.ttft for r in ok if r.ttft is not None], 1000))
-    doc.update(stats.summarize("tpot", "ms", [r.tpot for r in ok if r.tpot is not None], 1000))
-    doc.update(stats.summarize("itl", "ms", [x for r in ok for x in r.itls], 1000))
-    doc.update(stats.summarize("e2el", "ms", [r.e2el for r in ok if r.e2el is not None], 1000))
-    doc.update(stats.summarize("slot_wait", "ms", [r.slot_wait for r in ok if r.slot_wait is not None], 1000))
-    doc.update(stats.summarize("per_user_output_throughput", "", per_user))
-    doc.update(stats.summarize("per_request_output_throughput", "", per_request_tps))
-    doc.update(spec_decode_fields(run.spec))
-
+def _server_metrics(run: RunData, out_tokens: int) -> dict[str, Any]:
+    """The /metrics deltas of the window, and whether the server counted the
+    tokens we did."""
     server: dict[str, Any] = {"url": run.metrics_url, "available": run.metrics_delta is not None,
                               "error": run.metrics_error}
     if run.metrics_delta is not None:
@@ -216,18 +223,51 @@ def build_result(run: RunData) -> dict[str, Any]:
             "prompt_tokens": d.total(PROMPT_TOKENS),
             "output_tokens_match_server": None if gen is None else (gen == out_tokens),
         })
-    doc["server_metrics"] = server
-    doc["per_request_spec_decode"] = _per_request_spec(ok)
-    w_ok = [r for r in run.warmup if r.ok]
-    w_err: dict[str, int] = {}
-    for r in run.warmup:
-        if not r.ok:
-            w_err[r.error or "unknown"] = w_err.get(r.error or "unknown", 0) + 1
-    doc["warmup"] = {"requests": len(run.warmup), "completed": len(w_ok), "errors": w_err}
-    busy = client_busy_note(run.client_cpu_seconds, duration)
+    return server
+
+
+def build_result(run: RunData) -> dict[str, Any]:
+    """The result document: identity, counts, latency, spec decode, server
+    metrics, warm-up, notes and every request (the key order is the file's)."""
+    ok = [r for r in run.records if r.ok]
+    counts = _counts(run, ok)
+    doc: dict[str, Any] = {
+        "schema": SCHEMA_NAME,
+        "schema_version": SCHEMA_VERSION,
+        "partial": run.partial,
+        "partial_reason": run.partial_reason,
+        "label": run.label,
+        "speculative": run.speculative,
+        "date": run.start_utc,
+        "provenance": run.provenance,
+        "config": run.config,
+        **counts,
+        **_latency(ok),
+        **spec_decode_fields(run.spec),
+        "server_metrics": _server_metrics(run, counts["total_output_tokens"]),
+        "per_request_spec_decode": _per_request_spec(ok),
+        "warmup": {"requests": len(run.warmup), "completed": sum(1 for r in run.warmup if r.ok),
+                   "errors": _error_counts(run.warmup)},
+    }
+    busy = client_busy_note(run.client_cpu_seconds, _duration(run))
     doc["notes"] = run.notes + ([busy] if busy else [])
+    t0 = run.t0 or 0.0
     doc["requests"] = [request_entry(r, t0) for r in sorted(run.records, key=lambda r: (r.due, r.session))]
     return doc
+
+
+def default_label(recipe: dict[str, Any] | None, speculative: bool | None, spec: SpecDecodeStats | None) -> str:
+    """The series name when the user gave none: from the recipe config when the
+    server was launched by it, else from what /metrics showed."""
+    if recipe is not None:
+        v = recipe["values"]
+        if recipe["speculative"]:
+            return f"{v.get('SPECULATIVE_METHOD')} k={v.get('NUM_SPECULATIVE_TOKENS')}"
+        return "autoregressive"
+    if speculative:
+        k = spec.num_speculative_tokens if spec is not None else None
+        return f"speculative k={k}" if k else "speculative"
+    return "autoregressive" if speculative is False else "unlabelled"
 
 
 # --- validation ---------------------------------------------------------------------------
@@ -252,9 +292,15 @@ REQUEST_KEYS = ("session", "turn", "due_s", "slot_wait_ms", "ttft_ms", "e2el_ms"
 
 
 def validate_result(doc: Any) -> list[str]:
-    """Problems with a result document (empty when valid)."""
+    """Problems with a result document (empty when valid): its shape first, then
+    whether its figures agree with the requests it lists."""
     if not isinstance(doc, dict):
         return ["not a JSON object"]
+    return _shape_problems(doc) or _consistency_problems(doc)
+
+
+def _shape_problems(doc: dict[str, Any]) -> list[str]:
+    """Schema, required keys and their types, provenance and request keys."""
     problems: list[str] = []
     if doc.get("schema") != SCHEMA_NAME:
         problems.append(f"schema is {doc.get('schema')!r}, expected {SCHEMA_NAME!r}")
@@ -278,16 +324,20 @@ def validate_result(doc: Any) -> list[str]:
             problems.append(f"missing provenance.{key}")
     if doc["partial"] and not doc.get("partial_reason"):
         problems.append("partial result without partial_reason")
-    reqs = doc["requests"]
-    for i, r in enumerate(reqs):
+    for i, r in enumerate(doc["requests"]):
         if not isinstance(r, dict):
             problems.append(f"requests[{i}] is not an object")
             continue
         for k in REQUEST_KEYS:
             if k not in r:
                 problems.append(f"requests[{i}] missing {k}")
-    if problems:
-        return problems
+    return problems
+
+
+def _consistency_problems(doc: dict[str, Any]) -> list[str]:
+    """Counts and token totals against the listed requests; ITLs against tokens."""
+    problems: list[str] = []
+    reqs = doc["requests"]
     ok = [r for r in reqs if r["error"] is None]
     if doc["completed"] != len(ok):
         problems.append(f"completed={doc['completed']} but {len(ok)} successful requests listed")

@@ -25,82 +25,23 @@ import dataclasses
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..fsio import utc_now
 from ..paths import portable
 from . import prompts as prompt_mod
 from .client import CONNECTION_ERRORS, RequestRecord, chat_payload, stream_chat
-from .metrics import GENERATION_TOKENS, MetricsError, Snapshot, delta, metrics_url_for, server_root, spec_decode_stats
-from .provenance import local_provenance, recipe_info, utc_now
-from .result import RunData, build_result
+from .errors import BenchError, MetricsError, PromptError
+from .metrics import GENERATION_TOKENS, Snapshot, delta, metrics_url_for, server_root, spec_decode_stats
+from .provenance import local_provenance, recipe_info
+from .result import RunData, build_result, default_label
+from .settings import BenchConfig
 
-
-class BenchError(Exception):
-    """Bad input or an unusable server: one line naming the culprit."""
-
-
-@dataclass
-class BenchConfig:
-    base_url: str
-    model: str | None = None  # None: the recipe config's SERVED_MODEL_NAME, else the server's only model
-    sessions: int = 32
-    turns_per_session: int = 1
-    concurrency: int | None = None  # default: sessions
-    max_tokens: int = 512
-    temperature: float = 0.0
-    warmup: int = 2
-    warmup_max_tokens: int = 16
-    seed: int = 0
-    prompts: str | None = None  # None/"builtin" or a JSONL / ShareGPT file
-    system_prompt: str | None = None
-    think_time: float = 0.0
-    timeout: float = 600.0
-    api_key: str | None = None
-    label: str | None = None
-    scrape_metrics: bool = True
-    metrics_url: str | None = None
-    vllm_extensions: bool = True
-    ignore_eos: bool = False
-    recipe_config: str | None = None
-    recipe_overrides: dict[str, str] | None = None  # the --set KEY=VALUE the server was launched with
-    speculative: bool | None = None  # None: from the recipe config, else from /metrics
-    max_connection_errors: int = 3
-    metrics_settle_timeout: float = 5.0
-    progress: bool = False
-    handle_signals: bool = False
-    argv: Sequence[str] | None = None
-
-    def checked(self) -> "BenchConfig":
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise BenchError(msg)
-        url = self.base_url.strip()
-        need(url.startswith(("http://", "https://")) and len(url) > len("http://"),
-             f"--base-url must be an http(s) URL like http://127.0.0.1:8262/v1, got {self.base_url!r}")
-        need(self.sessions >= 1, f"--sessions must be at least 1, got {self.sessions}")
-        need(self.turns_per_session >= 1, f"--turns-per-session must be at least 1, got {self.turns_per_session}")
-        need(self.concurrency is None or self.concurrency >= 1, f"--concurrency must be at least 1, got {self.concurrency}")
-        need(self.max_tokens >= 1, f"--max-tokens must be at least 1, got {self.max_tokens}")
-        need(self.warmup >= 0, f"--warmup must be 0 or more, got {self.warmup}")
-        need(self.timeout > 0, f"--timeout must be positive, got {self.timeout}")
-        need(self.think_time >= 0, f"--think-time must be 0 or more, got {self.think_time}")
-        need(self.temperature >= 0, f"--temperature must be 0 or more, got {self.temperature}")
-        return dataclasses.replace(self, base_url=url.rstrip("/"),
-                                   concurrency=self.concurrency or self.sessions)
-
-    def public(self) -> dict[str, Any]:
-        """The run's settings for the result file (no API key)."""
-        d = dataclasses.asdict(self)
-        for k in ("api_key", "argv", "progress", "handle_signals"):
-            d.pop(k, None)
-        d["api_key_set"] = bool(self.api_key)
-        d["prompts"] = portable(self.prompts or prompt_mod.BUILTIN)
-        d["recipe_config"] = portable(self.recipe_config) if self.recipe_config else self.recipe_config
-        if self.recipe_overrides:
-            d["recipe_overrides"] = {k: portable(v) for k, v in self.recipe_overrides.items()}
-        return d
+__all__ = ["BenchConfig", "BenchError", "Runner", "arun_benchmark", "run_benchmark"]
 
 
 @dataclass
@@ -112,6 +53,22 @@ class _State:
     reason: str | None = None
     interrupted: bool = False
     consecutive_conn_errors: int = 0
+
+
+@dataclass
+class _Window:
+    """What the measured window gave: the server's identity, the two /metrics
+    scrapes around the window (or why one is missing) and its times."""
+
+    server: dict[str, Any] | None = None
+    metrics_url: str = ""
+    before: Snapshot | None = None
+    after: Snapshot | None = None
+    metrics_error: str | None = None
+    start_utc: str | None = None
+    t0: float | None = None  # perf_counter at the start of the window
+    t_end: float | None = None
+    client_cpu: float | None = None
 
 
 class Runner:
@@ -294,6 +251,22 @@ class Runner:
         loop.remove_signal_handler(sig)
 
     async def run(self) -> dict[str, Any]:
+        """Inputs, then the measured window, then the result document. A single
+        Ctrl-C (with `handle_signals`) ends the window early; the result is partial."""
+        recipe, session_prompts, warm_prompts = self._inputs()
+        installed = self._install_signals()
+        try:
+            window = await self._measure(session_prompts, warm_prompts)
+        finally:
+            self._stop_progress()
+            loop = asyncio.get_running_loop()
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+        return self._summarise(recipe, window)
+
+    def _inputs(self) -> tuple[dict[str, Any] | None, list[list[str]], list[str]]:
+        """The recipe config that launched the server (it may name the model) and
+        the prompts: every session's turns, and the warm-up prompts kept apart."""
         cfg = self.cfg
         try:
             recipe = recipe_info(cfg.recipe_config, cfg.recipe_overrides)
@@ -305,58 +278,54 @@ class Runner:
             cfg = self.cfg = dataclasses.replace(cfg, model=recipe["values"].get("SERVED_MODEL_NAME") or None)
         try:
             convs = prompt_mod.load_source(cfg.prompts)
-        except (prompt_mod.PromptError, OSError) as e:
+        except (PromptError, OSError) as e:
             raise BenchError(str(e)) from None
         session_prompts, warm_prompts = prompt_mod.session_turns(
             convs, cfg.sessions, cfg.turns_per_session, cfg.seed, reserve=cfg.warmup)
+        return recipe, session_prompts, warm_prompts
 
+    async def _measure(self, session_prompts: list[list[str]], warm_prompts: list[str]) -> _Window:
+        """Preflight, warm-up, /metrics before, every session, /metrics after (settled)."""
+        cfg = self.cfg
         assert cfg.concurrency is not None
         limits = httpx.Limits(max_connections=cfg.concurrency + 4, max_keepalive_connections=cfg.concurrency + 4)
         timeout = httpx.Timeout(connect=10.0, read=cfg.timeout, write=30.0, pool=None)
-        installed = self._install_signals()
-        metrics_url = cfg.metrics_url or metrics_url_for(cfg.base_url)
-        before: Snapshot | None = None
-        metrics_error: str | None = None
-        t0 = t_end = client_cpu = None
-        start_utc = None
-        try:
-            async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
-                server = await self._preflight(client)
-                cfg = self.cfg
-                slots = asyncio.Semaphore(cfg.concurrency)
-                if warm_prompts and not self.st.stop.is_set():
-                    await self._warmup(client, slots, warm_prompts)
-                if cfg.scrape_metrics:
-                    try:
-                        # settle: warm-up tokens must land before the window, not in it
-                        before = await (self._settled_scrape(client, metrics_url) if self.st.warmup
-                                        else self._scrape(client, metrics_url))
-                    except (httpx.HTTPError, MetricsError) as e:
-                        metrics_error = f"before the window: {type(e).__name__}: {e}"
-                if not self.st.stop.is_set():
-                    self._start_progress(cfg.sessions * cfg.turns_per_session)
-                    start_utc = utc_now()
-                    t0 = time.perf_counter()
-                    cpu0 = time.process_time()
-                    await self._gather([self._session(client, slots, s, turns, t0)
-                                        for s, turns in enumerate(session_prompts)])
-                    client_cpu = time.process_time() - cpu0
-                    ends = [r.end for r in self.st.records if r.end is not None]
-                    t_end = max(ends) if ends else time.perf_counter()
-                after: Snapshot | None = None
-                if before is not None and t0 is not None:
-                    try:
-                        after = await self._settled_scrape(client, metrics_url)
-                    except (httpx.HTTPError, MetricsError) as e:
-                        metrics_error = f"after the window: {type(e).__name__}: {e}"
-                        self.st.reason = self.st.reason or f"server unreachable after the run ({metrics_error})"
-        finally:
-            self._stop_progress()
-            loop = asyncio.get_running_loop()
-            for sig in installed:
-                loop.remove_signal_handler(sig)
+        w = _Window(metrics_url=cfg.metrics_url or metrics_url_for(cfg.base_url))
+        async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+            w.server = await self._preflight(client)
+            cfg = self.cfg
+            slots = asyncio.Semaphore(cfg.concurrency)
+            if warm_prompts and not self.st.stop.is_set():
+                await self._warmup(client, slots, warm_prompts)
+            if cfg.scrape_metrics:
+                try:
+                    # settle: warm-up tokens must land before the window, not in it
+                    w.before = await (self._settled_scrape(client, w.metrics_url) if self.st.warmup
+                                      else self._scrape(client, w.metrics_url))
+                except (httpx.HTTPError, MetricsError) as e:
+                    w.metrics_error = f"before the window: {type(e).__name__}: {e}"
+            if not self.st.stop.is_set():
+                self._start_progress(cfg.sessions * cfg.turns_per_session)
+                w.start_utc = utc_now()
+                w.t0 = time.perf_counter()
+                cpu0 = time.process_time()
+                await self._gather([self._session(client, slots, s, turns, w.t0)
+                                    for s, turns in enumerate(session_prompts)])
+                w.client_cpu = time.process_time() - cpu0
+                ends = [r.end for r in self.st.records if r.end is not None]
+                w.t_end = max(ends) if ends else time.perf_counter()
+            if w.before is not None and w.t0 is not None:
+                try:
+                    w.after = await self._settled_scrape(client, w.metrics_url)
+                except (httpx.HTTPError, MetricsError) as e:
+                    w.metrics_error = f"after the window: {type(e).__name__}: {e}"
+                    self.st.reason = self.st.reason or f"server unreachable after the run ({w.metrics_error})"
+        return w
 
-        d = delta(before, after) if (before is not None and after is not None) else None
+    def _summarise(self, recipe: dict[str, Any] | None, w: _Window) -> dict[str, Any]:
+        """Counter deltas, whether the run was speculative, why it is partial, and the document."""
+        cfg = self.cfg
+        d = delta(w.before, w.after) if (w.before is not None and w.after is not None) else None
         spec = spec_decode_stats(d) if d is not None else None
         speculative = cfg.speculative
         if speculative is None and recipe is not None:
@@ -367,18 +336,17 @@ class Runner:
         if d is not None and d.reset:
             notes.append("server counters went backwards (restart?): " + ", ".join(d.reset))
             self.st.reason = self.st.reason or "server counters reset during the run"
-        if self.st.interrupted and t0 is None:
+        if self.st.interrupted and w.t0 is None:
             self.st.reason = self.st.reason or "interrupted before the measured window"
         prov = local_provenance(cfg.argv)
-        prov.update({"server": server, "model": cfg.model, "recipe_config": recipe})
-        label = cfg.label or _default_label(recipe, speculative, spec)
+        prov.update({"server": w.server, "model": cfg.model, "recipe_config": recipe})
         run = RunData(
-            config=cfg.public(), provenance=prov, label=label, speculative=speculative,
-            planned_requests=cfg.sessions * cfg.turns_per_session, records=self.st.records,
-            warmup=self.st.warmup, t0=t0, t_end=t_end, start_utc=start_utc,
-            metrics_url=metrics_url if cfg.scrape_metrics else None, metrics_error=metrics_error,
+            config=cfg.public(), provenance=prov, label=cfg.label or default_label(recipe, speculative, spec),
+            speculative=speculative, planned_requests=cfg.sessions * cfg.turns_per_session,
+            records=self.st.records, warmup=self.st.warmup, t0=w.t0, t_end=w.t_end, start_utc=w.start_utc,
+            metrics_url=w.metrics_url if cfg.scrape_metrics else None, metrics_error=w.metrics_error,
             metrics_delta=d, spec=spec, partial=self.st.reason is not None,
-            partial_reason=self.st.reason, notes=notes, client_cpu_seconds=client_cpu,
+            partial_reason=self.st.reason, notes=notes, client_cpu_seconds=w.client_cpu,
         )
         return build_result(run)
 
@@ -386,9 +354,6 @@ class Runner:
     def _start_progress(self, total: int) -> None:
         if not self.cfg.progress:
             return
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         # stderr: stdout stays free for whatever a caller pipes
         self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                   TimeElapsedColumn(), transient=False, console=Console(stderr=True))
@@ -399,18 +364,6 @@ class Runner:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
-
-
-def _default_label(recipe: dict[str, Any] | None, speculative: bool | None, spec: Any) -> str:
-    if recipe is not None:
-        v = recipe["values"]
-        if recipe["speculative"]:
-            return f"{v.get('SPECULATIVE_METHOD')} k={v.get('NUM_SPECULATIVE_TOKENS')}"
-        return "autoregressive"
-    if speculative:
-        k = getattr(spec, "num_speculative_tokens", None)
-        return f"speculative k={k}" if k else "speculative"
-    return "autoregressive" if speculative is False else "unlabelled"
 
 
 async def arun_benchmark(cfg: BenchConfig) -> dict[str, Any]:

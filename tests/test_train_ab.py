@@ -17,7 +17,7 @@ from kimidflash.bench.fakeserver import FakeServer, Plan
 from kimidflash.bench.report import f_x
 from kimidflash.config import load_config
 from kimidflash.paths import portable
-from kimidflash.train import ab
+from kimidflash.bench import ab
 
 from .helpers import CONFIGS, ROOT
 

@@ -51,15 +51,15 @@ def drafter_readme(cfg: TrainConfig, manifest: dict[str, Any], st: dict[str, Any
     origin = (manifest.get("target") or {}).get("origin") or {}
     cap = manifest.get("capture", {})
     tr = manifest.get("train", {})
-    lines = [f"# {cfg['name']}: a DFlash drafter trained by `./train-drafter.sh`", "",
+    lines = [f"# {cfg.name}: a DFlash drafter trained by `./train-drafter.sh`", "",
              f"Target: `{(manifest.get('target') or {}).get('dir')}`" + (f" ({origin.get('note')})" if origin else ""),
-             "", f"- drafter shape: `{Path(cfg['drafter_config']).name}`, exported in vLLM's DFlash format",
+             "", f"- drafter shape: `{Path(cfg.drafter_config or '').name}`, exported in vLLM's DFlash format",
              f"- data: {cap.get('train_records')} regenerated training records ({cap.get('train_response_tokens')} "
-             f"response tokens), {cap.get('heldout_records')} held out; prompts `{cfg['data']['prompts']}` "
-             f"(seed {cfg['seed']}), regen sampling {manifest.get('regen', {}).get('sampling')}",
-             f"- training: {st['step']} steps of batch {cfg['train']['batch_size']} x {cfg['train']['anchors_per_seq']} "
-             f"anchors, block {cfg['train']['block_size']}, gamma {cfg['train']['gamma']}, lr {cfg['train']['lr']}, "
-             f"autocast {cfg['train']['autocast']}; loss curve `loss-curve.png`, history `loss-history.json`",
+             f"response tokens), {cap.get('heldout_records')} held out; prompts `{cfg.data.prompts}` "
+             f"(seed {cfg.seed}), regen sampling {manifest.get('regen', {}).get('sampling')}",
+             f"- training: {st['step']} steps of batch {cfg.train.batch_size} x {cfg.train.anchors_per_seq} "
+             f"anchors, block {cfg.train.block_size}, gamma {cfg.train.gamma}, lr {cfg.train.lr}, "
+             f"autocast {cfg.train.autocast}; loss curve `loss-curve.png`, history `loss-history.json`",
              f"- final mean loss over the last 50 steps: {tr.get('final_loss_mean_last50')}"]
     if ev:
         for k, r in ev["by_k"].items():
@@ -79,7 +79,7 @@ def export_run(cfg: TrainConfig, run: Path, log=print) -> Path:
     manifest = json.loads((run / "manifest.json").read_text())
     manifest["exported_from_step"] = st["step"]
     png = run / "loss-curve.png"
-    loss_curve_png(st["history"], png, f"{cfg['name']}: {st['step']} steps")
+    loss_curve_png(st["history"], png, f"{cfg.name}: {st['step']} steps")
     extras = {"manifest.json": (json.dumps(manifest, indent=2) + "\n").encode()}
     if png.is_file():
         extras["loss-curve.png"] = png.read_bytes()

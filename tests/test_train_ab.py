@@ -16,7 +16,7 @@ from kimidflash.bench import load_result
 from kimidflash.bench.tables import f_x
 from kimidflash.config import load_config
 from kimidflash.paths import portable
-from kimidflash.train import ab
+from kimidflash.bench import ab
 
 from .fakeserver import FakeServer, Plan
 from .helpers import CONFIGS, ROOT

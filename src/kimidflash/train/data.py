@@ -24,6 +24,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from ..bench.prompts import PromptError, load_builtin, load_file
+from .errors import DataError
+
 TEMPLATES: tuple[str, ...] = (
     "Explain {s} to a curious teenager.",
     "Write a short paragraph about {s}.",
@@ -72,10 +75,6 @@ SUBJECTS: tuple[str, ...] = (
 )
 
 
-class DataError(ValueError):
-    """A prompt or record file we cannot use; the message names it."""
-
-
 def synthetic_prompts(n: int, seed: int) -> list[dict[str, str]]:
     """`n` distinct prompts {id, prompt}, deterministic in `seed`."""
     combos = [(t, s) for t in TEMPLATES for s in SUBJECTS]
@@ -95,14 +94,10 @@ def load_prompts(spec: str, seed: int) -> list[dict[str, str]]:
             raise DataError(f"prompts '{spec}': expected synthetic:N") from None
         return synthetic_prompts(n, seed)
     if spec == "builtin":
-        from ..bench.prompts import load_builtin
-
         return [{"id": c.id, "prompt": c.turns[0]} for c in load_builtin()]
     path = Path(spec).expanduser()
     if not path.is_file():
         raise DataError(f"prompts file not found: {path}")
-    from ..bench.prompts import PromptError, load_file
-
     try:
         return [{"id": c.id, "prompt": c.turns[0]} for c in load_file(path)]
     except PromptError as e:

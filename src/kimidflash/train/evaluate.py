@@ -14,14 +14,20 @@ tokens all match, the same cumulative form as vLLM's
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import objective as obj
+from ..fsio import write_json_atomic
 from .batch import collate
+from .capture import ShardStore, StreamStore, make_source, training_records
+from .config import TrainConfig
+from .errors import TrainConfigError
+from .model import DFlashDrafter
+from .progress import bar
+from .target import target_info
+from .trainer import load_target_head
 
 
 def acceptance_lengths(pred: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
@@ -51,12 +57,10 @@ def eval_anchors(loss_mask: torch.Tensor, k: int) -> torch.Tensor:
 def offline_acceptance(model, store, k: int, max_records: int | None = None, chunk: int = 48,
                        autocast: bool = False) -> dict[str, Any]:
     """Teacher-forced acceptance of `model` over `store` at k speculative tokens (block = 1 + k)."""
-    mask_id = model.cfg["dflash_config"]["mask_token_id"]
+    mask_id = model.shape.mask_token_id
     B = k + 1
     lengths = []
     n = len(store) if max_records is None else min(max_records, len(store))
-    from .progress import bar
-
     with bar(f"eval k={k}", n) as advance:
         for i in range(n):
             ids, lm, f = store.get(i)
@@ -75,9 +79,8 @@ def offline_acceptance(model, store, k: int, max_records: int | None = None, chu
     return summarize(torch.cat(lengths) if lengths else torch.zeros(0, dtype=torch.long), k)
 
 
-def load_checkpoint_model(run: Path, model_dir: str | Path):
-    from .trainer import DFlashDrafter, load_target_head
-
+def load_checkpoint_model(run: Path, model_dir: str | Path) -> tuple[DFlashDrafter, dict[str, Any]]:
+    """The drafter of the run's last checkpoint (its shape is the one recorded there), and the checkpoint."""
     st = torch.load(run / "checkpoints" / "last.pt", weights_only=False)
     embed, head = load_target_head(model_dir)
     model = DFlashDrafter(st["shape"], embed, head)
@@ -85,28 +88,25 @@ def load_checkpoint_model(run: Path, model_dir: str | Path):
     return model.eval(), st
 
 
-def evaluate_run(cfg: dict[str, Any], run: Path, log=print) -> dict[str, Any]:
-    from .capture import ShardStore, StreamStore, make_source, training_records
-    from .cli import target_info
-
-    model_dir = target_info(cfg)["model_dir"]
+def evaluate_run(cfg: TrainConfig, run: Path, log=print) -> dict[str, Any]:
+    model_dir = target_info(cfg).model_dir
     model, st = load_checkpoint_model(run, model_dir)
-    if cfg["capture"]["mode"] == "cache":
-        store = ShardStore(run / "capture", "train" if cfg["eval"]["split"] == "train" else "heldout")
+    split = cfg.eval.split
+    if cfg.capture.mode == "cache":
+        store = ShardStore(run / "capture", "train" if split == "train" else "heldout")
     else:
         tr, held = training_records(cfg, run)
-        store = StreamStore(tr if cfg["eval"]["split"] == "train" else held, make_source(cfg, model_dir, st["shape"]["dflash_config"]["target_layer_ids"]))
+        store = StreamStore(tr if split == "train" else held, make_source(cfg, model_dir, model.shape.target_layer_ids))
     if not len(store):
-        raise ValueError(f"{run}: no {cfg['eval']['split']} records captured")
-    res = {"step": st["step"], "split": cfg["eval"]["split"], "records": min(len(store), cfg["eval"]["max_records"]),
+        raise TrainConfigError(f"{run}: no {split} records captured")
+    res = {"step": st["step"], "split": split, "records": min(len(store), cfg.eval.max_records),
            "definition": "teacher-forced against the target's greedy continuation; block = 1 + k", "by_k": {}}
-    for k in cfg["eval"]["k"]:
-        if k + 1 > cfg["train"]["block_size"]:
-            raise ValueError(f"eval.k {k}: needs a block of {k + 1} > the drafter's block size")
-        r = offline_acceptance(model, store, k, cfg["eval"]["max_records"],
-                               autocast=cfg["train"]["autocast"] == "bfloat16")
+    for k in cfg.eval.k:
+        if k + 1 > cfg.train.block_size:
+            raise TrainConfigError(f"eval.k {k}: needs a block of {k + 1} > the drafter's block size")
+        r = offline_acceptance(model, store, k, cfg.eval.max_records, autocast=cfg.train.autocast == "bfloat16")
         res["by_k"][str(k)] = r
         log(f"eval: k={k} offline mean acceptance length {r['mean_acceptance_length']} over {r['drafts']} drafts; "
             f"per position {r['per_position']}")
-    (run / "eval.json").write_text(json.dumps(res, indent=2) + "\n")
+    write_json_atomic(run / "eval.json", res)
     return res

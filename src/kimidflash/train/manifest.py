@@ -15,31 +15,19 @@ import copy
 import json
 import os
 import platform
-import subprocess
-import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..downloads import sha256_file
+from ..fsio import git_info, sha256_file, utc_now, write_json_atomic
 from ..paths import REPO_ROOT, portable
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
+from .config import PATH_KEYS
+from .data import read_records
+from .shape import DrafterShape
 
 
 def versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version(), "platform": platform.platform(),
-                                  "cpu_count": str(os.cpu_count()), "git_commit": git_commit()}
+                                  "cpu_count": str(os.cpu_count()), "git_commit": git_info(REPO_ROOT)["revision"]}
     for mod in ("torch", "transformers", "safetensors"):
         try:
             out[mod] = __import__(mod).__version__
@@ -48,20 +36,8 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def atomic_write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=False)
-        f.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def portable_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """The training config as the manifest records it: no `_` keys, path keys portable."""
-    from .config import PATH_KEYS
-
     out = copy.deepcopy({k: v for k, v in cfg.items() if not k.startswith("_")})
     for keys in (*PATH_KEYS, ("data", "prompts")):
         node = out
@@ -82,31 +58,31 @@ class Manifest:
         return cls(p, json.loads(p.read_text()) if p.is_file() else {})
 
     def save(self) -> None:
-        self.data["updated"] = _now()
-        atomic_write_json(self.path, self.data)
+        self.data["updated"] = utc_now()
+        write_json_atomic(self.path, self.data)
 
-    def set_setup(self, cfg: dict, shape: dict, target: Path, mask_token: str, n_prompts: int) -> None:
+    def set_setup(self, cfg: dict[str, Any], shape: DrafterShape, target: Path, mask_token: str,
+                  n_prompts: int) -> None:
+        """`cfg`: the training config's JSON form (TrainConfig.as_dict())."""
         stamp = target / ".kimidflash-smollm2.json"
-        self.data.setdefault("created", _now())
+        self.data.setdefault("created", utc_now())
         self.data["config"] = portable_config(cfg)
         self.data["config_file"] = portable(cfg["_path"])
-        self.data["drafter_shape"] = shape
+        self.data["drafter_shape"] = shape.as_dict()
         self.data["seed"] = cfg["seed"]
         self.data["target"] = {"dir": portable(target),
                                "config_sha256": sha256_file(target / "config.json"),
                                "origin": json.loads(stamp.read_text()) if stamp.is_file() else None}
-        self.data["mask_token"] = {"id": shape["dflash_config"]["mask_token_id"], "token": mask_token}
+        self.data["mask_token"] = {"id": shape.mask_token_id, "token": mask_token}
         self.data["prompts"] = {"source": portable(cfg["data"]["prompts"]), "count": n_prompts}
         self.data["versions"] = versions()
         self.save()
 
-    def note_regen(self, out: Path, regen_cfg: dict) -> None:
-        from .data import read_records
-
+    def note_regen(self, out: Path, regen_cfg: dict[str, Any]) -> None:
         recs = read_records(out)
         self.data["regen"] = {"records": len(recs), "tokens": sum(len(r.input_ids) for r in recs),
                               "response_tokens": sum(r.n_response for r in recs), "sampling": regen_cfg,
-                              "finished": _now()}
+                              "finished": utc_now()}
         self.save()
 
     def note(self, key: str, value: Any) -> None:

@@ -20,11 +20,11 @@ and LM head are buffers, never exported.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .shape import DrafterShape
 
 
 # With a tied-embedding target (SmolLM2) a fresh drafter's residual stream is
@@ -63,16 +63,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, shape: DrafterShape):
         super().__init__()
-        H, self.nh, self.nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-        self.hd = cfg.get("head_dim") or H // self.nh
-        bias = cfg.get("attention_bias", False)
+        H, self.nh, self.nkv = shape.hidden_size, shape.num_attention_heads, shape.num_key_value_heads
+        self.hd = shape.head_dim
+        bias = shape.attention_bias
         self.q_proj = nn.Linear(H, self.nh * self.hd, bias=bias)
         self.k_proj = nn.Linear(H, self.nkv * self.hd, bias=bias)
         self.v_proj = nn.Linear(H, self.nkv * self.hd, bias=bias)
         self.o_proj = nn.Linear(self.nh * self.hd, H, bias=bias)
-        eps = cfg.get("rms_norm_eps", 1e-6)
+        eps = shape.rms_norm_eps
         self.q_norm = RMSNorm(self.hd, eps)
         self.k_norm = RMSNorm(self.hd, eps)
 
@@ -100,9 +100,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, shape: DrafterShape):
         super().__init__()
-        H, I = cfg["hidden_size"], cfg["intermediate_size"]
+        H, I = shape.hidden_size, shape.intermediate_size
         self.gate_proj = nn.Linear(H, I, bias=False)
         self.up_proj = nn.Linear(H, I, bias=False)
         self.down_proj = nn.Linear(I, H, bias=False)
@@ -112,39 +112,35 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, shape: DrafterShape):
         super().__init__()
-        eps = cfg.get("rms_norm_eps", 1e-6)
-        self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg["hidden_size"], eps)
-        self.post_attention_layernorm = RMSNorm(cfg["hidden_size"], eps)
+        eps = shape.rms_norm_eps
+        self.self_attn = Attention(shape)
+        self.mlp = MLP(shape)
+        self.input_layernorm = RMSNorm(shape.hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(shape.hidden_size, eps)
 
     def forward(self, x, ctx, rope_q, rope_c, mask):
         x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_c, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-def rope_theta(cfg: dict[str, Any]) -> float:
-    rp = cfg.get("rope_parameters") or {}
-    return float(rp.get("rope_theta", cfg.get("rope_theta", 1000000.0)))
-
-
 class DFlashDrafter(nn.Module):
-    def __init__(self, cfg: dict[str, Any], embed: torch.Tensor, lm_head: torch.Tensor):
+    def __init__(self, shape: DrafterShape | dict, embed: torch.Tensor, lm_head: torch.Tensor):
         super().__init__()
-        H = cfg["hidden_size"]
-        n = len(cfg["dflash_config"]["target_layer_ids"])
-        self.cfg = cfg
+        shape = DrafterShape.coerce(shape)
+        H = shape.hidden_size
+        n = len(shape.target_layer_ids)
+        self.shape = shape
         self.fc = nn.Linear(n * H, H, bias=False)
-        self.hidden_norm = RMSNorm(H, cfg.get("rms_norm_eps", 1e-6))
-        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg["num_hidden_layers"]))
-        self.norm = RMSNorm(H, cfg.get("rms_norm_eps", 1e-6))
+        self.hidden_norm = RMSNorm(H, shape.rms_norm_eps)
+        self.layers = nn.ModuleList(Layer(shape) for _ in range(shape.num_hidden_layers))
+        self.norm = RMSNorm(H, shape.rms_norm_eps)
         # Shared with the target and frozen: buffers, so they are neither trained nor exported.
         self.register_buffer("embed_tokens", embed, persistent=False)
         self.register_buffer("lm_head", lm_head, persistent=False)
-        self.theta = rope_theta(cfg)
-        self.head_dim = cfg.get("head_dim") or H // cfg["num_attention_heads"]
+        self.theta = shape.rope_theta
+        self.head_dim = shape.head_dim
 
     def init_weights(self, std: float, gen: torch.Generator) -> None:
         """Normal(0, std) matrices, unit norms, except the final norm (see FINAL_NORM_INIT)."""
@@ -175,6 +171,3 @@ class DFlashDrafter(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Rows flattened first: a strided 3-D `h @ W.t()` falls off the GEMM fast path (6x slower)."""
         return F.linear(h.reshape(-1, h.shape[-1]), self.lm_head.to(h.dtype)).view(*h.shape[:-1], -1)
-
-    def trainable_state(self) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in self.state_dict().items()}

@@ -21,11 +21,8 @@ from typing import Sequence
 import httpx
 
 from .data import RecordWriter, make_record, read_records
+from .errors import RegenError
 from .progress import bar
-
-
-class RegenError(RuntimeError):
-    pass
 
 
 async def _regen(base_url: str, model: str, todo: Sequence[dict], out: Path, concurrency: int, max_tokens: int,

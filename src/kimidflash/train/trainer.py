@@ -15,20 +15,30 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import random
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
+from ..fsio import write_bytes_atomic, write_text_atomic
 from . import objective as obj
 from .batch import Batch, collate
+from .capture import ShardStore, StreamStore, make_source, training_records
+from .config import TrainConfig, TrainOptions
+from .errors import TrainConfigError
+from .manifest import Manifest
 from .model import DFlashDrafter
+from .progress import bar
+from .shape import DrafterShape
+from .target import target_info
 
 
 def load_target_head(model_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,7 +61,7 @@ def load_target_head(model_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor]
     return embed, (head if head is not None else embed)
 
 
-def build_model(shape: dict[str, Any], embed: torch.Tensor, head: torch.Tensor, seed: int, std: float) -> DFlashDrafter:
+def build_model(shape: DrafterShape | dict[str, Any], embed: torch.Tensor, head: torch.Tensor, seed: int, std: float) -> DFlashDrafter:
     model = DFlashDrafter(shape, embed, head)
     model.init_weights(std, torch.Generator().manual_seed(seed))
     return model
@@ -110,9 +120,10 @@ def sample_batch(store, n: int, gen: torch.Generator, anchors_per_seq: int, bloc
 
 
 def atomic_save(obj_: Any, path: Path) -> None:
-    tmp = path.with_name(".tmp-" + path.name)
-    torch.save(obj_, tmp)
-    os.replace(tmp, path)
+    """torch.save, published atomically: a checkpoint is the old one or the whole new one."""
+    buf = io.BytesIO()
+    torch.save(obj_, buf)
+    write_bytes_atomic(path, buf.getbuffer())
 
 
 def _dist() -> tuple[int, int]:
@@ -123,109 +134,138 @@ def _dist() -> tuple[int, int]:
     return (torch.distributed.get_rank() if ws > 1 else 0), ws
 
 
-def train_loop(shape: dict[str, Any], tc: dict[str, Any], store, embed: torch.Tensor, head: torch.Tensor,
-               ckpt_dir: Path, seed: int, resume: bool, stop_at: int | None = None, log=print,
-               progress: bool = True) -> dict[str, Any]:
-    """Train to tc['steps'] (or stop at `stop_at`); returns the final state summary."""
+@dataclass
+class _Run:
+    """Everything a training step changes, and what a checkpoint saves and restores."""
+
+    shape: DrafterShape
+    tc: TrainOptions
+    model: DFlashDrafter
+    params: list[torch.nn.Parameter]
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    gen: torch.Generator
+    rank: int
+    world: int
+    step: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def _start(shape: DrafterShape, tc: TrainOptions, embed: torch.Tensor, head: torch.Tensor, seed: int) -> _Run:
+    """A fresh model, optimizer, schedule and this rank's data generator."""
     rank, world = _dist()
-    if tc.get("threads"):
-        torch.set_num_threads(tc["threads"])
-    B, mask_id = tc["block_size"], shape["dflash_config"]["mask_token_id"]
-    model = build_model(shape, embed, head, seed, tc.get("init_std", 0.02))
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    model = build_model(shape, embed, head, seed, tc.init_std)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=tc["lr"], weight_decay=tc["weight_decay"], betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_lambda(s, tc["warmup_steps"], tc["steps"], tc["min_lr_ratio"]))
+    opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, tc.warmup_steps, tc.steps, tc.min_lr_ratio))
     gen = torch.Generator().manual_seed(seed * 1000 + 17 + rank)
-    weights = obj.loss_weights(B, tc["gamma"])
-    history: list[dict[str, float]] = []
-    step = 0
+    return _Run(shape, tc, model, params, opt, sched, gen, rank, world)
+
+
+def _restore(r: _Run, last: Path, log: Callable[[str], None]) -> None:
+    """Continue exactly where the checkpoint stopped: weights, optimizer, schedule and every RNG."""
+    st = torch.load(last, weights_only=False)
+    r.model.load_state_dict(st["model"], strict=True)
+    r.opt.load_state_dict(st["optimizer"])
+    r.sched.load_state_dict(st["scheduler"])
+    gens = st["rng"]["data"]
+    r.gen.set_state(gens[r.rank] if r.rank < len(gens) else gens[0])
+    torch.set_rng_state(st["rng"]["torch"])
+    random.setstate(st["rng"]["python"])
+    r.step, r.history = st["step"], st["history"]
+    log(f"train: resumed at step {r.step} from {last}")
+
+
+def _save(r: _Run, last: Path) -> None:
+    """Every rank takes part in gathering the data generators; only rank 0 writes."""
+    gens = [r.gen.get_state()]
+    if r.world > 1:
+        allg: list[Any] = [None] * r.world
+        torch.distributed.all_gather_object(allg, r.gen.get_state())
+        gens = allg
+    if r.rank != 0:
+        return
+    atomic_save({"model": r.model.state_dict(), "optimizer": r.opt.state_dict(), "scheduler": r.sched.state_dict(),
+                 "step": r.step, "history": r.history, "shape": r.shape.as_dict(), "train_config": r.tc.as_dict(),
+                 "rng": {"data": gens, "torch": torch.get_rng_state(), "python": random.getstate()}}, last)
+
+
+def _step(r: _Run, store, weights: torch.Tensor, fwd: torch.nn.Module | None) -> tuple[torch.Tensor, dict[str, float]]:
+    """One optimizer step on a fresh batch; appends to the history."""
+    tc = r.tc
+    b = sample_batch(store, tc.batch_size, r.gen, tc.anchors_per_seq, tc.block_size, r.shape.mask_token_id)
+    with torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16,
+                        enabled=tc.autocast == "bfloat16"):
+        loss, info = batch_loss(r.model, b, weights, fwd)
+    r.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gn = torch.nn.utils.clip_grad_norm_(r.params, tc.grad_clip) if tc.grad_clip else torch.tensor(0.0)
+    r.opt.step()
+    r.sched.step()
+    r.step += 1
+    r.history.append({"step": r.step, "loss": round(loss.item(), 5), "acc1": round(info["acc1"], 4),
+                      "lr": r.sched.get_last_lr()[0], "grad_norm": round(float(gn), 4)})
+    return loss, info
+
+
+def train_loop(shape: DrafterShape | dict[str, Any], tc: TrainOptions | dict[str, Any], store, embed: torch.Tensor,
+               head: torch.Tensor, ckpt_dir: Path, seed: int, resume: bool, stop_at: int | None = None, log=print,
+               progress: bool = True) -> dict[str, Any]:
+    """Train to tc.steps (or stop at `stop_at`); returns the final state summary."""
+    shape, tc = DrafterShape.coerce(shape), TrainOptions.coerce(tc)
+    r = _start(shape, tc, embed, head, seed)
+    weights = obj.loss_weights(tc.block_size, tc.gamma)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     last = ckpt_dir / "last.pt"
     if resume and last.is_file():
-        st = torch.load(last, weights_only=False)
-        model.load_state_dict(st["model"], strict=True)
-        opt.load_state_dict(st["optimizer"])
-        sched.load_state_dict(st["scheduler"])
-        gen.set_state(st["rng"]["data"][rank] if rank < len(st["rng"]["data"]) else st["rng"]["data"][0])
-        torch.set_rng_state(st["rng"]["torch"])
-        random.setstate(st["rng"]["python"])
-        step, history = st["step"], st["history"]
-        log(f"train: resumed at step {step} from {last}")
-    fwd: torch.nn.Module = _Forward(model)
-    if world > 1:
-        fwd = torch.nn.parallel.DistributedDataParallel(fwd)
-
-    def save() -> None:
-        gens = [gen.get_state()]
-        if world > 1:  # every rank takes part in the gather; only rank 0 writes
-            allg = [None] * world
-            torch.distributed.all_gather_object(allg, gen.get_state())
-            gens = allg
-        if rank != 0:
-            return
-        atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                     "step": step, "history": history, "shape": shape, "train_config": tc,
-                     "rng": {"data": gens, "torch": torch.get_rng_state(), "python": random.getstate()}}, last)
-
-    end = tc["steps"] if stop_at is None else min(tc["steps"], stop_at)
-    use_bf16 = tc["autocast"] == "bfloat16"
-    from .progress import bar
-
+        _restore(r, last, log)
+    fwd = torch.nn.parallel.DistributedDataParallel(_Forward(r.model)) if r.world > 1 else None
+    end = tc.steps if stop_at is None else min(tc.steps, stop_at)
     t0 = time.monotonic()
-    with bar("train", tc["steps"], start=step) as advance:
-        while step < end:
-            b = sample_batch(store, tc["batch_size"], gen, tc["anchors_per_seq"], B, mask_id)
-            with torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16,
-                                enabled=use_bf16):
-                loss, info = batch_loss(model, b, weights, fwd if world > 1 else None)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(params, tc["grad_clip"]) if tc["grad_clip"] else torch.tensor(0.0)
-            opt.step()
-            sched.step()
-            step += 1
-            history.append({"step": step, "loss": round(loss.item(), 5), "acc1": round(info["acc1"], 4),
-                            "lr": sched.get_last_lr()[0], "grad_norm": round(float(gn), 4)})
+    with bar("train", tc.steps, start=r.step) as advance:
+        while r.step < end:
+            loss, info = _step(r, store, weights, fwd)
             if progress:
                 advance(loss=f"{loss.item():.3f}", acc1=f"{info['acc1']:.2f}")
-            if step % tc["checkpoint_every"] == 0 or step == end:
-                save()
-    return {"model": model, "step": step, "history": history, "seconds": time.monotonic() - t0}
+            if r.step % tc.checkpoint_every == 0 or r.step == end:
+                _save(r, last)
+    return {"model": r.model, "step": r.step, "history": r.history, "seconds": time.monotonic() - t0}
 
 
-def train(cfg: dict[str, Any], run: Path, resume: bool, stop_at: int | None = None, log=print) -> dict[str, Any]:
-    from .capture import ShardStore, StreamStore, make_source, training_records
-    from .cli import target_info
-    from .config import drafter_shape
-    from .manifest import Manifest
-
-    shape = drafter_shape(cfg)
-    tc = dict(cfg["train"])
-    infer_block = cfg["export"]["block_size"] or shape["block_size"]
-    if tc["block_size"] < infer_block:
-        raise ValueError(f"train.block_size {tc['block_size']} < the served block size {infer_block} "
-                         "(set export.block_size to serve smaller blocks)")
-    model_dir = target_info(cfg)["model_dir"]
-    if cfg["capture"]["mode"] == "cache":
-        store = ShardStore(run / "capture", "train")
+def _train_store(cfg: TrainConfig, run: Path, shape: DrafterShape, model_dir: str):
+    """Captured shards (cache mode) or features computed per batch (stream mode)."""
+    if cfg.capture.mode == "cache":
+        store: ShardStore | StreamStore = ShardStore(run / "capture", "train")
     else:
         train_recs, _ = training_records(cfg, run)
-        store = StreamStore(train_recs, make_source(cfg, model_dir, shape["dflash_config"]["target_layer_ids"]))
+        store = StreamStore(train_recs, make_source(cfg, model_dir, shape.target_layer_ids))
     if not len(store):
-        raise ValueError(f"{run}: no captured training records; run the capture phase")
+        raise TrainConfigError(f"{run}: no captured training records; run the capture phase")
+    return store
+
+
+def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None, log=print) -> dict[str, Any]:
+    shape, tc = cfg.shape(), cfg.train
+    infer_block = cfg.export.block_size or shape.block_size
+    if tc.block_size < infer_block:
+        raise TrainConfigError(f"train.block_size {tc.block_size} < the served block size {infer_block} "
+                               "(set export.block_size to serve smaller blocks)")
+    model_dir = target_info(cfg).model_dir
+    store = _train_store(cfg, run, shape, model_dir)
     embed, head = load_target_head(model_dir)
     if not resume and (run / "checkpoints" / "last.pt").is_file():
-        raise ValueError(f"{run / 'checkpoints' / 'last.pt'} exists: pass --resume to continue it, or remove it")
-    res = train_loop(shape, tc, store, embed, head, run / "checkpoints", cfg["seed"], resume, stop_at, log=log)
+        raise TrainConfigError(f"{run / 'checkpoints' / 'last.pt'} exists: pass --resume to continue it, or remove it")
+    res = train_loop(shape, tc, store, embed, head, run / "checkpoints", cfg.seed, resume, stop_at, log=log)
     hist = res["history"]
     tail = hist[-50:]
     m = Manifest.open(run)
-    m.note("train", {"steps_done": res["step"], "steps_planned": tc["steps"], "records": len(store),
-                     "examples_seen": res["step"] * tc["batch_size"],
+    m.note("train", {"steps_done": res["step"], "steps_planned": tc.steps, "records": len(store),
+                     "examples_seen": res["step"] * tc.batch_size,
                      "final_loss_mean_last50": sum(h["loss"] for h in tail) / max(1, len(tail)),
-                     "config": tc})
-    (run / "loss-history.json").write_text(json.dumps(hist) + "\n")
-    log(f"train: step {res['step']}/{tc['steps']}, mean loss of the last {len(tail)} steps "
+                     "config": tc.as_dict()})
+    write_text_atomic(run / "loss-history.json", json.dumps(hist) + "\n")
+    log(f"train: step {res['step']}/{tc.steps}, mean loss of the last {len(tail)} steps "
         f"{m.data['train']['final_loss_mean_last50']:.3f}")
     return res

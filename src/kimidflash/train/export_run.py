@@ -1,0 +1,100 @@
+"""The export phase: the run's last checkpoint as a drafter folder vLLM serves, with its provenance.
+
+export.py writes the format; this adds what travels with it (the manifest,
+the loss curve and history, offline acceptance when it was measured on this
+very checkpoint, the held-out prompts to A/B it on, and a README generated
+from those files only).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .capture import training_records
+from .config import TrainConfig
+from .errors import TrainConfigError
+from .evaluate import load_checkpoint_model
+from .export import export_model
+from .shape import DrafterShape
+from .target import target_info
+
+
+def loss_curve_png(history: list[dict[str, float]], path: Path, title: str) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    steps = [h["step"] for h in history]
+    loss = [h["loss"] for h in history]
+    w = max(1, len(loss) // 50)
+    smooth = [sum(loss[max(0, i - w + 1):i + 1]) / len(loss[max(0, i - w + 1):i + 1]) for i in range(len(loss))]
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=90)
+    ax.plot(steps, loss, lw=0.5, alpha=0.35, label="loss")
+    ax.plot(steps, smooth, lw=1.5, label=f"moving mean ({w})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("weighted CE")
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def drafter_readme(cfg: TrainConfig, manifest: dict[str, Any], st: dict[str, Any], ev: dict[str, Any] | None) -> str:
+    """A human summary written from the manifest and eval file only (no number typed by hand)."""
+    origin = (manifest.get("target") or {}).get("origin") or {}
+    cap = manifest.get("capture", {})
+    tr = manifest.get("train", {})
+    lines = [f"# {cfg.name}: a DFlash drafter trained by `./train-drafter.sh`", "",
+             f"Target: `{(manifest.get('target') or {}).get('dir')}`" + (f" ({origin.get('note')})" if origin else ""),
+             "", f"- drafter shape: `{Path(cfg.drafter_config or '').name}`, exported in vLLM's DFlash format",
+             f"- data: {cap.get('train_records')} regenerated training records ({cap.get('train_response_tokens')} "
+             f"response tokens), {cap.get('heldout_records')} held out; prompts `{cfg.data.prompts}` "
+             f"(seed {cfg.seed}), regen sampling {manifest.get('regen', {}).get('sampling')}",
+             f"- training: {st['step']} steps of batch {cfg.train.batch_size} x {cfg.train.anchors_per_seq} "
+             f"anchors, block {cfg.train.block_size}, gamma {cfg.train.gamma}, lr {cfg.train.lr}, "
+             f"autocast {cfg.train.autocast}; loss curve `loss-curve.png`, history `loss-history.json`",
+             f"- final mean loss over the last 50 steps: {tr.get('final_loss_mean_last50')}"]
+    if ev:
+        for k, r in ev["by_k"].items():
+            lines.append(f"- offline acceptance at k={k} ({ev.get('split', 'heldout')} split, {r['drafts']} drafts): "
+                         f"mean length {r['mean_acceptance_length']}, per position {r['per_position']}")
+    lines += ["", "Reproduce (every command run on the run folder, in order, is in `manifest.json` "
+              "under `invocations`):", "", "```bash"]
+    lines += [" ".join(i["argv"]) for i in manifest.get("invocations", [])]
+    lines += ["```", ""]
+    return "\n".join(lines)
+
+
+def export_run(cfg: TrainConfig, run: Path, log=print) -> Path:
+    if not cfg.export.out:
+        raise TrainConfigError(f"{cfg.path}: export.out is not set")
+    model, st = load_checkpoint_model(run, target_info(cfg).model_dir)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["exported_from_step"] = st["step"]
+    png = run / "loss-curve.png"
+    loss_curve_png(st["history"], png, f"{cfg.name}: {st['step']} steps")
+    extras = {"manifest.json": (json.dumps(manifest, indent=2) + "\n").encode()}
+    if png.is_file():
+        extras["loss-curve.png"] = png.read_bytes()
+    ev = run / "eval.json"
+    if ev.is_file() and json.loads(ev.read_text()).get("step") == st["step"]:
+        extras["offline-acceptance.json"] = ev.read_bytes()  # measured on this very checkpoint
+    hist = run / "loss-history.json"
+    if hist.is_file():
+        extras["loss-history.json"] = hist.read_bytes()
+    held = training_records(cfg, run)[1]
+    if held:  # the traffic to A/B the drafter on: prompts it never trained on
+        extras["heldout-prompts.jsonl"] = "".join(
+            json.dumps({"id": r.id, "prompt": r.prompt}) + "\n" for r in held).encode()
+    extras["README.md"] = drafter_readme(cfg, manifest, st, json.loads(ev.read_text()) if "offline-acceptance.json" in extras else None).encode()
+    shape = DrafterShape.coerce(st["shape"])
+    if cfg.export.block_size:
+        shape = shape.with_block_size(cfg.export.block_size)  # queries per draft step: serves k <= block_size - 1
+    return export_model(model.state_dict(), shape, Path(cfg.export.out), cfg.export.dtype, extras)

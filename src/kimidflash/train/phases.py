@@ -1,0 +1,121 @@
+"""The pipeline's phases, in order, as a table: setup, regen, capture, train, eval, export.
+
+Each phase reads what the previous one wrote in the run folder and is
+resumable: regen skips answered prompts, capture skips written shards, train
+continues from its last checkpoint with `--resume`. The command (cli.py) only
+picks which rows of PHASES to run; adding a phase is a function and a row.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..background import served
+from ..cpu_reference import smollm2
+from ..fsio import write_text_atomic
+from .capture import capture_shards
+from .config import TrainConfig
+from .data import load_prompts, read_records
+from .errors import TrainConfigError
+from .evaluate import evaluate_run
+from .export_run import export_run
+from .manifest import Manifest
+from .regen import regen
+from .target import target_info
+from .trainer import train
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class PhaseArgs:
+    """The command-line options some phases read."""
+
+    resume: bool = False
+    max_steps: int | None = None
+    regen_limit: int | None = None
+
+
+def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
+    """Check the target against the drafter shape, write the prompt list and start the manifest."""
+    from transformers import AutoTokenizer
+
+    shape = cfg.shape()
+    info = target_info(cfg)
+    target = Path(info.model_dir)
+    if info.prepare == "smollm2":
+        smollm2.ensure(target, log=log)
+    if not (target / "config.json").is_file():
+        raise TrainConfigError(f"target checkpoint not found: {target}/config.json")
+    tconf = json.loads((target / "config.json").read_text())
+    tok = AutoTokenizer.from_pretrained(target)
+    mask = shape.mask_token_id
+    if not 0 <= mask < tconf["vocab_size"]:
+        raise TrainConfigError(f"{cfg.drafter_config}: mask_token_id {mask} outside the target's vocab")
+    if shape.vocab_size != tconf["vocab_size"] or shape.hidden_size != tconf["hidden_size"]:
+        raise TrainConfigError(f"{cfg.drafter_config}: vocab/hidden {shape.vocab_size}/{shape.hidden_size}"
+                               f" differ from the target's {tconf['vocab_size']}/{tconf['hidden_size']}")
+    shape.check_target(tconf["num_hidden_layers"])
+    prompts = load_prompts(cfg.data.prompts, cfg.seed)
+    run.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(run).free / 2**30
+    if free < cfg.data.min_free_disk_gb:
+        raise TrainConfigError(f"{run}: {free:.1f} GiB free, config asks for {cfg.data.min_free_disk_gb}")
+    write_text_atomic(run / "prompts.jsonl", "".join(json.dumps(p) + "\n" for p in prompts))
+    Manifest.open(run).set_setup(cfg.as_dict(), shape, target, tok.convert_ids_to_tokens(mask), len(prompts))
+    log(f"setup: run folder {run}; {len(prompts)} prompts; target {target}; mask token {mask} "
+        f"({tok.convert_ids_to_tokens(mask)!r}); {free:.0f} GiB free")
+
+
+def phase_regen(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
+    """The target's own answers to the prompts (served by the recipe, or at regen.base_url)."""
+    prompts = [json.loads(l) for l in (run / "prompts.jsonl").read_text().splitlines() if l.strip()]
+    r = cfg.regen
+    if r.records:
+        prompts = prompts[: r.records]
+    info = target_info(cfg)
+    kw = dict(concurrency=r.concurrency, max_tokens=r.max_tokens, temperature=r.temperature, seed=cfg.seed,
+              limit=args.regen_limit)
+    out = run / "regen.jsonl"
+    if len({x.id for x in read_records(out)} & {p["id"] for p in prompts}) == len(prompts):
+        log("regen: every prompt already answered")
+        return
+    if r.base_url:
+        n = regen(r.base_url.rstrip("/").removesuffix("/v1"), info.served_name, prompts, out, **kw)
+    else:
+        log(f"regen: starting the target with {cfg.target.serve_config} {cfg.target.serve_overrides}")
+        with served(cfg.target.serve_config, cfg.target.serve_overrides, run / "regen-server.log") as base:
+            n = regen(base, info.served_name, prompts, out, **kw)
+    Manifest.open(run).note_regen(out, r.as_dict())
+    log(f"regen: {n} new records in {out}")
+
+
+def phase_capture(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
+    if cfg.capture.mode == "stream":
+        log("capture: mode=stream, hidden states are computed during training (nothing cached)")
+        return
+    n = capture_shards(cfg, run, log=log)
+    log(f"capture: {n} shards in {run / 'capture'}")
+
+
+def phase_train(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
+    train(cfg, run, resume=args.resume, stop_at=args.max_steps, log=log)
+
+
+def phase_eval(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
+    res = evaluate_run(cfg, run, log=log)
+    Manifest.open(run).note_eval(res)
+
+
+def phase_export(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
+    out = export_run(cfg, run, log=log)
+    log(f"export: {out}")
+
+
+PhaseFn = Callable[[TrainConfig, Path, PhaseArgs, Log], None]
+PHASES: dict[str, PhaseFn] = {"setup": phase_setup, "regen": phase_regen, "capture": phase_capture,
+                              "train": phase_train, "eval": phase_eval, "export": phase_export}

@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Iterator
 
 
 def _umask_mode() -> int:
@@ -29,14 +29,18 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+@contextlib.contextmanager
+def open_atomic(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """A binary file to write ``path`` through, published only when the block ends
+    cleanly; for writers that stream (torch.save of a checkpoint) instead of
+    holding the whole file in memory first."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent))
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), _umask_mode())
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
@@ -46,7 +50,12 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
         except FileNotFoundError:
             pass
         raise
-    return p
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    with open_atomic(path) as f:
+        f.write(data)
+    return Path(path)
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -28,7 +27,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from ..fsio import write_bytes_atomic, write_text_atomic
+from ..fsio import open_atomic, write_text_atomic
 from . import objective as obj
 from .batch import Batch, collate
 from .capture import ShardStore, StreamStore, make_source, training_records
@@ -121,9 +120,8 @@ def sample_batch(store, n: int, gen: torch.Generator, anchors_per_seq: int, bloc
 
 def atomic_save(obj_: Any, path: Path) -> None:
     """torch.save, published atomically: a checkpoint is the old one or the whole new one."""
-    buf = io.BytesIO()
-    torch.save(obj_, buf)
-    write_bytes_atomic(path, buf.getbuffer())
+    with open_atomic(path) as f:
+        torch.save(obj_, f)
 
 
 def _dist() -> tuple[int, int]:

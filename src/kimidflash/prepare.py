@@ -52,7 +52,7 @@ def prepare(config: Config, log=print) -> None:
             log(f"generating the tiny reference pair in {target.parent} (once)")
             bindir = vllm_bin_dir(config)
             python = str(bindir / "python3") if bindir else "python3"
-            subprocess.run([python, "-m", "kimidflash.cpu_reference.tiny", str(target), str(draft)],
+            subprocess.run([python, "-m", "kimidflash", "tiny-model", str(target), str(draft)],
                            env=launch_env(config), check=True, stdout=subprocess.DEVNULL)
     if config["PREPARE_MODELS"] == "smollm2":
         from .train import smollm2

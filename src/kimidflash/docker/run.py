@@ -145,7 +145,7 @@ def prepare_tiny_models(client, config: Config, image: str, log: Callable[[str],
         Path(p).mkdir(parents=True, exist_ok=True)
     log(f"generating the tiny reference pair in {', '.join(parents)} inside {image} (once)")
     out = client.containers.run(
-        image, entrypoint=["python3", "-m", "kimidflash.cpu_reference.tiny"], command=[str(target), str(draft)],
+        image, entrypoint=["python3", "-m", "kimidflash", "tiny-model"], command=[str(target), str(draft)],
         volumes={p: {"bind": p, "mode": "rw"} for p in parents}, network_mode="none", remove=True,
         stdout=True, stderr=True, labels={MANAGED_LABEL: "1"})
     if not (is_current(target) and is_current(draft)):

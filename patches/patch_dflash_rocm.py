@@ -77,7 +77,6 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_PATCHSET = HERE / "patchset.py"
 MANIFEST = "_kimidflash_patches.json"  # inside the vllm package: originals' hashes
 PATCH_KEYS = ("id", "group", "what", "why", "upstream", "variants")
-STATES = ("applied", "already-applied", "upstream", "not-applicable", "drift", "pending")
 ID_RE = re.compile(r"[A-Za-z0-9_-]+")
 # A marker in a file: kimidflash:<id>, stamped with @<12 hex digits> once applied.
 MARKER_RE = re.compile(r"kimidflash:([A-Za-z0-9_-]+)(?:@([0-9a-f]{12})(?![0-9A-Za-z]))?")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kimidflash.config import FIELDS, ConfigError, load_config
+from kimidflash.config import FIELDS, ConfigError, check_checkpoints, check_config, load_config, rules
 from kimidflash.config.loader import coerce
 
 from .helpers import ALL_CONFIGS, CONFIGS, ROOT, write_env
@@ -221,14 +221,15 @@ def test_drafter_checkpoint_block_size_wins_over_the_architecture_json(tmp_path)
     assert "outside 1..4" in str(err) and str(draft) in str(err)
 
 
-def test_api_key_in_a_shipped_config_is_refused(tmp_path):
-    bad = CONFIGS / "zz-test-api-key.env"
-    bad.write_text(f"INCLUDE=production.env\nAPI_KEY=committed\n")
-    try:
-        with pytest.raises(ConfigError, match="export API_KEY"):
-            load_config(bad, environ={})
-    finally:
-        bad.unlink()
+def test_api_key_in_a_shipped_config_is_refused(tmp_path, monkeypatch):
+    shipped = tmp_path / "configs"  # stands in for the checkout's configs/, which the test leaves alone
+    shipped.mkdir()
+    monkeypatch.setattr(rules, "CONFIGS_DIR", shipped)
+    bad = write_env(shipped / "zz-test-api-key.env", f"INCLUDE={CONFIGS / 'production.env'}\nAPI_KEY=committed\n")
+    with pytest.raises(ConfigError, match="export API_KEY"):
+        load_config(bad, environ={})
+    elsewhere = write_env(tmp_path / "mine.env", f"INCLUDE={CONFIGS / 'production.env'}\nAPI_KEY=mine\n")
+    assert load_config(elsewhere, environ={})["API_KEY"] == "mine"
 
 
 def test_include_cycle_is_refused(tmp_path):
@@ -261,3 +262,38 @@ def test_print_config_shows_sources():
     assert "production-fp8kv.env" in lines["KV_CACHE_DTYPE"]
     assert "default" in lines["HEALTH_TIMEOUT"]
     assert "***" in lines["API_KEY"] and "zzz" not in r.stdout
+
+
+def test_checkpoint_rules_run_apart_from_the_value_rules(tmp_path):
+    """check_config reads no checkpoint; check_checkpoints sees one made after load
+    (what serve relies on when prepare generates the models)."""
+    draft = tmp_path / "draft"
+    env = write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'production.env'}\nDRAFT_MODEL_DIR={draft}\n"
+                                        "NUM_SPECULATIVE_TOKENS=5\n")
+    config = load_config(env, environ={})  # nothing at DRAFT_MODEL_DIR yet: nothing to refuse
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({"block_size": 4}))
+    check_config(config)
+    with pytest.raises(ConfigError, match=r"outside 1\.\.4") as exc:
+        check_checkpoints(config)
+    assert exc.value.key == "NUM_SPECULATIVE_TOKENS"
+
+
+def test_rendered_flags_come_from_the_schema():
+    """The flags EXTRA_VLLM_ARGS may not repeat are the schema's, and none was lost
+    when they moved there from a list of their own."""
+    assert set(rules.RENDERED_FLAGS) == {
+        "--model", "--served-model-name", "--host", "--port", "--api-key", "--tensor-parallel-size",
+        "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--gpu-memory-utilization",
+        "--block-size", "--enforce-eager", "--kv-cache-dtype", "--dtype", "--trust-remote-code",
+        "--enable-prefix-caching", "--no-enable-prefix-caching", "--speculative-config",
+        "--attention-backend", "--tool-call-parser", "--enable-auto-tool-choice", "--reasoning-parser",
+    }
+    assert len(rules.RENDERED_FLAGS) == len(set(rules.RENDERED_FLAGS))
+    assert rules.RENDERED_FLAGS == tuple(flag for f in FIELDS for flag in (*f.also, f.flag, f.flag_off) if flag)
+
+
+@pytest.mark.parametrize("flag", ["--max-num-seqs", "--no-enable-prefix-caching", "--enable-auto-tool-choice"])
+def test_extra_args_may_not_repeat_a_schema_flag(tmp_path, flag):
+    err = refusal(tmp_path, f"EXTRA_VLLM_ARGS='{flag}=1'")
+    assert err.key == "EXTRA_VLLM_ARGS" and f"repeats {flag}" in str(err)

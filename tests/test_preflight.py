@@ -40,6 +40,9 @@ def rocm_config(tmp_path: Path, **extra: str):
     return load_config(write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'production.env'}\n{body}\n"), environ={})
 
 
+ROCM_CHECKS = {"/dev/kfd", "/dev/dri", "GPUs", "NUMA balancing", "MODEL_DIR", "DRAFT_MODEL_DIR", "port"}
+
+
 def names(checks) -> dict[str, bool]:
     return {c.name: c.ok for c in checks}
 
@@ -48,6 +51,7 @@ def test_healthy_host_passes_and_root_disables_numa_balancing(tmp_path):
     proc, dev = fake_host(tmp_path, numa="1")
     checks = preflight(rocm_config(tmp_path), proc, dev, is_root=True)
     assert all(names(checks).values())
+    assert set(names(checks)) == ROCM_CHECKS  # every ROCm host check ran, in one list
     assert (proc / "sys/kernel/numa_balancing").read_text().strip() == "0"
     assert "disabled it (read back 0)" in next(c.detail for c in checks if c.name == "NUMA balancing")
 
@@ -84,7 +88,9 @@ def test_root_whose_write_does_not_stick_is_refused(tmp_path, monkeypatch):
 
 def test_kernel_without_numa_balancing_is_fine(tmp_path):
     proc, dev = fake_host(tmp_path, numa=None)
-    assert all(names(preflight(rocm_config(tmp_path), proc, dev, is_root=False)).values())
+    checks = preflight(rocm_config(tmp_path), proc, dev, is_root=False)
+    assert all(names(checks).values())
+    assert set(names(checks)) == ROCM_CHECKS
 
 
 @pytest.mark.parametrize("kwargs, failing", [
@@ -111,7 +117,9 @@ def test_missing_dri_counts_as_missing_and_zero_gpus(tmp_path):
 
 def test_tp4_on_four_gpus_passes(tmp_path):
     proc, dev = fake_host(tmp_path, numa="0", gpus=4)
-    assert preflight(rocm_config(tmp_path, TENSOR_PARALLEL_SIZE="4"), proc, dev, is_root=True)
+    checks = preflight(rocm_config(tmp_path, TENSOR_PARALLEL_SIZE="4"), proc, dev, is_root=True)
+    assert names(checks) == dict.fromkeys(ROCM_CHECKS, True)
+    assert next(c for c in checks if c.name == "GPUs").detail == "4 render nodes for TENSOR_PARALLEL_SIZE=4"
 
 
 def test_model_dir_without_config_json_and_busy_port(tmp_path):

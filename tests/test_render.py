@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from kimidflash.config import load_config
+from kimidflash.config.rules import RENDERED_FLAGS
 from kimidflash.render import attention_line, render
 
 from .helpers import ALL_CONFIGS, CONFIGS, PRODUCTION_CONFIGS, ROOT, UPDATE_GOLDEN
@@ -103,3 +104,12 @@ def test_dry_run_prints_the_command_and_skips_host_checks(name):
         assert f"{k}={v}" in flat
     assert "--served-model-name" in flat and rendered.argv[0] in flat
     assert f"# {attention_line(load_config(CONFIGS / name, environ={}))}" in r.stdout
+
+
+@pytest.mark.parametrize("name", ALL_CONFIGS)
+@pytest.mark.parametrize("entrypoint", ["cli", "module"])
+def test_every_rendered_flag_is_one_the_schema_names(name, entrypoint):
+    """render takes its flag names from the schema, so the validator's list covers them all."""
+    argv = render(load_config(CONFIGS / name, {"VLLM_ENTRYPOINT": entrypoint}, environ={})).argv
+    flags = [w for w in argv if w.startswith("--")]
+    assert flags and set(flags) <= set(RENDERED_FLAGS)

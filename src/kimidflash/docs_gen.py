@@ -7,6 +7,9 @@
   target's and the draft's attention backend and the patches that run on that path,
   from the configs, kimidflash.backends and the patch set's `runs_when`
   (tests/test_backend_selection.py checks the backends against vLLM's selector).
+- `serve-commands` (docs/serving.md): each production config's `vllm serve`
+  command and environment, exactly as `serve.sh --dry-run` renders them: the
+  recipe a user pastes, so it must never drift from what `serve.sh` runs.
 
 Prose around the markers stays hand-written; tests/test_docs.py fails when a
 generated table is stale (`python -m kimidflash config-docs` rewrites them).
@@ -20,12 +23,15 @@ from pathlib import Path
 from typing import Callable
 
 from . import backends
+from .config import load_config
 from .config.schema import FIELDS, GROUPS
 from .paths import CONFIGS_DIR, REPO_ROOT
+from .render import render
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 TARGETS = (REPO_ROOT / "README.md", REPO_ROOT / "docs" / "configuration.md")
 PATCHES_DOC = REPO_ROOT / "docs" / "patches.md"
+SERVING_DOC = REPO_ROOT / "docs" / "serving.md"
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -100,8 +106,6 @@ def production_configs() -> list[Path]:
 
 def map_rows() -> list[dict]:
     """One row per production config and pin: its plan and the patches that run."""
-    from .config import load_config
-
     patches, _ = backends.load_patch_data()
     rows = []
     for path in production_configs():
@@ -141,11 +145,28 @@ def backend_map_table() -> str:
     return "\n".join(out)
 
 
+# ---------------------------------------------------------------- production commands
+def serve_commands() -> str:
+    """One heading and one `bash` block per production config: the rendered command.
+
+    Loaded without the process environment (no API_KEY) and refused if a path of
+    this checkout leaked in (a relative path in a config resolves against it)."""
+    out = []
+    for path in production_configs():
+        command = render(load_config(path, environ={})).shell()
+        if str(REPO_ROOT) in command:
+            raise ValueError(f"{path.name}: the rendered command names {REPO_ROOT}; use a path that is the "
+                             "same on every machine")
+        out += [f"### `configs/{path.name}`", "", "```bash", command, "```", ""]
+    return "\n".join(out).rstrip("\n")
+
+
 # ---------------------------------------------------------------- splicing
 SECTIONS: dict[str, tuple[Callable[[], str], tuple[Path, ...]]] = {
     "config-reference": (reference_table, TARGETS),
     "patch-set": (patch_set_tables, (PATCHES_DOC,)),
     "backend-map": (backend_map_table, (PATCHES_DOC,)),
+    "serve-commands": (serve_commands, (SERVING_DOC,)),
 }
 
 

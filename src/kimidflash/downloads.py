@@ -10,24 +10,18 @@ when the folder is empty.
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 from pathlib import Path
 
+from .fsio import sha256_file
 from .paths import downloads_dir
+
+__all__ = ["DownloadError", "pypi_wheel", "sha256_file", "verified"]
 
 
 class DownloadError(RuntimeError):
     """One line naming the file and what was wrong with it."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def verified(path: Path, sha256: str) -> bool:

@@ -78,8 +78,10 @@ def verify(env: dict[str, str], report_path: Path | None = None) -> list[str]:
     return notes
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def main(argv: list[str]) -> int:
+    """`python -m kimidflash launch` (launchers/kimi26-vllm-dflash.sh): render a config, or
+    take a rendered command after `--`, check the runtime against it, exec vLLM."""
+    argv = list(argv)
     if argv[:1] == ["--"]:
         cmd, env = argv[1:], {}
         if not cmd:
@@ -114,7 +116,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kimi26-vllm-dflash: cannot run {cmd[0]}: {exc.strerror}", file=sys.stderr)
         return 127
     return 0  # not reached
-
-
-if __name__ == "__main__":
-    sys.exit(main())

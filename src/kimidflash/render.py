@@ -1,7 +1,8 @@
 """Turn a validated config into the exact vLLM command line and environment.
 
-This is the only place that knows vLLM's flag names, so a change to what the
-recipe runs is one visible diff in the golden files under tests/golden/.
+vLLM's flag names live in the schema (each key names its flag); this module
+decides how values become words, so a change to what the recipe runs is one
+visible diff in the golden files under tests/golden/.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from .backends import attention_plan, draft_kv_dtype_option, per_draft_option
 from .config import Config
+from .config.schema import BY_NAME, FLAG_ORDER, Field
 
 FP8_POLICY_ENV = "KIMIDFLASH_FP8_KV_SCALE"  # read by the FP8 KV patch inside vLLM
 FP8_SCALES_ENV = "KIMIDFLASH_FP8_KV_SCALES"  # its seed: a kimidflash calibrate scales JSON
@@ -58,41 +60,29 @@ def speculative_config(config: Config) -> dict[str, object] | None:
     return spec
 
 
+def flag_words(f: Field, value: object) -> list[str]:
+    """One key's words on the command line: `--flag value`, a bare `--flag` for a
+    boolean, nothing for a value vLLM already defaults to."""
+    if f.kind == "bool":
+        flag = f.flag if value else f.flag_off
+        return [flag] if flag else []
+    if value in f.omit:
+        return []
+    word = f"{value:g}" if f.kind == "float" else str(value)
+    return [*f.also, f.flag, word]
+
+
 def vllm_argv(config: Config) -> list[str]:
     v = config.values
     if v["VLLM_ENTRYPOINT"] == "cli":
         argv = ["vllm", "serve", v["MODEL_DIR"]]
     else:
-        argv = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", v["MODEL_DIR"]]
-    argv += [
-        "--served-model-name", v["SERVED_MODEL_NAME"],
-        "--host", v["HOST"],
-        "--port", str(v["PORT"]),
-        "--tensor-parallel-size", str(v["TENSOR_PARALLEL_SIZE"]),
-        "--max-num-seqs", str(v["MAX_NUM_SEQS"]),
-        "--max-num-batched-tokens", str(v["MAX_NUM_BATCHED_TOKENS"]),
-        "--max-model-len", str(v["MAX_MODEL_LEN"]),
-        "--gpu-memory-utilization", f"{v['GPU_MEMORY_UTILIZATION']:g}",
-        "--block-size", str(v["BLOCK_SIZE"]),
-    ]
-    if v["DTYPE"] != "auto":
-        argv += ["--dtype", v["DTYPE"]]
-    if v["KV_CACHE_DTYPE"] != "auto":
-        argv += ["--kv-cache-dtype", v["KV_CACHE_DTYPE"]]
-    if v["ENFORCE_EAGER"]:
-        argv.append("--enforce-eager")
-    argv.append("--enable-prefix-caching" if v["ENABLE_PREFIX_CACHING"] else "--no-enable-prefix-caching")
-    if v["TRUST_REMOTE_CODE"]:
-        argv.append("--trust-remote-code")
-    if v["ATTENTION_BACKEND"]:
-        argv += ["--attention-backend", v["ATTENTION_BACKEND"]]
-    if v["TOOL_CALL_PARSER"]:
-        argv += ["--enable-auto-tool-choice", "--tool-call-parser", v["TOOL_CALL_PARSER"]]
-    if v["REASONING_PARSER"]:
-        argv += ["--reasoning-parser", v["REASONING_PARSER"]]
+        argv = ["python3", "-m", "vllm.entrypoints.openai.api_server", BY_NAME["MODEL_DIR"].flag, v["MODEL_DIR"]]
+    for key in FLAG_ORDER:
+        argv += flag_words(BY_NAME[key], v[key])
     spec = speculative_config(config)
     if spec is not None:
-        argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+        argv += [BY_NAME["SPECULATIVE_METHOD"].flag, json.dumps(spec, separators=(",", ":"))]
     argv += shlex.split(v["EXTRA_VLLM_ARGS"])
     return argv
 

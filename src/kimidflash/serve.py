@@ -17,20 +17,25 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import Any, Callable, TextIO
 
 import httpx
 from rich.console import Console
 from rich.table import Table
 
-from .config import FIELDS, Config, load_config, parse_overrides
-from .config.rules import check
+from .config import FIELDS, Config, check_checkpoints, load_config, parse_overrides
+from .docker import run as docker_run
+from .docker.engine import require_client
+from .docker.errors import ContainerError, EngineUnavailable
 from .logtail import STOP_GRACE_S, LogTail
 from .paths import CONFIGS_DIR, LAUNCHER
 from .prepare import launch_env, prepare
 from .preflight import PreflightError, preflight
 from .render import Rendered, attention_line, render
 
+Say = Callable[[str], None]
+# start(log, echo) -> a server with `tail`, `poll()` and `stop()` (LocalServer or ContainerServer)
+Starter = Callable[[TextIO | None, Callable[[str], None]], Any]
 
 
 class LocalServer:
@@ -82,7 +87,7 @@ def curl_example(config: Config) -> str:
     return f"curl {config.base_url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
 
 
-def wait_healthy(config: Config, server: "LocalServer", console: Console, stop: threading.Event) -> bool:
+def wait_healthy(config: Config, server: Any, console: Console, stop: threading.Event) -> bool:
     deadline = time.monotonic() + config["HEALTH_TIMEOUT"]
     start = time.monotonic()
     url = f"{config.base_url}/health"
@@ -111,56 +116,59 @@ def print_plan(config: Config, rendered: Rendered, console: Console) -> None:
 def serve(config: Config, *, dry_run: bool = False, allow_numa_balancing: bool = False,
           log_path: Path | None = None, quiet: bool = False, proc_root: Path = Path("/proc"),
           dev_root: Path = Path("/dev")) -> int:
+    """The phases in order: render (and stop there for a dry run), prepare what the
+    runtime needs, check the checkpoints once they exist, preflight, start, supervise."""
     console = Console(stderr=True)
-    say = lambda msg: console.print(f"[bold]serve:[/bold] {msg}", highlight=False, soft_wrap=True)  # noqa: E731
+    say: Say = lambda msg: console.print(f"[bold]serve:[/bold] {msg}", highlight=False, soft_wrap=True)  # noqa: E731
     rendered = render(config)
-    docker = config["RUNTIME"] == "docker"
     if dry_run:
-        if docker:
-            from .docker.run import dry_run_line
-
-            print(dry_run_line(config, rendered))
+        if config["RUNTIME"] == "docker":
+            print(docker_run.dry_run_line(config, rendered))
         else:
             print_plan(config, rendered, Console())
         return 0
+    try:
+        start = prepare_runtime(config, rendered, say)
+    except (EngineUnavailable, ContainerError) as exc:
+        say(f"[red]{exc}[/red]")
+        return 2
+    check_checkpoints(config)  # the rules that read the models prepare may just have made
+    if not run_preflight(config, say, proc_root, dev_root, allow_numa_balancing):
+        return 1
+    return run_server(config, start, console, say, log_path, quiet)
 
-    if docker:
-        from .docker import run as docker_run
-        from .docker.engine import EngineUnavailable, require_client
 
-        try:
-            client = require_client()
-            image = docker_run.resolve_image(client, config)
-            if config["PREPARE_MODELS"] == "tiny":  # made with the image's own torch: no host venv needed
-                docker_run.prepare_tiny_models(client, config, image, log=say)
-        except (EngineUnavailable, docker_run.ContainerError) as exc:
-            say(f"[red]{exc}[/red]")
-            return 2
-        check(config)
+def prepare_runtime(config: Config, rendered: Rendered, say: Say) -> Starter:
+    """Make what the runtime needs (venv, tiny models; for docker the image) and
+    return how to start the server on it."""
+    if config["RUNTIME"] == "docker":
+        client = require_client()
+        image = docker_run.resolve_image(client, config)
+        if config["PREPARE_MODELS"] == "tiny":  # made with the image's own torch: no host venv needed
+            docker_run.prepare_tiny_models(client, config, image, log=say)
+        return lambda log, echo: docker_run.start_server(config, rendered, image=image, log=log, echo=echo,
+                                                         client=client)
+    prepare(config, log=say)
+    return lambda log, echo: LocalServer(rendered, launch_env(config), log, echo)
 
-        def start(log, echo):
-            return docker_run.start_server(config, rendered, image=image, log=log, echo=echo, client=client)
-    else:
-        prepare(config, log=say)
 
-        def start(log, echo):
-            return LocalServer(rendered, launch_env(config), log, echo)
-
+def run_preflight(config: Config, say: Say, proc_root: Path, dev_root: Path, allow_numa_balancing: bool) -> bool:
     try:
         for check_ in preflight(config, proc_root, dev_root, allow_numa_balancing=allow_numa_balancing):
             say(f"preflight ok  {check_.name}: {check_.detail}")
     except PreflightError as exc:
         for failed in exc.failed:
             say(f"[red]preflight FAILED[/red]  {failed.name}: {failed.detail}\n    fix: {failed.fix}")
-        return 1
+        return False
+    return True
 
+
+def run_server(config: Config, start: Starter, console: Console, say: Say, log_path: Path | None,
+               quiet: bool) -> int:
+    """Start the server with SIGINT/SIGTERM turned into a stop request, supervise it,
+    and leave nothing running and the handlers restored however it ends."""
     stop = threading.Event()
     got: list[int] = []
-
-    def report_death(reason: str) -> None:
-        say(f"[red]server {reason}[/red]; last log lines:")
-        for line in server.tail:
-            console.print("  " + line, markup=False, highlight=False, soft_wrap=True)
 
     def on_signal(signum, _frame):
         got.append(signum)
@@ -171,44 +179,57 @@ def serve(config: Config, *, dry_run: bool = False, allow_numa_balancing: bool =
     echo = (lambda line: None) if quiet else (lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
     say(f"starting {config['SERVED_MODEL_NAME']} on {config.base_url} ({config['RUNTIME']})")
     try:
-        server = start(log, echo)
-    except Exception as exc:  # ContainerError and docker API errors: one line, no traceback
-        say(f"[red]could not start the server: {exc}[/red]")
-        if log is not None:
-            log.close()
-        return 1
-    try:
-        t0 = time.monotonic()
-        if not wait_healthy(config, server, console, stop):
-            if stop.is_set():
-                say("interrupted before the server was ready; stopping it")
-                server.stop()
-                return 130 if signal.SIGINT in got else 143
-            code = server.poll()
-            reason = f"exited with code {code}" if code is not None else f"not healthy after {config['HEALTH_TIMEOUT']}s"
-            server.stop()
-            report_death(reason)
+        try:
+            server = start(log, echo)
+        except Exception as exc:  # ContainerError and docker API errors: one line, no traceback
+            say(f"[red]could not start the server: {exc}[/red]")
             return 1
-        say(f"[green]ready[/green] in {time.monotonic() - t0:.0f}s: {config.base_url}/v1 "
-            f"(model {config['SERVED_MODEL_NAME']}); try:")
-        console.print(curl_example(config), markup=False, highlight=False, soft_wrap=True)
-        while not stop.wait(1.0):
-            code = server.poll()
-            if code is not None:
+        try:
+            return supervise(config, server, console, say, stop, got)
+        finally:
+            if server.poll() is None:
                 server.stop()
-                report_death(f"exited with code {code}")
-                return code or 1
-        say("stopping the server")
-        server.stop()
-        return 0
     finally:
-        if server.poll() is None:
-            server.stop()
         for s, h in previous.items():
             signal.signal(s, h)
         if log is not None:
             log.close()
         sys.stdout.flush()
+
+
+def supervise(config: Config, server: Any, console: Console, say: Say, stop: threading.Event,
+              got: list[int]) -> int:
+    """Wait for health, print the ready line, then watch the server until it dies
+    (its exit code, or 1) or a signal asks it to stop (0; 130/143 before ready)."""
+    t0 = time.monotonic()
+    if not wait_healthy(config, server, console, stop):
+        if stop.is_set():
+            say("interrupted before the server was ready; stopping it")
+            server.stop()
+            return 130 if signal.SIGINT in got else 143
+        code = server.poll()
+        reason = f"exited with code {code}" if code is not None else f"not healthy after {config['HEALTH_TIMEOUT']}s"
+        server.stop()
+        report_death(server, console, say, reason)
+        return 1
+    say(f"[green]ready[/green] in {time.monotonic() - t0:.0f}s: {config.base_url}/v1 "
+        f"(model {config['SERVED_MODEL_NAME']}); try:")
+    console.print(curl_example(config), markup=False, highlight=False, soft_wrap=True)
+    while not stop.wait(1.0):
+        code = server.poll()
+        if code is not None:
+            server.stop()
+            report_death(server, console, say, f"exited with code {code}")
+            return code or 1
+    say("stopping the server")
+    server.stop()
+    return 0
+
+
+def report_death(server: Any, console: Console, say: Say, reason: str) -> None:
+    say(f"[red]server {reason}[/red]; last log lines:")
+    for line in server.tail:
+        console.print("  " + line, markup=False, highlight=False, soft_wrap=True)
 
 
 def print_config(config: Config) -> None:

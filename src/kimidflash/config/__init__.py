@@ -1,6 +1,10 @@
 """Env-file configs: schema, loading, combination rules."""
 
-from .loader import Config, ConfigError, load_config, parse_overrides
+from .errors import ConfigError
+from .loader import load_config, parse_overrides
+from .model import Config
+from .rules import check_checkpoints, check_config
 from .schema import BY_NAME, FIELDS, Field
 
-__all__ = ["BY_NAME", "FIELDS", "Config", "ConfigError", "Field", "load_config", "parse_overrides"]
+__all__ = ["BY_NAME", "FIELDS", "Config", "ConfigError", "Field", "check_checkpoints", "check_config",
+           "load_config", "parse_overrides"]

@@ -9,56 +9,16 @@ what `serve.sh --print-config` shows.
 from __future__ import annotations
 
 import difflib
-import hashlib
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from dotenv import dotenv_values
 
-from ..errors import RecipeError
+from .errors import ConfigError
+from .model import Config
+from .rules import check_checkpoints, check_config
 from .schema import BY_NAME, FIELDS, Field
-
-
-class ConfigError(RecipeError):
-    """A config the recipe refuses; the message names the key and the fix."""
-
-    def __init__(self, key: str, message: str, source: str = ""):
-        self.key, self.source = key, source
-        where = f" ({source})" if source else ""
-        super().__init__(f"{key}{where}: {message}")
-
-
-@dataclass
-class Config:
-    values: dict[str, Any]
-    sources: dict[str, str]
-    path: Path | None = None
-    files: list[Path] = field(default_factory=list)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.values[key]
-
-    def digest(self) -> str:
-        """sha256 over the files that made this config, in load order."""
-        h = hashlib.sha256()
-        for p in self.files:
-            h.update(p.read_bytes())
-        return h.hexdigest()
-
-    @property
-    def speculative(self) -> bool:
-        return self.values["SPECULATIVE_METHOD"] != "none"
-
-    @property
-    def base_url(self) -> str:
-        host = self.values["HOST"]
-        if host in ("0.0.0.0", "::"):
-            host = "127.0.0.1"
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{self.values['PORT']}"
 
 
 TRUE = {"1", "true", "yes", "on"}
@@ -161,9 +121,10 @@ def load_config(
             values[f.name] = f.default
             sources[f.name] = "default"
     config = Config(values, sources, Path(path).resolve() if path is not None else None, files)
-    from .rules import check  # the combination rules need the whole config
-
-    check(config)
+    check_config(config)
+    # The checkpoints may already be here (production); a later prepare step that
+    # creates them runs check_checkpoints again once it is done.
+    check_checkpoints(config)
     return config
 
 

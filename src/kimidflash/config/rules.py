@@ -2,6 +2,11 @@
 
 Each rule raises `ConfigError` naming the key to change and why, so a bad
 config costs seconds, not a five-minute model load that crashes.
+
+Two passes: `check_config` needs only the values (run once, at load);
+`check_checkpoints` reads what the paths point at (the drafter's block size, the
+target's config.json, a scales file's layer count). The loader runs both; `serve`
+runs the checkpoint pass once more after `prepare` made the models it names.
 """
 
 from __future__ import annotations
@@ -9,26 +14,31 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, NoReturn
 
 from .. import backends
+from ..fp8.checkpoint import MLA_LIMIT
+from ..fp8.scales import KvScales, ScaleFileError
 from ..paths import CONFIGS_DIR
-from .schema import LOOPBACK_HOSTS
-
-if TYPE_CHECKING:
-    from .loader import Config
+from .errors import ConfigError
+from .model import Config
+from .schema import LOOPBACK_HOSTS, rendered_flags
 
 AITER_MAX_BATCHED_TOKENS = 32768
 DFLASH_MLA_BLOCK_SIZE = 16
 # vLLM flags the recipe renders itself; EXTRA_VLLM_ARGS may not repeat them.
-RENDERED_FLAGS = (
-    "--model", "--served-model-name", "--host", "--port", "--api-key", "--tensor-parallel-size",
-    "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--gpu-memory-utilization",
-    "--block-size", "--enforce-eager", "--kv-cache-dtype", "--dtype", "--trust-remote-code",
-    "--enable-prefix-caching", "--no-enable-prefix-caching", "--speculative-config",
-    "--attention-backend", "--tool-call-parser", "--enable-auto-tool-choice", "--reasoning-parser",
-)
+RENDERED_FLAGS = rendered_flags()
 MLA_MODEL_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2", "kimi_k25")
+
+Fail = Callable[[str, str], NoReturn]
+
+
+def failer(config: Config) -> Fail:
+    """`fail(key, message)`: raise the ConfigError naming where `key` was set."""
+    def fail(key: str, message: str) -> NoReturn:
+        raise ConfigError(key, message, config.sources.get(key, ""))
+
+    return fail
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -52,10 +62,8 @@ def model_field(cfg: dict[str, Any] | None, key: str) -> Any:
     return cfg[key] if key in cfg else (cfg.get("text_config") or {}).get(key)
 
 
-def draft_block_size(config: "Config") -> tuple[int | None, str]:
+def draft_block_size(config: Config) -> tuple[int | None, str]:
     """The drafter's block size and where it was read (checkpoint first)."""
-    from .loader import ConfigError
-
     for key in ("DRAFT_MODEL_DIR", "DRAFT_CONFIG"):
         value = config[key]
         if not value:
@@ -70,15 +78,10 @@ def draft_block_size(config: "Config") -> tuple[int | None, str]:
     return None, ""
 
 
-def kv_cache_rules(v: dict[str, Any], fail, target_cfg: dict[str, Any] | None) -> None:
+def kv_cache_rules(v: dict[str, Any], fail: Fail) -> None:
     """FP8 KV cache: a scale policy that means what it says, and the draft's cache
     chosen per pin (docs/fp8-kv.md)."""
     fp8, policy = v["KV_CACHE_DTYPE"].startswith("fp8"), v["KV_SCALE_POLICY"]
-    quant = model_field(target_cfg, "quantization_config") or {}
-    if quant.get("kv_cache_scheme") and not fp8:
-        fail("KV_CACHE_DTYPE", f"{v['MODEL_DIR']} carries KV scales (quantization_config.kv_cache_scheme), which "
-                               "makes vLLM store an FP8 cache whatever --kv-cache-dtype says; set KV_CACHE_DTYPE=fp8 "
-                               "KV_SCALE_POLICY=checkpoint, or serve the checkpoint without the scale overlay")
     if fp8 and policy == "none":
         fail("KV_SCALE_POLICY", f"KV_CACHE_DTYPE={v['KV_CACHE_DTYPE']} with no policy stores the cache at vLLM's "
                                 "scale 1.0 unless the checkpoint carries k_scale tensors; Kimi K2.6 ships none and "
@@ -98,8 +101,6 @@ def kv_cache_rules(v: dict[str, Any], fail, target_cfg: dict[str, Any] | None) -
                                   "every step, which graph capture cannot record; set ENFORCE_EAGER=true or use "
                                   "KV_SCALE_POLICY=checkpoint")
     if policy == "checkpoint" and v["TARGET_ATTENTION"] == "mla":
-        from ..fp8.checkpoint import MLA_LIMIT
-
         fail("KV_SCALE_POLICY", f"checkpoint with an MLA target: {MLA_LIMIT}; use KV_SCALE_POLICY=running-max "
                                 "with KV_SCALES_FILE=<kimidflash calibrate output> instead")
     if policy == "checkpoint" and v["KV_CACHE_DTYPE"] == "fp8_e5m2":
@@ -110,21 +111,34 @@ def kv_cache_rules(v: dict[str, Any], fail, target_cfg: dict[str, Any] | None) -
             fail("KV_SCALES_FILE", "seeds the running-max scales; it needs KV_SCALE_POLICY=running-max (for "
                                    "KV_SCALE_POLICY=checkpoint write the scales into an overlay: "
                                    "kimidflash calibrate --overlay)")
-        from ..fp8.scales import KvScales, ScaleFileError
-
-        try:
-            scales = KvScales.load(v["KV_SCALES_FILE"])
-        except ScaleFileError as exc:
-            fail("KV_SCALES_FILE", str(exc))
+        scales = load_scales(v, fail)
         if scales.attention != "mla":
             fail("KV_SCALES_FILE", f"holds {scales.attention} scales; P10 seeds an MLA target's latent cache")
-        layers = model_field(target_cfg, "num_hidden_layers")
-        if layers is not None and len(scales.layers) != layers:
-            fail("KV_SCALES_FILE", f"has {len(scales.layers)} layers but {v['MODEL_DIR']}/config.json has {layers}")
     draft_kv_rules(v, fail)
 
 
-def draft_kv_rules(v: dict[str, Any], fail) -> None:
+def load_scales(v: dict[str, Any], fail: Fail) -> KvScales:
+    try:
+        return KvScales.load(v["KV_SCALES_FILE"])
+    except ScaleFileError as exc:
+        fail("KV_SCALES_FILE", str(exc))
+
+
+def target_kv_rules(v: dict[str, Any], fail: Fail, target_cfg: dict[str, Any] | None) -> None:
+    """The FP8 KV rules that read the target's config.json."""
+    quant = model_field(target_cfg, "quantization_config") or {}
+    if quant.get("kv_cache_scheme") and not v["KV_CACHE_DTYPE"].startswith("fp8"):
+        fail("KV_CACHE_DTYPE", f"{v['MODEL_DIR']} carries KV scales (quantization_config.kv_cache_scheme), which "
+                               "makes vLLM store an FP8 cache whatever --kv-cache-dtype says; set KV_CACHE_DTYPE=fp8 "
+                               "KV_SCALE_POLICY=checkpoint, or serve the checkpoint without the scale overlay")
+    layers = model_field(target_cfg, "num_hidden_layers")
+    if v["KV_SCALES_FILE"] and layers is not None:
+        scales = load_scales(v, fail)
+        if len(scales.layers) != layers:
+            fail("KV_SCALES_FILE", f"has {len(scales.layers)} layers but {v['MODEL_DIR']}/config.json has {layers}")
+
+
+def draft_kv_rules(v: dict[str, Any], fail: Fail) -> None:
     named, version = v["DRAFT_KV_CACHE_DTYPE"], v["VLLM_VERSION"]
     if v["SPECULATIVE_METHOD"] != "dflash":
         if named:
@@ -145,14 +159,9 @@ def draft_kv_rules(v: dict[str, Any], fail) -> None:
                                      "(BF16 draft cache, recommended) or fp8")
 
 
-def check(config: "Config") -> None:
-    from .loader import ConfigError
-
-    v, src = config.values, config.sources
-
-    def fail(key: str, message: str) -> None:
-        raise ConfigError(key, message, src.get(key, ""))
-
+def check_config(config: Config) -> None:
+    """The rules on the values alone (no file a path names is read but KV_SCALES_FILE)."""
+    v, src, fail = config.values, config.sources, failer(config)
     if v["HOST"] not in LOOPBACK_HOSTS and not v["API_KEY"]:
         fail("HOST", f"binding to {v['HOST']} exposes the server; set API_KEY in the process environment "
                      "(export API_KEY=...) or keep HOST=127.0.0.1")
@@ -169,12 +178,7 @@ def check(config: "Config") -> None:
     if v["SPECULATIVE_METHOD"] == "dflash":
         if not v["DRAFT_MODEL_DIR"]:
             fail("DRAFT_MODEL_DIR", "SPECULATIVE_METHOD=dflash needs the drafter checkpoint directory")
-        block, where = draft_block_size(config)
-        k = v["NUM_SPECULATIVE_TOKENS"]
-        if block is not None and not 1 <= k <= block:
-            fail("NUM_SPECULATIVE_TOKENS", f"{k} is outside 1..{block}, the drafter's block size ({where})")
-        target_mla = v["TARGET_ATTENTION"] == "mla"
-        if target_mla and v["BLOCK_SIZE"] != DFLASH_MLA_BLOCK_SIZE:
+        if v["TARGET_ATTENTION"] == "mla" and v["BLOCK_SIZE"] != DFLASH_MLA_BLOCK_SIZE:
             fail("BLOCK_SIZE", f"{v['BLOCK_SIZE']} with DFlash and an MLA target; the MLA kernels and the "
                                f"drafter's attention only share block size {DFLASH_MLA_BLOCK_SIZE}: set BLOCK_SIZE=16")
     refused = backends.refusal(v)
@@ -183,21 +187,14 @@ def check(config: "Config") -> None:
     if v["SPECULATIVE_METHOD"] == "ngram" and v["NGRAM_PROMPT_LOOKUP_MIN"] > v["NGRAM_PROMPT_LOOKUP_MAX"]:
         fail("NGRAM_PROMPT_LOOKUP_MIN", "must not exceed NGRAM_PROMPT_LOOKUP_MAX")
 
-    try:
-        target_cfg = read_json(Path(v["MODEL_DIR"]) / "config.json") if v["MODEL_DIR"] else None
-    except ValueError as exc:
-        fail("MODEL_DIR", f"unreadable target config: {exc}")
-    if target_cfg is not None:
-        actual = "mla" if model_is_mla(target_cfg) else "standard"
-        if actual != v["TARGET_ATTENTION"]:
-            fail("TARGET_ATTENTION", f"is {v['TARGET_ATTENTION']} but {v['MODEL_DIR']}/config.json describes "
-                                     f"a {actual} model; set TARGET_ATTENTION={actual}")
-
-    kv_cache_rules(v, fail, target_cfg)
+    kv_cache_rules(v, fail)
 
     if v["PLATFORM"] == "cpu" and v["MOE_BACKEND"] != "auto":
         fail("MOE_BACKEND", "AITER and Triton MoE are ROCm kernels; set MOE_BACKEND=auto with PLATFORM=cpu")
+    extra_args_rule(v, fail)
 
+
+def extra_args_rule(v: dict[str, Any], fail: Fail) -> None:
     try:
         extra = shlex.split(v["EXTRA_VLLM_ARGS"])
     except ValueError as exc:
@@ -207,3 +204,24 @@ def check(config: "Config") -> None:
         if flag in RENDERED_FLAGS:
             fail("EXTRA_VLLM_ARGS", f"repeats {flag}, which the recipe renders from its own key; "
                                     "set that key instead (see docs/configuration.md)")
+
+
+def check_checkpoints(config: Config) -> None:
+    """The rules that read the checkpoints (and drafter JSON) the config names; a
+    path with nothing there yet passes, so run this again once they exist."""
+    v, fail = config.values, failer(config)
+    if v["SPECULATIVE_METHOD"] == "dflash":
+        block, where = draft_block_size(config)
+        k = v["NUM_SPECULATIVE_TOKENS"]
+        if block is not None and not 1 <= k <= block:
+            fail("NUM_SPECULATIVE_TOKENS", f"{k} is outside 1..{block}, the drafter's block size ({where})")
+    try:
+        target_cfg = read_json(Path(v["MODEL_DIR"]) / "config.json") if v["MODEL_DIR"] else None
+    except ValueError as exc:
+        fail("MODEL_DIR", f"unreadable target config: {exc}")
+    if target_cfg is not None:
+        actual = "mla" if model_is_mla(target_cfg) else "standard"
+        if actual != v["TARGET_ATTENTION"]:
+            fail("TARGET_ATTENTION", f"is {v['TARGET_ATTENTION']} but {v['MODEL_DIR']}/config.json describes "
+                                     f"a {actual} model; set TARGET_ATTENTION={actual}")
+    target_kv_rules(v, fail, target_cfg)

@@ -4,6 +4,11 @@ Each `Field` is the single source of truth for a key: its type, default,
 allowed values and one-line documentation. The loader validates against it,
 `render` turns it into `vllm serve` flags and environment, and
 `kimidflash config-docs` writes the reference table in docs/ from it.
+
+A key that becomes a `vllm serve` flag names that flag here (`flag`, and for a
+boolean the flag of its false value, `flag_off`), so vLLM's flag names live in
+one place: `render` loops over `FLAG_ORDER` to write them, and the validator's
+list of flags EXTRA_VLLM_ARGS may not repeat is `rendered_flags()`.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ class Field:
     minimum: float | None = None
     maximum: float | None = None
     secret: bool = False
+    flag: str = ""  # the vLLM flag this key renders to
+    flag_off: str = ""  # bool keys: the flag rendered when false (none when empty)
+    also: tuple[str, ...] = ()  # flags rendered just before `flag` whenever it is
+    omit: tuple[Any, ...] = ()  # values for which the flag is left out (vLLM's default)
 
     def describe_type(self) -> str:
         if self.kind == "choice":
@@ -51,45 +60,60 @@ FIELDS: tuple[Field, ...] = (
     F("HEALTH_TIMEOUT", "int", 1200, "Seconds to wait for /health before giving up (Kimi K2.6 loads in ~5 min on MI300X).", "deployment", minimum=10, maximum=7200),
     F("HF_HOME", "path", "", "Hugging Face cache directory passed to vLLM (mounted into the container with the docker runtime).", "deployment"),
     # --- model ------------------------------------------------------------
-    F("MODEL_DIR", "path", "/models/Kimi-K2.6", "Target checkpoint directory (must hold config.json).", "model"),
+    F("MODEL_DIR", "path", "/models/Kimi-K2.6", "Target checkpoint directory (must hold config.json).", "model", flag="--model"),
     F("DRAFT_MODEL_DIR", "path", "/models/Kimi-K2.5-DFlash", "DFlash drafter checkpoint directory (must hold config.json).", "model"),
     F("DRAFT_CONFIG", "path", "", "Drafter architecture JSON used for validation when DRAFT_MODEL_DIR is not on this machine.", "model"),
     F("TARGET_ATTENTION", "choice", "mla", "Target attention family: `mla` (DeepSeek-V3 / Kimi) or `standard`; checked against config.json when present.", "model", ("mla", "standard")),
-    F("SERVED_MODEL_NAME", "str", "kimi-k2.6-amd-dflash", "Model name clients send in requests.", "model"),
-    F("TRUST_REMOTE_CODE", "bool", True, "Pass --trust-remote-code (the Kimi tokenizer needs it).", "model"),
-    F("DTYPE", "choice", "auto", "Activation dtype (`float32` for exactness checks on CPU).", "model", ("auto", "bfloat16", "float16", "float32")),
-    F("TOOL_CALL_PARSER", "str", "kimi_k2", "vLLM tool-call parser; enables auto tool choice. Empty: off.", "model"),
-    F("REASONING_PARSER", "str", "kimi_k2", "vLLM reasoning parser. Empty: off.", "model"),
+    F("SERVED_MODEL_NAME", "str", "kimi-k2.6-amd-dflash", "Model name clients send in requests.", "model", flag="--served-model-name"),
+    F("TRUST_REMOTE_CODE", "bool", True, "Pass --trust-remote-code (the Kimi tokenizer needs it).", "model", flag="--trust-remote-code"),
+    F("DTYPE", "choice", "auto", "Activation dtype (`float32` for exactness checks on CPU).", "model", ("auto", "bfloat16", "float16", "float32"), flag="--dtype", omit=("auto",)),
+    F("TOOL_CALL_PARSER", "str", "kimi_k2", "vLLM tool-call parser; enables auto tool choice. Empty: off.", "model", flag="--tool-call-parser", also=("--enable-auto-tool-choice",), omit=("",)),
+    F("REASONING_PARSER", "str", "kimi_k2", "vLLM reasoning parser. Empty: off.", "model", flag="--reasoning-parser", omit=("",)),
     # --- network ----------------------------------------------------------
-    F("HOST", "str", "127.0.0.1", "Bind address. Anything but loopback needs API_KEY.", "network"),
-    F("PORT", "int", 8262, "HTTP port of the OpenAI-compatible server.", "network", minimum=1, maximum=65535),
-    F("API_KEY", "str", "", "Bearer token required by the server (passed as VLLM_API_KEY, never on the command line). Take it from the process environment, not a committed file.", "network", secret=True),
+    F("HOST", "str", "127.0.0.1", "Bind address. Anything but loopback needs API_KEY.", "network", flag="--host"),
+    F("PORT", "int", 8262, "HTTP port of the OpenAI-compatible server.", "network", minimum=1, maximum=65535, flag="--port"),
+    F("API_KEY", "str", "", "Bearer token required by the server (passed as VLLM_API_KEY, never on the command line). Take it from the process environment, not a committed file.", "network", secret=True, flag="--api-key"),
     # --- speculative decoding ---------------------------------------------
-    F("SPECULATIVE_METHOD", "choice", "dflash", "`dflash`, `ngram`, or `none` (autoregressive baseline).", "speculative", ("dflash", "ngram", "none")),
+    F("SPECULATIVE_METHOD", "choice", "dflash", "`dflash`, `ngram`, or `none` (autoregressive baseline).", "speculative", ("dflash", "ngram", "none"), flag="--speculative-config"),
     F("NUM_SPECULATIVE_TOKENS", "int", 2, "Draft tokens per step (seed: 2 with the K2.5 drafter, 8 with a matched one).", "speculative", minimum=1, maximum=64),
     F("DRAFT_ATTENTION_BACKEND", "str", "", "Attention backend of the DFlash drafter, e.g. ROCM_ATTN. vLLM >= 0.21: passed as speculative_config.attention_backend. 0.20.x has no such option: only the backend that pin picks itself is accepted (ROCM_ATTN on ROCm), and nothing is passed. Empty: vLLM decides. ROCM_AITER_FA and MLA backends are refused.", "speculative"),
     F("NGRAM_PROMPT_LOOKUP_MAX", "int", 3, "ngram method: longest n-gram matched in the prompt.", "speculative", minimum=1, maximum=16),
     F("NGRAM_PROMPT_LOOKUP_MIN", "int", 1, "ngram method: shortest n-gram matched in the prompt.", "speculative", minimum=1, maximum=16),
     # --- scheduler and memory ---------------------------------------------
-    F("TENSOR_PARALLEL_SIZE", "int", 8, "GPUs the target is split over.", "scheduler", minimum=1, maximum=64),
-    F("MAX_NUM_SEQS", "int", 32, "Concurrent sequences per step (each slot adds ~15.8 tok/s in the seed's runs).", "scheduler", minimum=1, maximum=4096),
-    F("MAX_NUM_BATCHED_TOKENS", "int", 32768, "Tokens per scheduler step; 32768 is the ceiling with AITER MoE.", "scheduler", minimum=1, maximum=1048576),
-    F("MAX_MODEL_LEN", "int", 262144, "Context length (Kimi K2.6: 256K).", "scheduler", minimum=16, maximum=1048576),
-    F("GPU_MEMORY_UTILIZATION", "float", 0.90, "Fraction of device memory vLLM may use.", "scheduler", minimum=0.01, maximum=1.0),
-    F("BLOCK_SIZE", "int", 16, "KV cache block size; DFlash with an MLA target needs 16.", "scheduler", minimum=1, maximum=1024),
-    F("ENFORCE_EAGER", "bool", True, "Skip graph capture (the seed measured no gain from compiled mode).", "scheduler"),
-    F("ENABLE_PREFIX_CACHING", "bool", False, "Prefix caching (the seed's figures were measured without it).", "scheduler"),
+    F("TENSOR_PARALLEL_SIZE", "int", 8, "GPUs the target is split over.", "scheduler", minimum=1, maximum=64, flag="--tensor-parallel-size"),
+    F("MAX_NUM_SEQS", "int", 32, "Concurrent sequences per step (each slot adds ~15.8 tok/s in the seed's runs).", "scheduler", minimum=1, maximum=4096, flag="--max-num-seqs"),
+    F("MAX_NUM_BATCHED_TOKENS", "int", 32768, "Tokens per scheduler step; 32768 is the ceiling with AITER MoE.", "scheduler", minimum=1, maximum=1048576, flag="--max-num-batched-tokens"),
+    F("MAX_MODEL_LEN", "int", 262144, "Context length (Kimi K2.6: 256K).", "scheduler", minimum=16, maximum=1048576, flag="--max-model-len"),
+    F("GPU_MEMORY_UTILIZATION", "float", 0.90, "Fraction of device memory vLLM may use.", "scheduler", minimum=0.01, maximum=1.0, flag="--gpu-memory-utilization"),
+    F("BLOCK_SIZE", "int", 16, "KV cache block size; DFlash with an MLA target needs 16.", "scheduler", minimum=1, maximum=1024, flag="--block-size"),
+    F("ENFORCE_EAGER", "bool", True, "Skip graph capture (the seed measured no gain from compiled mode).", "scheduler", flag="--enforce-eager"),
+    F("ENABLE_PREFIX_CACHING", "bool", False, "Prefix caching (the seed's figures were measured without it).", "scheduler", flag="--enable-prefix-caching", flag_off="--no-enable-prefix-caching"),
     F("CPU_KVCACHE_SPACE", "int", 1, "PLATFORM=cpu: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).", "scheduler", minimum=1, maximum=1024),
     # --- kv cache and kernels ---------------------------------------------
-    F("KV_CACHE_DTYPE", "choice", "auto", "`auto` keeps the model dtype (BF16); `fp8` halves KV memory.", "kernels", ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
+    F("KV_CACHE_DTYPE", "choice", "auto", "`auto` keeps the model dtype (BF16); `fp8` halves KV memory.", "kernels", ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"), flag="--kv-cache-dtype", omit=("auto",)),
     F("KV_SCALE_POLICY", "choice", "none", "FP8 KV scales (docs/fp8-kv.md): `checkpoint`: k_scale/v_scale tensors in MODEL_DIR (e.g. the overlay `kimidflash calibrate --overlay` writes), loaded by stock vLLM, verified at preflight; `running-max`: patch P10 keeps a per-layer scale over the real writes, rescaling the cache when it grows (MLA targets, enforce-eager); `none`: only with KV_CACHE_DTYPE=auto.", "kernels", ("none", "running-max", "checkpoint")),
     F("KV_SCALES_FILE", "path", "", "A `kimidflash calibrate` scales JSON that seeds the running-max scales, so they rarely grow while serving (KV_SCALE_POLICY=running-max only; passed as KIMIDFLASH_FP8_KV_SCALES).", "kernels"),
     F("DRAFT_KV_CACHE_DTYPE", "choice", "", "KV cache dtype of the DFlash draft. vLLM >= 0.32: speculative_config.kv_cache_dtype; with an FP8 target cache it must be chosen: `auto` (BF16, the production choice) or `fp8` (written at scale 1.0: the drafter ships no KV scales). vLLM 0.20.x-0.21.x build the draft's layers without the cache config, so its cache is BF16 whatever KV_CACHE_DTYPE says: only empty or `auto` are accepted there. Empty: inherit.", "kernels", ("", "auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
     F("MOE_BACKEND", "choice", "aiter", "`aiter` (AMD's fused MoE), `triton` (fallback), `auto` (vLLM decides).", "kernels", ("aiter", "triton", "auto")),
-    F("ATTENTION_BACKEND", "str", "", "Target attention backend (--attention-backend), e.g. TRITON_MLA. Empty: vLLM decides. DFlash with an MLA target on vLLM 0.20.x requires TRITON_MLA.", "kernels"),
+    F("ATTENTION_BACKEND", "str", "", "Target attention backend (--attention-backend), e.g. TRITON_MLA. Empty: vLLM decides. DFlash with an MLA target on vLLM 0.20.x requires TRITON_MLA.", "kernels", flag="--attention-backend", omit=("",)),
     # --- escape hatch -----------------------------------------------------
     F("EXTRA_VLLM_ARGS", "str", "", "Extra `vllm serve` arguments, shell-quoted; may not repeat a flag the recipe renders.", "extra"),
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FIELDS))
+# The keys `render` writes as plain `--flag value` (or bare `--flag`) pairs, in the
+# order of the command line (tests/golden/ pins it). MODEL_DIR (positional with the
+# cli entrypoint), API_KEY (passed in the environment, never on the command line)
+# and SPECULATIVE_METHOD (one JSON from several keys) name their flags but are
+# rendered by hand.
+FLAG_ORDER: tuple[str, ...] = (
+    "SERVED_MODEL_NAME", "HOST", "PORT", "TENSOR_PARALLEL_SIZE", "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS",
+    "MAX_MODEL_LEN", "GPU_MEMORY_UTILIZATION", "BLOCK_SIZE", "DTYPE", "KV_CACHE_DTYPE", "ENFORCE_EAGER",
+    "ENABLE_PREFIX_CACHING", "TRUST_REMOTE_CODE", "ATTENTION_BACKEND", "TOOL_CALL_PARSER", "REASONING_PARSER",
+)
+
+
+def rendered_flags() -> tuple[str, ...]:
+    """Every vLLM flag the recipe renders from its own keys (EXTRA_VLLM_ARGS may not repeat one)."""
+    return tuple(flag for f in FIELDS for flag in (*f.also, f.flag, f.flag_off) if flag)

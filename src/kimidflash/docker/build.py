@@ -23,13 +23,19 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import time
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
+from rich.console import Console
+
+from ..config import ConfigError, load_config, parse_overrides
 from ..config.schema import BY_NAME
 from ..paths import REPO_ROOT
+from .cpu_base import ensure_cpu_base
+from .engine import engine_url, require_client, stream_build
+from .errors import BuildFailed, CpuBaseError, EngineUnavailable
 
 DOCKERFILE = "Dockerfile.kimi26-dflash"
 DEFAULT_NAME = BY_NAME["IMAGE_NAME"].default
@@ -42,10 +48,6 @@ SKIP_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
 SECRET_MOUNT = re.compile(r"--mount=type=secret,[^\s\\]*\s*")
 
 Log = Callable[[str], None]
-
-
-class BuildFailed(RuntimeError):
-    """The build stopped; the message is the builder's (or patcher's) own last error lines."""
 
 
 @dataclass(frozen=True)
@@ -94,39 +96,6 @@ def build_context(root: Path = REPO_ROOT, dockerfile_text: str | None = None,
     return buf
 
 
-def stream_build(client, log: Log, **kwargs: Any) -> str:
-    """Run api.build, showing each step and its output live; return the image id."""
-    from rich.console import Console
-
-    console = Console(stderr=True, highlight=False)
-    tail: list[str] = []
-    image_id = ""
-    started = time.monotonic()
-    with console.status("build: starting") as status:
-        for chunk in client.api.build(decode=True, **kwargs):
-            if "error" in chunk:
-                msg = chunk.get("errorDetail", {}).get("message") or chunk["error"]
-                lines = [line for line in tail if line.strip()][-15:]
-                raise BuildFailed("\n".join([*lines, msg.strip()]))
-            if "aux" in chunk and isinstance(chunk["aux"], dict) and "ID" in chunk["aux"]:
-                image_id = chunk["aux"]["ID"]
-            text = chunk.get("stream") or chunk.get("status") or ""
-            for line in text.rstrip("\n").splitlines():
-                tail = [*tail[-40:], line]
-                if line.startswith("Step "):
-                    status.update(f"build {time.monotonic() - started:5.0f}s  {line[:100]}")
-                    console.print(line, style="bold", markup=False, soft_wrap=True)
-                elif line.strip():
-                    console.print(f"  {line}", style="dim", markup=False, soft_wrap=True)
-    if not image_id:
-        m = re.search(r"Successfully built ([0-9a-f]+)", "\n".join(tail))
-        if not m:
-            raise BuildFailed("the builder finished without reporting an image id")
-        image_id = m.group(1)
-    log(f"built {image_id[:19]} in {time.monotonic() - started:.0f}s")
-    return image_id
-
-
 def read_report(client, image: str, path: str = REPORT_PATH) -> dict[str, Any]:
     """The patch report from the image's filesystem, without starting a container."""
     container = client.containers.create(image, entrypoint=["true"], command=[])
@@ -141,21 +110,6 @@ def read_report(client, image: str, path: str = REPORT_PATH) -> dict[str, Any]:
             return json.loads(f.read())
     finally:
         container.remove(force=True)
-
-
-def patchset_hash(report: dict[str, Any]) -> str:
-    from .imagecheck import HASH_KEYS, report_field
-
-    value = report_field(report, HASH_KEYS)
-    if not value:
-        raise BuildFailed(f"the patch report has no patch-set hash (looked for {', '.join(HASH_KEYS)})")
-    return value
-
-
-def report_vllm_version(report: dict[str, Any]) -> str:
-    from .imagecheck import VERSION_KEYS, report_field
-
-    return report_field(report, VERSION_KEYS)
 
 
 def image_tags(name: str, vllm_version: str, pset_hash: str) -> tuple[str, str]:
@@ -180,10 +134,6 @@ def _buildkit_cli() -> list[str] | None:
 def _cli_build(client, log: Log, context: io.BytesIO, buildargs: dict[str, str], ca_bundle: Path,
                nocache: bool, tag: str | None) -> str:
     """BuildKit through the docker CLI, the only way to pass the CA bundle as a secret."""
-    import tempfile
-
-    from .engine import engine_url
-
     cli = _buildkit_cli()
     if cli is None:
         raise BuildFailed("--ca-bundle needs BuildKit: install docker buildx (or build without --ca-bundle)")
@@ -253,8 +203,6 @@ def build_image(client, *, base_image: str, vllm_version: str, name: str = DEFAU
 
 def print_report(result: BuildResult) -> None:
     """The patch report, as the patcher wrote it, under the tags it produced."""
-    from rich.console import Console
-
     console = Console(highlight=False)
     console.print(f"[bold]image[/bold] {result.image_id[:19]}  tags: {', '.join(result.tags)}")
     console.print(f"[bold]patch report[/bold] ({REPORT_PATH}):")
@@ -263,10 +211,6 @@ def print_report(result: BuildResult) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Build the recipe image from a config's pins (exit 2: no Docker engine)."""
-    from ..config import ConfigError, load_config, parse_overrides
-    from .cpu_base import CpuBaseError, ensure_cpu_base
-    from .engine import EngineUnavailable, require_client
-
     p = argparse.ArgumentParser(prog="kimidflash build", description=main.__doc__)
     p.add_argument("config", nargs="?", default=str(REPO_ROOT / "configs" / "production.env"),
                    help="env config whose VLLM_VERSION / VLLM_IMAGE / PLATFORM pick the base (default: configs/production.env)")
@@ -303,7 +247,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print_report(result)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

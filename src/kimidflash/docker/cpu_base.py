@@ -17,6 +17,7 @@ pip find-links folders (torch's +cpu build) travel in the same way.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import io
 import json
@@ -24,6 +25,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass
@@ -31,8 +33,11 @@ from pathlib import Path
 from typing import Callable
 
 from ..cpu_reference.venv import MISMATCHED
-from ..downloads import sha256_file, verified
+from ..downloads import verified
+from ..fsio import sha256_file
 from ..paths import cache_dir, downloads_dir
+from .engine import ensure_engine, stream_build
+from .errors import CpuBaseError, EngineUnavailable
 
 ROOTFS_REPO = "kimidflash-rootfs"
 BASE_REPO = "kimidflash-cpu-base"
@@ -46,10 +51,6 @@ RECIPE_VERSION = "1"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 Log = Callable[[str], None]
-
-
-class CpuBaseError(RuntimeError):
-    """One line naming what failed and why."""
 
 
 @dataclass(frozen=True)
@@ -245,8 +246,6 @@ def ensure_cpu_base(client, vllm_version: str, *, log: Log, mirror: str | None =
 
     ca_bundle: a path, True for the host's default bundle, or False/None for none.
     """
-    from .build import stream_build  # shared progress display
-
     ca: Path | None
     if ca_bundle is True:
         ca = default_ca_bundle()
@@ -287,13 +286,8 @@ def _drop_stale(client, repo: str, keep: str, prefix: str, log: Log) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m kimidflash.docker.cpu_base [--vllm-version V]`: build or find the CPU base; print its tag."""
-    import argparse
-    import sys
-
-    from .engine import EngineUnavailable, ensure_engine
-
-    p = argparse.ArgumentParser(prog="kimidflash.docker.cpu_base", description=main.__doc__)
+    """`python -m kimidflash cpu-base [--vllm-version V]`: build or find the CPU base; print its tag."""
+    p = argparse.ArgumentParser(prog="kimidflash cpu-base", description=main.__doc__)
     p.add_argument("--vllm-version", default="0.32.0")
     p.add_argument("--ca-bundle", default=None, help="CA bundle for pip (default: the host's)")
     args = p.parse_args(argv)
@@ -310,7 +304,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(tag)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -11,14 +11,20 @@ collides with a system daemon and its image cache survives between runs.
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+from rich.console import Console
+
+from .errors import BuildFailed, EngineUnavailable
 
 PRIVATE_ROOT = Path(os.environ.get("KIMIDFLASH_DOCKER_ROOT", "/run/kimidflash-docker"))
 PRIVATE_SOCKET = PRIVATE_ROOT / "docker.sock"
@@ -26,14 +32,10 @@ PRIVATE_DATA = Path(os.environ.get("KIMIDFLASH_DOCKER_DATA", "/var/lib/kimidflas
 SYSTEM_SOCKET = Path("/var/run/docker.sock")
 START_HINT = (
     "start one (`sudo systemctl start docker`), or point DOCKER_HOST at a running daemon; "
-    "test machines: `python -m kimidflash.docker.engine --ensure` installs docker.io and starts a private dockerd"
+    "test machines: `python -m kimidflash docker-engine --ensure` installs docker.io and starts a private dockerd"
 )
 
 Log = Callable[[str], None]
-
-
-class EngineUnavailable(RuntimeError):
-    """No daemon answered; the message is the one line a user sees."""
 
 
 @dataclass(frozen=True)
@@ -153,10 +155,8 @@ def ensure_engine(log: Log = lambda m: print(f"kimidflash: {m}", file=sys.stderr
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m kimidflash.docker.engine [--ensure]`: print the engine in use (exit 2 if none)."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="kimidflash.docker.engine", description=main.__doc__)
+    """`python -m kimidflash docker-engine [--ensure]`: print the engine in use (exit 2 if none)."""
+    p = argparse.ArgumentParser(prog="kimidflash docker-engine", description=main.__doc__)
     p.add_argument("--ensure", action="store_true", help="install docker.io and start a private dockerd if none answers")
     args = p.parse_args(argv)
     try:
@@ -169,5 +169,35 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def stream_build(client, log: Log, **kwargs: Any) -> str:
+    """Run api.build, showing each step and its output live; return the image id.
+
+    Beside the engine helpers because both image builds use it (the recipe image
+    in build.py, the CPU base in cpu_base.py)."""
+    console = Console(stderr=True, highlight=False)
+    tail: list[str] = []
+    image_id = ""
+    started = time.monotonic()
+    with console.status("build: starting") as status:
+        for chunk in client.api.build(decode=True, **kwargs):
+            if "error" in chunk:
+                msg = chunk.get("errorDetail", {}).get("message") or chunk["error"]
+                lines = [line for line in tail if line.strip()][-15:]
+                raise BuildFailed("\n".join([*lines, msg.strip()]))
+            if "aux" in chunk and isinstance(chunk["aux"], dict) and "ID" in chunk["aux"]:
+                image_id = chunk["aux"]["ID"]
+            text = chunk.get("stream") or chunk.get("status") or ""
+            for line in text.rstrip("\n").splitlines():
+                tail = [*tail[-40:], line]
+                if line.startswith("Step "):
+                    status.update(f"build {time.monotonic() - started:5.0f}s  {line[:100]}")
+                    console.print(line, style="bold", markup=False, soft_wrap=True)
+                elif line.strip():
+                    console.print(f"  {line}", style="dim", markup=False, soft_wrap=True)
+    if not image_id:
+        m = re.search(r"Successfully built ([0-9a-f]+)", "\n".join(tail))
+        if not m:
+            raise BuildFailed("the builder finished without reporting an image id")
+        image_id = m.group(1)
+    log(f"built {image_id[:19]} in {time.monotonic() - started:.0f}s")
+    return image_id

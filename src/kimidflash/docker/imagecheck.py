@@ -69,5 +69,8 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+# The Dockerfile runs this file by path inside the image (`python3 imagecheck.py
+# pin ...`), before the package is importable there: so it keeps its own entry
+# point and imports nothing but the standard library.
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

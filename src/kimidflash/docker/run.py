@@ -12,17 +12,17 @@ container that died keeps its last log lines in `tail` for the report.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from ..config import Config
+from ..cpu_reference.tiny import is_current
 from ..logtail import STOP_GRACE_S, LogTail
 from ..render import Rendered
 from .build import LABEL_VLLM
+from .engine import find_client, require_client
+from .errors import ContainerError
 from .spec import MANAGED_LABEL, container_spec, docker_run_line
-
-
-class ContainerError(RuntimeError):
-    """One line naming the container or image problem and the fix."""
 
 
 def resolve_image(client, config: Config) -> str:
@@ -40,8 +40,6 @@ def resolve_image(client, config: Config) -> str:
 def dry_run_line(config: Config, rendered: Rendered, image: str | None = None) -> str:
     """The `docker run` serve.sh would execute (image: the resolved one, else NAME:latest)."""
     if image is None:
-        from .engine import find_client
-
         client = find_client(timeout=10)
         try:
             image = resolve_image(client, config) if client is not None else f"{config.values['IMAGE_NAME']}:latest"
@@ -139,10 +137,6 @@ class ContainerServer:
 def prepare_tiny_models(client, config: Config, image: str, log: Callable[[str], None] = lambda m: None) -> None:
     """PREPARE_MODELS=tiny with RUNTIME=docker: generate the pair with the image's own
     torch (the host needs no vLLM venv), into the host dirs the server then mounts."""
-    from pathlib import Path
-
-    from ..cpu_reference.tiny import is_current
-
     target, draft = Path(config.values["MODEL_DIR"]), Path(config.values["DRAFT_MODEL_DIR"])
     if is_current(target) and is_current(draft):
         return
@@ -151,7 +145,7 @@ def prepare_tiny_models(client, config: Config, image: str, log: Callable[[str],
         Path(p).mkdir(parents=True, exist_ok=True)
     log(f"generating the tiny reference pair in {', '.join(parents)} inside {image} (once)")
     out = client.containers.run(
-        image, entrypoint=["python3", "-m", "kimidflash.cpu_reference.tiny"], command=[str(target), str(draft)],
+        image, entrypoint=["python3", "-m", "kimidflash", "tiny-model"], command=[str(target), str(draft)],
         volumes={p: {"bind": p, "mode": "rw"} for p in parents}, network_mode="none", remove=True,
         stdout=True, stderr=True, labels={MANAGED_LABEL: "1"})
     if not (is_current(target) and is_current(draft)):
@@ -161,8 +155,6 @@ def prepare_tiny_models(client, config: Config, image: str, log: Callable[[str],
 def start_server(config: Config, rendered: Rendered, *, image: str | None = None, log: TextIO | None = None,
                  echo: Callable[[str], None] = lambda line: None, client=None) -> ContainerServer:
     """serve.sh RUNTIME=docker: resolve the image, build the spec, start the container."""
-    from .engine import require_client
-
     client = client or require_client()
     image = image or resolve_image(client, config)
     return ContainerServer(client, container_spec(config, rendered, image), log, echo)

@@ -1,0 +1,41 @@
+"""The typed result of loading an env file, apart from the loader so that the
+rules (which the loader runs) can name it without an import cycle."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Config:
+    values: dict[str, Any]
+    sources: dict[str, str]
+    path: Path | None = None
+    files: list[Path] = field(default_factory=list)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def digest(self) -> str:
+        """sha256 over the files that made this config, in load order (one hash of
+        several files, so not fsio.sha256_file)."""
+        h = hashlib.sha256()
+        for p in self.files:
+            h.update(p.read_bytes())
+        return h.hexdigest()
+
+    @property
+    def speculative(self) -> bool:
+        return self.values["SPECULATIVE_METHOD"] != "none"
+
+    @property
+    def base_url(self) -> str:
+        host = self.values["HOST"]
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.values['PORT']}"

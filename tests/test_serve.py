@@ -1,0 +1,40 @@
+"""serve's phases without a server: the checkpoint rules run once, after prepare."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kimidflash import serve as serve_mod
+from kimidflash.config import ConfigError, load_config
+from kimidflash.docker.errors import BuildFailed, ContainerError, CpuBaseError, EngineUnavailable
+from kimidflash.errors import RecipeError
+
+from .helpers import CONFIGS, write_env
+
+
+def test_checkpoints_prepare_makes_are_checked_before_preflight(tmp_path, monkeypatch):
+    draft = tmp_path / "draft"
+    config = load_config(write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\n"
+                                                       f"DRAFT_MODEL_DIR={draft}\nNUM_SPECULATIVE_TOKENS=5\n"),
+                         environ={})
+    made: list[str] = []
+
+    def fake_prepare(cfg, log):  # a drafter whose block size the config exceeds appears only now
+        draft.mkdir()
+        (draft / "config.json").write_text(json.dumps({"block_size": 4}))
+        made.append(cfg["DRAFT_MODEL_DIR"])
+
+    monkeypatch.setattr(serve_mod, "prepare", fake_prepare)
+    monkeypatch.setattr(serve_mod, "preflight", lambda *a, **k: pytest.fail("preflight ran after a refusal"))
+    with pytest.raises(ConfigError, match=r"outside 1\.\.4"):
+        serve_mod.serve(config)
+    assert made == [str(draft)]
+
+
+def test_environment_errors_are_recipe_errors_and_build_failures_are_not():
+    for cls in (EngineUnavailable, ContainerError):
+        assert issubclass(cls, RecipeError) and issubclass(cls, RuntimeError)
+    for cls in (BuildFailed, CpuBaseError):
+        assert not issubclass(cls, RecipeError) and issubclass(cls, RuntimeError)

@@ -15,7 +15,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "kimidflash"
 # Third-party imports that may wait inside a function: heavy, and needed by few commands.
-DEFERRABLE = {"torch", "transformers", "docker", "matplotlib", "safetensors", "numpy", "vllm", "huggingface_hub"}
+DEFERRABLE = {"torch", "transformers", "tokenizers", "docker", "matplotlib", "safetensors", "numpy", "vllm",
+              "huggingface_hub"}
 
 
 def modules(src: Path = SRC) -> dict[str, Path]:

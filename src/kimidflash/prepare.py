@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from .config import Config
+from .cpu_reference import smollm2
 from .cpu_reference import venv as cpu_venv
 from .cpu_reference.tiny import is_current
 from .paths import REPO_ROOT
@@ -55,8 +56,6 @@ def prepare(config: Config, log=print) -> None:
             subprocess.run([python, "-m", "kimidflash", "tiny-model", str(target), str(draft)],
                            env=launch_env(config), check=True, stdout=subprocess.DEVNULL)
     if config["PREPARE_MODELS"] == "smollm2":
-        from .cpu_reference import smollm2
-
         target = Path(config["MODEL_DIR"])
         if not smollm2.read_stamp(target):
             missing = smollm2.missing_modules()

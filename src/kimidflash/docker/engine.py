@@ -111,7 +111,7 @@ def _install_docker_io(log: Log) -> None:
 
 def start_private_dockerd(log: Log, wait_s: float = 60.0):
     """Start dockerd on our own socket (overlay2, no iptables, no bridge) and wait for it."""
-    import docker
+    import docker  # noqa: F401  (no daemon installed for a client that could not talk to it)
 
     _install_docker_io(log)
     PRIVATE_ROOT.mkdir(parents=True, exist_ok=True)

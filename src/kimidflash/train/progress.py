@@ -6,13 +6,13 @@ import contextlib
 import sys
 from typing import Callable, Iterator
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
 
 @contextlib.contextmanager
 def bar(label: str, total: int, start: int = 0) -> Iterator[Callable[..., None]]:
     """Yield `advance(n=1, **fields)`; renders on stderr (a log file gets periodic lines instead)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     console = Console(stderr=True)
     if not console.is_terminal:
         state = {"n": start, "last": -1}

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kimidflash import serve as serve_mod
-from kimidflash.config import ConfigError, load_config
+from kimidflash.config import ConfigError, load_config, loader
 from kimidflash.docker.errors import BuildFailed, ContainerError, CpuBaseError, EngineUnavailable
 from kimidflash.errors import RecipeError
 
@@ -38,3 +38,19 @@ def test_environment_errors_are_recipe_errors_and_build_failures_are_not():
         assert issubclass(cls, RecipeError) and issubclass(cls, RuntimeError)
     for cls in (BuildFailed, CpuBaseError):
         assert not issubclass(cls, RecipeError) and issubclass(cls, RuntimeError)
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_each_rule_pass_runs_once_on_the_serve_path(tmp_path, monkeypatch, dry_run):
+    """`serve` loads with the value rules, then checks the checkpoints once: after
+    prepare, or as they are for a dry run (nothing is prepared)."""
+    env = write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\n")
+    passes: list[str] = []
+    monkeypatch.setattr(loader, "check_config", lambda c: passes.append("config"))
+    monkeypatch.setattr(loader, "check_checkpoints", lambda c: passes.append("checkpoints"))
+    monkeypatch.setattr(serve_mod, "check_checkpoints", lambda c: passes.append("checkpoints"))
+    monkeypatch.setattr(serve_mod, "prepare", lambda cfg, log: passes.append("prepare"))
+    monkeypatch.setattr(serve_mod, "run_preflight", lambda *a: False)  # stop before starting a server
+    rc = serve_mod.main([str(env), "--quiet"] + (["--dry-run"] if dry_run else []))
+    assert passes == (["config", "checkpoints"] if dry_run else ["config", "prepare", "checkpoints"])
+    assert rc == (0 if dry_run else 1)

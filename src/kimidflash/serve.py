@@ -122,6 +122,7 @@ def serve(config: Config, *, dry_run: bool = False, allow_numa_balancing: bool =
     say: Say = lambda msg: console.print(f"[bold]serve:[/bold] {msg}", highlight=False, soft_wrap=True)  # noqa: E731
     rendered = render(config)
     if dry_run:
+        check_checkpoints(config)  # nothing is prepared: the checkpoints are as they are
         if config["RUNTIME"] == "docker":
             print(docker_run.dry_run_line(config, rendered))
         else:
@@ -254,7 +255,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--log-file", type=Path, help="also append the server log to this file")
     p.add_argument("--quiet", action="store_true", help="do not echo the server log")
     args = p.parse_args(argv)
-    config = load_config(args.config, parse_overrides(args.set))
+    config = load_config(args.config, parse_overrides(args.set), check_files=False)  # serve checks them
     if args.print_config:
         print_config(config)
         return 0

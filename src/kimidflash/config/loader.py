@@ -97,8 +97,13 @@ def load_config(
     path: str | os.PathLike[str] | None,
     overrides: Mapping[str, str] | None = None,
     environ: Mapping[str, str] | None = None,
+    *,
+    check_files: bool = True,
 ) -> Config:
-    """Load `path` (and its includes), apply `overrides` (from --set), validate."""
+    """Load `path` (and its includes), apply `overrides` (from --set), validate.
+
+    ``check_files=False`` leaves out the rules that read the checkpoints, for a
+    caller that runs them itself once it has made the models (`serve`)."""
     environ = os.environ if environ is None else environ
     raw: dict[str, str] = {}
     sources: dict[str, str] = {}
@@ -122,9 +127,8 @@ def load_config(
             sources[f.name] = "default"
     config = Config(values, sources, Path(path).resolve() if path is not None else None, files)
     check_config(config)
-    # The checkpoints may already be here (production); a later prepare step that
-    # creates them runs check_checkpoints again once it is done.
-    check_checkpoints(config)
+    if check_files:
+        check_checkpoints(config)
     return config
 
 

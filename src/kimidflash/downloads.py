@@ -17,7 +17,7 @@ from pathlib import Path
 from .fsio import sha256_file
 from .paths import downloads_dir
 
-__all__ = ["DownloadError", "pypi_wheel", "sha256_file", "verified"]
+__all__ = ["DownloadError", "pypi_wheel", "verified"]
 
 
 class DownloadError(RuntimeError):

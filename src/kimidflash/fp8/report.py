@@ -20,10 +20,14 @@ def _cell(s: Any, limit: int = 60) -> str:
 
 
 def render(doc: dict[str, Any]) -> str:
-    s, tok, tf, tp = doc["settings"], doc["token_agreement"], doc["teacher_forced"], doc["throughput"]
-    prov = doc.get("provenance") or {}
-    git = prov.get("git") or {}
-    lines = [
+    """report.md: one section per function, in reading order."""
+    sections = (_summary, _servers, _agreement, _throughput, _per_prompt, _provenance)
+    return "\n".join(line for section in sections for line in section(doc))
+
+
+def _summary(doc: dict[str, Any]) -> list[str]:
+    s = doc["settings"]
+    return [
         "# FP8 KV validation",
         "",
         f"**{'PASS' if doc['passed'] else 'FAIL'}**" + ("" if doc["passed"] else ": " + "; ".join(doc["reasons"])),
@@ -32,6 +36,11 @@ def render(doc: dict[str, Any]) -> str:
         f"{s['prompts']} shipped validation prompts, greedy (temperature 0), at most {s['max_tokens']} tokens each; "
         f"teacher-forced scoring with the top {s['top_k']} prompt logprobs per position.",
         "",
+    ]
+
+
+def _servers(doc: dict[str, Any]) -> list[str]:
+    lines = [
         "## Servers",
         "",
         "The reference serves KV_CACHE_DTYPE=auto: its KV cache keeps the model's dtype (BF16 in production, "
@@ -46,9 +55,13 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"| {label} | `{_cell(over, 200)}` | {_cell(srv['vllm_kv_log'] or 'none (model dtype)', 50)} "
                      f"| {f'{tokens:,}' if tokens else 'not logged'} | {srv['ready_after_s']} s |")
     scales = doc.get("fp8_checkpoint_scales")
-    lines += ["", f"FP8 server's checkpoint KV scales: {scales['summary'] if scales else 'none (vLLM uses 1.0)'}."]
-    lines += [
-        "",
+    return lines + ["", f"FP8 server's checkpoint KV scales: {scales['summary'] if scales else 'none (vLLM uses 1.0)'}.",
+                    ""]
+
+
+def _agreement(doc: dict[str, Any]) -> list[str]:
+    s, tok, tf = doc["settings"], doc["token_agreement"], doc["teacher_forced"]
+    return [
         "## Agreement",
         "",
         "| measure | value |",
@@ -64,6 +77,12 @@ def render(doc: dict[str, Any]) -> str:
         "",
         f"KL: {tf['kl']}; the less mass outside the shared tokens, the tighter the bound.",
         "",
+    ]
+
+
+def _throughput(doc: dict[str, Any]) -> list[str]:
+    tp = doc["throughput"]
+    return [
         "## Throughput (kimidflash.bench, short run)",
         "",
         "| server | output tok/s | speculative acceptance length |",
@@ -72,6 +91,11 @@ def render(doc: dict[str, Any]) -> str:
         f"| fp8-kv | {_f(tp['fp8_output_tok_s'], '.2f')} | {_f(tp.get('fp8_acceptance_length'))} |",
         f"| fp8 / reference | {_f(tp['ratio'], '.3f')} | |",
         "",
+    ]
+
+
+def _per_prompt(doc: dict[str, Any]) -> list[str]:
+    lines = [
         "## Per prompt",
         "",
         "| id | first divergence | matched prefix | tokens ref / fp8 | top-1 agree | mean KL | degenerate (fp8) | fp8 output |",
@@ -87,11 +111,16 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"| {row['id']} | {first} | {row['matched_prefix']:.3f} | {row['reference_tokens']} / "
                      f"{row['fp8_tokens']} | {_f(t.get('top1_agreement'))} | {_f(t.get('mean_kl'), '.2e')} | "
                      f"{_cell(degen, 160)} | {_cell(row['fp8_text'])} |")
-    lines += ["", "## Provenance", "",
-              f"- tool: {prov.get('tool')} {prov.get('tool_version', '')}, git {git.get('revision')}"
-              f"{' (dirty)' if git.get('dirty') else ''}",
-              f"- command: `{prov.get('command')}`",
-              f"- time: {prov.get('utc_time')}",
-              "- files: validation.json (this report's data, outputs included), bench-reference.json, bench-fp8.json",
-              ""]
-    return "\n".join(lines)
+    return lines + [""]
+
+
+def _provenance(doc: dict[str, Any]) -> list[str]:
+    prov = doc.get("provenance") or {}
+    git = prov.get("git") or {}
+    return ["## Provenance", "",
+            f"- tool: {prov.get('tool')} {prov.get('tool_version', '')}, git {git.get('revision')}"
+            f"{' (dirty)' if git.get('dirty') else ''}",
+            f"- command: `{prov.get('command')}`",
+            f"- time: {prov.get('utc_time')}",
+            "- files: validation.json (this report's data, outputs included), bench-reference.json, bench-fp8.json",
+            ""]

@@ -171,17 +171,16 @@ def checkpoint_scales(model_dir: str) -> dict[str, Any] | None:
     return {"summary": rep.summary(), "k_scale": list(rep.k_scales), "v_scale": list(rep.v_scales)}
 
 
-def evaluate(opts: Options, ref: dict[str, Any], fp8: dict[str, Any]) -> dict[str, Any]:
-    """The validation document: per prompt, summaries, verdict (no I/O but the
-    FP8 checkpoint's scale tensors)."""
-    tok = agreement.token_agreement([(r.token_ids, f.token_ids) for r, f in zip(ref["outputs"], fp8["outputs"])])
+def per_prompt(ref: dict[str, Any], fp8: dict[str, Any],
+               tok: agreement.TokenAgreement) -> tuple[list[dict[str, Any]], list, float | None]:
+    """Each prompt's row, every teacher-forced position, and how often the
+    reference's own top-1 is the token it generated (its self-consistency)."""
     rows, positions = [], []
-    self_consistent = total = 0
+    self_consistent = 0
     for i, (r, f) in enumerate(zip(ref["outputs"], fp8["outputs"])):
         pos = [agreement.position_divergence(a, b) for a, b in zip(ref["scored"][i], fp8["scored"][i])]
         positions += pos
         self_consistent += sum(p.top1_ref == t for p, t in zip(pos, r.token_ids))
-        total += len(pos)
         div = agreement.summarize(pos) if pos else None
         rows.append({
             "id": r.prompt_id, "first_divergence": tok.first_divergence[i],
@@ -192,20 +191,35 @@ def evaluate(opts: Options, ref: dict[str, Any], fp8: dict[str, Any]) -> dict[st
             "fp8_degenerate": [asdict(x) for x in degenerate.check(f.text, f.token_ids)],
             "reference_text": r.text, "fp8_text": f.text,
         })
-    tf = agreement.summarize(positions)
-    broken = [row for row in rows if row["fp8_degenerate"] and not row["reference_degenerate"]]
+    return rows, positions, (round(self_consistent / len(positions), 4) if positions else None)
+
+
+def verdict(opts: Options, ref: dict[str, Any], fp8: dict[str, Any], top1_agreement: float,
+            rows: list[dict[str, Any]]) -> list[str]:
+    """Why the check fails; empty when it passes."""
     reasons = []
     if ref["fp8_log"]:
         reasons.append(f"the reference server stored its KV cache quantized too ({ref['fp8_log'][0][:40]!r}); "
                        "it is no BF16-KV reference")
     if not fp8["fp8_log"]:
         reasons.append(f"the FP8 server's log never says {FP8_LOG_LINE!r}: it did not store an FP8 KV cache")
-    if tf.top1_agreement < opts.min_agreement:
-        reasons.append(f"teacher-forced top-1 agreement {tf.top1_agreement:.3f} < {opts.min_agreement:g}")
+    if top1_agreement < opts.min_agreement:
+        reasons.append(f"teacher-forced top-1 agreement {top1_agreement:.3f} < {opts.min_agreement:g}")
+    broken = [row for row in rows if row["fp8_degenerate"] and not row["reference_degenerate"]]
     if broken:
         first = broken[0]
         reasons.append(f"{len(broken)} FP8 output(s) degenerate where the reference's do not "
                        f"(first: {first['id']}: {first['fp8_degenerate'][0]['reason']})")
+    return reasons
+
+
+def evaluate(opts: Options, ref: dict[str, Any], fp8: dict[str, Any]) -> dict[str, Any]:
+    """The validation document: per prompt, summaries, verdict (no I/O but the
+    FP8 checkpoint's scale tensors)."""
+    tok = agreement.token_agreement([(r.token_ids, f.token_ids) for r, f in zip(ref["outputs"], fp8["outputs"])])
+    rows, positions, self_top1 = per_prompt(ref, fp8, tok)
+    tf = agreement.summarize(positions)
+    reasons = verdict(opts, ref, fp8, tf.top1_agreement, rows)
     ref_tps, fp8_tps = ref["bench"].get("output_throughput"), fp8["bench"].get("output_throughput")
     ref_al, fp8_al = (s["bench"].get("spec_decode_acceptance_length") for s in (ref, fp8))
     return {
@@ -219,7 +233,7 @@ def evaluate(opts: Options, ref: dict[str, Any], fp8: dict[str, Any]) -> dict[st
         "token_agreement": {"identical": tok.identical, "identical_share": round(tok.identical_share, 4),
                             "mean_matched_prefix": round(tok.mean_matched_prefix, 4)},
         "teacher_forced": {**{k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(tf).items()},
-                           "reference_self_top1": round(self_consistent / total, 4) if total else None,
+                           "reference_self_top1": self_top1,
                            "kl": "lower bound of KL(P_reference || P_fp8) in nats: both top-k lists' shared tokens "
                                  "plus one bucket for the rest (log-sum inequality)"},
         "throughput": {"reference_output_tok_s": ref_tps, "fp8_output_tok_s": fp8_tps,

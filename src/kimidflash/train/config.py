@@ -23,7 +23,7 @@ from typing import Any
 
 from ..paths import cache_dir
 from .errors import TrainConfigError
-from .shape import DrafterShape
+from .shape import DrafterShape, read_json_file
 
 __all__ = ["DEFAULTS", "PATH_KEYS", "TrainConfig", "TrainConfigError", "TrainOptions", "drafter_shape", "load",
            "parse_set"]
@@ -222,12 +222,7 @@ def _resolve(value: str | None, folder: Path) -> str | None:
 def load(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """DEFAULTS, then the file, then `--set` overrides; paths resolved; every value type-checked."""
     path = Path(path)
-    if not path.is_file():
-        raise TrainConfigError(f"training config not found: {path}")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise TrainConfigError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+    raw = read_json_file(path, "training config")
     if not isinstance(raw, dict):
         raise TrainConfigError(f"{path}: expected a JSON object")
     cfg = _merge(DEFAULTS, raw, str(path))

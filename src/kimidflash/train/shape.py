@@ -36,6 +36,16 @@ LAYER_TENSORS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_att
                  "input_layernorm.weight", "post_attention_layernorm.weight")
 
 
+def read_json_file(path: Path, what: str) -> Any:
+    """A training JSON file (the options, a drafter shape), or one line naming it."""
+    if not path.is_file():
+        raise TrainConfigError(f"{what} not found: {path}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise TrainConfigError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+
+
 def _rope_theta(raw: dict[str, Any], source: str) -> float:
     top = raw.get("rope_theta")
     nested = (raw.get("rope_parameters") or {}).get("rope_theta")
@@ -84,13 +94,7 @@ class DrafterShape:
     @classmethod
     def load(cls, path: str | Path) -> "DrafterShape":
         p = Path(path)
-        if not p.is_file():
-            raise TrainConfigError(f"drafter_config not found: {p}")
-        try:
-            raw = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise TrainConfigError(f"{p}: not JSON ({e.msg} at line {e.lineno})") from None
-        return cls.from_dict(raw, str(p))
+        return cls.from_dict(read_json_file(p, "drafter_config"), str(p))
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "drafter shape") -> "DrafterShape":

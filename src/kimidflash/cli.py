@@ -25,6 +25,8 @@ COMMANDS = (
             "measure FP8 KV scales, optionally write a checkpoint overlay (payload/calibrate_kv_scales.py)"),
     Command("train", "kimidflash.train.cli:main", "train a DFlash drafter in resumable phases (train-drafter.sh)"),
     Command("ab", "kimidflash.bench.ab:main", "A/B campaign: a drafter against no speculation and ngram"),
+    Command("advise", "kimidflash.sweep.advise_cli:main",
+            "predict the best NUM_SPECULATIVE_TOKENS from one run's per-position acceptance"),
     Command("config-docs", "kimidflash.docs_gen:main",
             "regenerate the generated tables in README.md and docs/ (--check: exit 1 if stale)"),
     Command("tiny-model", "kimidflash.cpu_reference.tiny:main",

@@ -1,0 +1,9 @@
+"""The sweep and advisor's errors, in one leaf module."""
+
+from __future__ import annotations
+
+from ..errors import RecipeError
+
+
+class AdviceError(RecipeError, ValueError):
+    """Input the advisor cannot use (rates, costs, result files); the message names it."""

@@ -1,0 +1,106 @@
+"""The speculative-token advisor: its model on known profiles, its cost fits, its command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kimidflash import cli
+from kimidflash.sweep.advisor import (DEFAULT_COST, SEED_OUTCOMES, SEED_PROFILE, CostModel, advise, cost_from_run,
+                                      cumulative, tokens_per_step)
+from kimidflash.sweep.errors import AdviceError
+
+from .helpers import ROOT
+
+HELDOUT = ROOT / "benchmarks" / "drafter" / "heldout"
+
+
+def speedups(advice):
+    return {p.k: p.speedup for p in advice.predictions}
+
+
+def test_the_seed_profile_comes_out_at_k2_and_k8_below_no_speculation():
+    advice = advise(SEED_PROFILE, DEFAULT_COST)
+    s = speedups(advice)
+    assert advice.recommended_k == 2 and advice.line == "recommended NUM_SPECULATIVE_TOKENS=2"
+    assert s[8] < 1.0 < s[2]
+
+
+def test_the_default_cost_is_a_nonnegative_fit_close_to_the_seeds_outcomes():
+    assert DEFAULT_COST.draft >= 0 and DEFAULT_COST.verify > 0
+    s = speedups(advise(SEED_PROFILE, DEFAULT_COST))
+    for k, ratio in SEED_OUTCOMES:  # two outcomes, a linear cost kept >= 0: close, not exact
+        assert abs(s[k] / ratio - 1) < 0.05, (k, s[k], ratio)
+
+
+def test_a_strong_slowly_decaying_profile_wants_a_larger_k():
+    strong = tuple(0.9 ** (i + 1) for i in range(16))
+    assert advise(strong, DEFAULT_COST).recommended_k > 4
+
+
+def test_a_known_optimum_by_hand():
+    # tokens/step 1.9, 2.7, 3.2, 3.3 over costs 1.2, 1.3, 1.4, 1.5: 1.583, 2.077, 2.286, 2.200
+    advice = advise((0.9, 0.8, 0.5, 0.1), CostModel(0.1, 0.1, "given"))
+    assert advice.recommended_k == 3
+    assert [round(p.speedup, 3) for p in advice.predictions] == [1.583, 2.077, 2.286, 2.2]
+
+
+def test_the_smaller_k_wins_within_one_percent():
+    # k=1: 1.5/1.1 = 1.3636; k=2: 1.6/1.17 = 1.3675 (0.3% better): k=1 is kept
+    advice = advise((0.5, 0.1), CostModel(0.03, 0.07, "x"))
+    assert speedups(advice)[2] > speedups(advice)[1] and advice.recommended_k == 1
+
+
+def test_when_no_k_beats_no_speculation_the_answer_is_none():
+    advice = advise((0.2, 0.05), CostModel(0.1, 0.3, "x"))
+    assert advice.recommended_k is None and advice.line == "recommended SPECULATIVE_METHOD=none"
+
+
+def test_a_cost_fitted_to_a_run_reproduces_its_measured_ratio():
+    profile = (0.7, 0.4, 0.2, 0.1)
+    cost = cost_from_run(profile, 4, 1.25, draft=0.05, source="run")
+    assert abs(tokens_per_step(profile, 4) / cost.step_cost(4) - 1.25) < 1e-3
+    with pytest.raises(AdviceError, match="faster"):
+        cost_from_run(profile, 4, 3.0, draft=0.05, source="run")
+
+
+def test_rates_are_checked_and_conditional_ones_multiplied_out():
+    assert cumulative([0.8, 0.5], conditional=True) == pytest.approx((0.8, 0.4))
+    with pytest.raises(AdviceError, match="rise at position 1"):
+        cumulative([0.3, 0.5])
+    with pytest.raises(AdviceError, match="rate 0"):
+        cumulative([1.5])
+    with pytest.raises(AdviceError, match="drafted nothing"):
+        cumulative([])
+
+
+def test_the_command_on_the_seeds_published_profile(capsys):
+    assert cli.main(["advise", "--per-position", ",".join(map(str, SEED_PROFILE))]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "recommended NUM_SPECULATIVE_TOKENS=2"
+
+
+def test_the_command_fits_costs_to_a_run_and_its_baseline(tmp_path, capsys):
+    """A committed CPU-reference run at k=7 over its baseline: the fit reproduces the
+    measured ratio at k=7 and no k beats no speculation there."""
+    out = tmp_path / "advice.json"
+    run, base = HELDOUT / "shipped-k7-c8.json", HELDOUT / "no-speculation-c8.json"
+    assert cli.main(["advise", str(run), "--baseline", str(base), "--json", str(out)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "recommended SPECULATIVE_METHOD=none"
+    doc = json.loads(out.read_text())
+    measured = json.loads(run.read_text())["output_throughput"] / json.loads(base.read_text())["output_throughput"]
+    assert doc["predictions"][-1]["k"] == 7 and abs(doc["predictions"][-1]["speedup"] - measured) < 1e-3
+    assert doc["line"] == "recommended SPECULATIVE_METHOD=none" and doc["recommended_k"] is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([str(HELDOUT / "shipped-k7-c8.json"), "--baseline", str(HELDOUT / "no-speculation-c1.json")], "same concurrency"),
+    ([str(HELDOUT / "shipped-k7-c8.json"), "--baseline", str(HELDOUT / "shipped-k3-c8.json")], "not a no-speculation"),
+    (["--per-position", "0.5,x"], "numbers separated by commas"),
+    (["--per-position", "0.5", "--verify-cost", "-1"], "must be >= 0"),
+    ([], "one of the two"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    assert cli.main(["advise", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ..bench.result import load_result
-from ..fsio import utc_now, write_json_atomic
+from ..fsio import git_info, utc_now, write_json_atomic
+from ..paths import REPO_ROOT, portable, portable_argv
 from .advisor import DEFAULT_COST, Advice, CostModel, advise, cost_from_run, cumulative
 from .errors import AdviceError
 
@@ -71,7 +72,7 @@ def inputs(a: argparse.Namespace) -> tuple[tuple[float, ...], CostModel, dict[st
     if a.result is not None:
         run = load_result(a.result)
         profile = cumulative(run.get("spec_decode_per_position_acceptance_rates") or [])
-        source = {"result": str(a.result), "concurrency": run.get("max_concurrency")}
+        source = {"result": portable(a.result), "concurrency": run.get("max_concurrency")}
     else:
         if a.baseline is not None:
             raise AdviceError("--baseline needs the speculative run's result beside it")
@@ -111,7 +112,9 @@ def main(argv: list[str]) -> int:
     advice = advise(profile, cost, a.max_k)
     print_advice(advice)
     if a.json is not None:
-        write_json_atomic(a.json, {"schema": SCHEMA, "date": utc_now(), "inputs": source,
+        provenance = {"tool": "kimidflash advise", "command": " ".join(portable_argv(["kimidflash", "advise", *argv])),
+                      "git": git_info(REPO_ROOT), "date": utc_now()}
+        write_json_atomic(a.json, {"schema": SCHEMA, "provenance": provenance, "inputs": source,
                                    "profile": list(profile), "cost": asdict(cost),
                                    "predictions": [{**asdict(p), "speedup": round(p.speedup, 4)}
                                                    for p in advice.predictions],

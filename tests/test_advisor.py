@@ -104,3 +104,18 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert cli.main(["advise", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name", ["seed-profile", "cpu-reference-k7-c8", "cpu-reference-k7-c1"])
+def test_the_committed_advice_files_are_what_the_advisor_says_today(name, tmp_path, capsys):
+    """docs/acceptance-analysis.md quotes these files: rerun their commands and compare."""
+    committed = json.loads((ROOT / "benchmarks" / "advisor" / f"{name}.json").read_text())
+    argv = committed["provenance"]["command"].split()[2:]
+    out = tmp_path / "again.json"
+    i = argv.index("--json")
+    argv[i + 1] = str(out)
+    argv = [str(ROOT / a) if a.startswith("benchmarks/") else a for a in argv]
+    assert cli.main(["advise", *argv]) == 0
+    again = json.loads(out.read_text())
+    assert again["predictions"] == committed["predictions"] and again["line"] == committed["line"]
+    assert again["cost"] == committed["cost"]

@@ -32,6 +32,10 @@ class Plan:
     fault_after: int = 1  # token chunks sent before a "disconnect" / "hang" / "error_event"
     send_token_ids: bool = True  # honour return_token_ids
     per_request_spec: bool = False  # add metrics.speculative_decoding to the usage chunk
+    # Where the final usage goes without continuous_usage_stats: None, a usage-only
+    # chunk (vLLM); "last_chunk", on the last content chunk; "finish_chunk", on a
+    # content-less chunk that carries the finish_reason (both seen on other servers).
+    usage_on: str | None = None
 
 
 @dataclass
@@ -296,17 +300,22 @@ class FakeServer:
             sent += n
             last = i == len(sizes) - 1
             choice: dict[str, Any] = {"index": 0, "delta": {"content": text},
-                                      "finish_reason": "length" if last else None}
+                                      "finish_reason": "length" if last and plan.usage_on != "finish_chunk" else None}
             if want_ids:
                 choice["token_ids"] = ids
             chunk: dict[str, Any] = dict(base, choices=[choice])
-            if continuous:
+            if continuous or (last and plan.usage_on == "last_chunk" and opts.get("include_usage")):
                 chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": sent, "total_tokens": prompt + sent}
             self._count_chunk(n, i == 0)
             await event(chunk)
         with self._lock:
             self.counters.requests += 1
-        if opts.get("include_usage") and plan.fault != "no_usage":
+        if plan.usage_on == "finish_chunk":
+            await event(dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": "length"}], usage={
+                "prompt_tokens": prompt, "completion_tokens": sent, "total_tokens": prompt + sent}))
+        elif plan.usage_on == "last_chunk" and not continuous:
+            pass  # the usage went out with the last content chunk
+        elif opts.get("include_usage") and plan.fault != "no_usage":
             final: dict[str, Any] = dict(base, choices=[], usage={
                 "prompt_tokens": prompt, "completion_tokens": sent, "total_tokens": prompt + sent})
             if plan.per_request_spec and self.spec_tokens:

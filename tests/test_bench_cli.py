@@ -133,3 +133,44 @@ def test_progress_bar_counts_measured_requests(server: FakeServer, capsys: pytes
     assert doc["completed"] == 3
     err = capsys.readouterr().err
     assert "requests (errors 0)" in err and "3/3" in err  # warm-up not counted in the bar
+
+
+def test_a_run_where_every_request_failed_is_not_a_measurement(server: FakeServer, tmp_path: Path) -> None:
+    server._plan = Plan(fault="http_500")
+    out = tmp_path / "failed.json"
+    r = cli("--base-url", server.base_url, "--model", server.model, "--sessions", "2", "--warmup", "0",
+            "--output", str(out))
+    assert r.returncode == 3, r.stderr
+    assert "no request completed: http_500" in r.stderr
+    assert "0.00 / 0.00" not in r.stderr
+    doc = json.loads(out.read_text())  # still written: a sweep records it as a failed point
+    assert doc["completed"] == 0 and doc["failed"] == 2
+    for key in ("output_throughput", "request_throughput", "total_token_throughput", "mean_e2el_ms", "mean_ttft_ms"):
+        assert doc[key] is None, key
+    assert validate_result(doc) == []
+    v = cli("validate", str(out))
+    assert v.returncode == 0 and f"{out}: valid (no request completed)" in v.stdout
+
+
+def test_an_unwritable_output_is_refused_before_the_first_request(server: FakeServer, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = blocker / "r.json"  # its "directory" is a file: it can never be written
+    r = cli("--base-url", server.base_url, "--model", server.model, "--sessions", "1", "--warmup", "0",
+            "--output", str(out))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and str(out) in lines[0], r.stderr
+    assert server.bodies == []  # nothing was sent
+
+
+@pytest.mark.parametrize("args, culprit", [
+    (["--warmup-max-tokens", "0"], "--warmup-max-tokens must be at least 1"),
+    (["--max-connection-errors", "-1"], "--max-connection-errors must be at least 1"),
+])
+def test_nonsense_limits_are_refused(server: FakeServer, args: list[str], culprit: str) -> None:
+    r = cli("--base-url", server.base_url, "--model", server.model, "--sessions", "1", *args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and culprit in lines[0], r.stderr
+    assert server.bodies == []

@@ -89,6 +89,25 @@ def test_without_extensions_chunks_are_counted_and_marked(server: FakeServer) ->
     assert rec.chunk_token_total == 3
 
 
+@pytest.mark.parametrize("usage_on", ["last_chunk", "finish_chunk"])
+def test_a_final_usage_total_is_never_booked_onto_one_chunk(server: FakeServer, usage_on: str) -> None:
+    # 24 tokens in 10 text chunks; the server sends usage once, with the total, on
+    # the last content chunk or on a finish-only chunk (no continuous usage stats).
+    sizes = (3, 3, 3, 3, 2, 2, 2, 2, 2, 2)
+    rec = one(server, Plan(chunks=sizes, delay=0.01, usage_on=usage_on), extensions=False)
+    assert rec.ok and rec.output_tokens == 24  # the total still comes from usage
+    assert rec.token_source == "chunks"  # per-chunk counts are not known, and the record says so
+    assert [n for _, n in rec.chunks] == [1] * 10
+    assert len(rec.itls) == 9  # one interval per gap between content chunks
+    assert sum(rec.itls) == pytest.approx(rec.chunks[-1][0] - rec.chunks[0][0])
+
+
+def test_usage_on_every_chunk_still_gives_per_chunk_counts(server: FakeServer) -> None:
+    rec = one(server, Plan(chunks=(2, 3, 1), send_token_ids=False, usage_on="finish_chunk"))
+    assert rec.ok and rec.token_source == "usage"
+    assert [n for _, n in rec.chunks] == [2, 3, 1] and rec.output_tokens == 6
+
+
 def test_max_tokens_is_honoured_and_counted(server: FakeServer) -> None:
     rec = one(server, Plan(chunks=(4,) * 10), max_tokens=9)
     assert rec.output_tokens == 9 and rec.chunk_token_total == 9

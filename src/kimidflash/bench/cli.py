@@ -10,9 +10,11 @@ and `export-prompts`, as one table of commands run by the package's dispatcher.
 The seed's form has no command name: options first means `run`. Also
 `python -m kimidflash bench ...`.
 
-Exit status: 0 done; 2 bad input or unusable server (one line naming the
-culprit); 3 partial result (server died, counters reset); 130 interrupted
-(the partial result is still written).
+Exit status: 0 done; 2 bad input or unusable server, an unwritable --output
+included (one line naming the culprit, checked before the first request);
+3 partial result (server died, counters reset) or no request completed (the
+result is written with null figures, and one line names the first error);
+130 interrupted (the partial result is still written).
 """
 
 from __future__ import annotations
@@ -28,13 +30,13 @@ from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from .errors import BenchError, PromptError, ReportError, ResultError
 from .prompts import export_jsonl
 from .report import compare
-from .result import load_json, validate_result, write_result
+from .result import check_writable, load_json, no_completion, validate_result, write_result
 from .runner import Runner
 from .series import PUBLISHED_SCHEMA, validate_published
 from .settings import BenchConfig
 from .terminal import print_summary
 
-EXIT_PARTIAL = 3  # the result was written but is partial (server died, counters reset)
+EXIT_PARTIAL = 3  # the result was written but is partial (server died, counters reset) or no request completed
 PROG = "benchmark_multi_turn.py"
 
 COMMANDS = (
@@ -160,6 +162,8 @@ def cmd_run(argv: Sequence[str]) -> int:
     try:
         cfg = config_from_args(a, argv)
         runner = Runner(cfg)
+        if a.output:
+            check_writable(a.output)  # before the first request, not after the whole run
         doc = asyncio.run(runner.run())
     except BenchError as e:
         _err(str(e))
@@ -181,6 +185,10 @@ def cmd_run(argv: Sequence[str]) -> int:
         print("(no --output: result not saved)", file=sys.stderr)
     if runner.st.interrupted:
         return EXIT_INTERRUPTED
+    failure = no_completion(doc)
+    if failure:
+        _err(failure)
+        return EXIT_PARTIAL
     return EXIT_PARTIAL if doc["partial"] else EXIT_OK
 
 
@@ -215,7 +223,9 @@ def cmd_validate(argv: Sequence[str]) -> int:
             for p in problems:
                 _err(f"{f}: {p}")
         else:
-            print(f"{f}: valid{' (partial)' if doc.get('partial') else ''}")
+            marks = [m for m, on in (("partial", doc.get("partial")), ("no request completed", no_completion(doc)))
+                     if on]
+            print(f"{f}: valid{' (' + ', '.join(marks) + ')' if marks else ''}")
     return EXIT_USAGE if bad else EXIT_OK
 
 

@@ -2,9 +2,12 @@
 
 Why this is careful:
 - Token counts come from the server: each chunk's `token_ids` (vLLM's
-  `return_token_ids`), else the change in `usage.completion_tokens` (vLLM's
-  `continuous_usage_stats`), else, as a last resort, one token per text chunk
-  (marked `token_source="chunks"`, so per-token ITL is known to be approximate).
+  `return_token_ids`), else the change in `usage.completion_tokens` when the
+  server sent usage on every chunk (vLLM's `continuous_usage_stats`), else, as
+  a last resort, one token per text chunk (marked `token_source="chunks"`: the
+  ITLs are then the gaps between content chunks, one per chunk, not per token).
+  A usage sent once, with the total (on a usage-only, the last content or a
+  finish-only chunk), is never booked onto one chunk.
   The request's total is always the final `usage.completion_tokens`; a stream
   without usage is an error (`no_usage`), never a guess.
 - Under speculative decoding one SSE chunk carries several tokens. A chunk of
@@ -152,13 +155,23 @@ CONNECTION_ERRORS = frozenset({"connect", "connect_timeout", "disconnect"})
 
 
 class _Stream:
-    """What one response's SSE events have told so far."""
+    """What one response's SSE events have told so far.
+
+    Per-chunk token counts are decided once the stream is over (`finish`): usage
+    deltas count only when the server sent usage on every token-bearing chunk
+    (continuous usage stats); a usage that arrives once, with the total (on the
+    last content chunk or on a finish-only chunk), gives the request's total and
+    nothing per chunk."""
 
     def __init__(self, rec: RequestRecord):
         self.rec = rec
         self.parts: list[str] = []
         self.last_usage_completion = 0
+        self.usage_events = 0
         self.done = False
+        self.finished = False
+        # per candidate chunk: (arrival, token ids or None, usage delta or None, text choices)
+        self.pending: list[tuple[float, int | None, int | None, int]] = []
 
     def event(self, data: bytes, now: float) -> bool:
         """Take one `data:` payload; True when the stream is over ([DONE] or an error event)."""
@@ -181,8 +194,8 @@ class _Stream:
             rec.spec_decode = metrics["speculative_decoding"]
         if isinstance(obj.get("prompt_token_ids"), list):
             rec.prompt_token_ids = obj["prompt_token_ids"]
-        n = 0
-        source = ""
+        ids: int | None = None
+        texts = 0
         for c in obj.get("choices") or []:
             delta = c.get("delta") or {}
             text = delta.get("content") or ""
@@ -193,33 +206,51 @@ class _Stream:
                 rec.finish_reason = c["finish_reason"]
             tids = c.get("token_ids")
             if isinstance(tids, list):
-                n += len(tids)
+                ids = (ids or 0) + len(tids)
                 rec.token_ids.extend(tids)
-                source = worse_source(source, "token_ids")
-            elif usage is not None and isinstance(usage.get("completion_tokens"), int):
-                n += usage["completion_tokens"] - self.last_usage_completion
-                source = worse_source(source, "usage")
-            elif text or thought:
-                n += 1
-                source = worse_source(source, "chunks")
+            if text or thought:
+                texts += 1
+        used: int | None = None
         if usage is not None:
             if isinstance(usage.get("completion_tokens"), int):
+                used = usage["completion_tokens"] - self.last_usage_completion
                 self.last_usage_completion = usage["completion_tokens"]
+                self.usage_events += 1
                 rec.output_tokens = usage["completion_tokens"]
             if isinstance(usage.get("prompt_tokens"), int):
                 rec.prompt_tokens = usage["prompt_tokens"]
-        if n > 0:
+        if ids or texts or (used and obj.get("choices")):
+            self.pending.append((now, ids, used, texts))
+        rec.end = now
+        return False
+
+    def finish(self) -> None:
+        """Turn the candidate chunks into (arrival, tokens) chunks, each count from
+        per-chunk data only: token ids, else usage deltas when usage came with every
+        chunk, else one per text chunk (`chunks`: the total is still usage's)."""
+        if self.finished:
+            return
+        self.finished = True
+        rec = self.rec
+        per_chunk_usage = self.usage_events >= 2 and all(u is not None for _, _, u, _ in self.pending)
+        for now, ids, used, texts in self.pending:
+            if ids is not None:
+                n, source = ids, "token_ids"
+            elif per_chunk_usage and used is not None:
+                n, source = used, "usage"
+            else:
+                n, source = texts, "chunks"
+            if n <= 0:
+                continue
             if rec.first_token is None:
                 rec.first_token = now
             rec.chunks.append((now, n))
             rec.token_source = worse_source(rec.token_source, source)
-        rec.end = now
-        return False
 
 
 async def _consume(client: httpx.AsyncClient, url: str, body: dict[str, Any],
-                   headers: dict[str, str], rec: RequestRecord) -> None:
-    stream = _Stream(rec)
+                   headers: dict[str, str], stream: _Stream) -> None:
+    rec = stream.rec
     async with client.stream("POST", url, json=body, headers=headers) as resp:
         if resp.status_code != 200:
             raw = await resp.aread()
@@ -237,6 +268,7 @@ async def _consume(client: httpx.AsyncClient, url: str, body: dict[str, Any],
             # blank separators, comments and `event:` lines carry no data
             if any(line.startswith(b"data:") and stream.event(line[5:].strip(), now) for line in lines):
                 break
+    stream.finish()
     if rec.error:
         return
     rec.text = "".join(stream.parts)
@@ -253,9 +285,11 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any],
     """Send one request and fill `rec`; never raises for request failures
     (they become `rec.error`), only for cancellation."""
     rec.sent = time.perf_counter()
+    stream = _Stream(rec)
     try:
-        await asyncio.wait_for(_consume(client, url, body, headers, rec), timeout)
+        await asyncio.wait_for(_consume(client, url, body, headers, stream), timeout)
     except asyncio.CancelledError:
+        stream.finish()
         rec.error = rec.error or "cancelled"
         rec.end = rec.end or time.perf_counter()
         raise
@@ -263,4 +297,5 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any],
         rec.error = error_kind(exc)
         rec.error_detail = f"{type(exc).__name__}: {exc}"[:300]
         rec.end = time.perf_counter()
+        stream.finish()
     return rec

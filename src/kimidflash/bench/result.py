@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from ..fsio import write_text_atomic
 from . import stats
 from .client import RequestRecord, worse_source
-from .errors import ResultError
+from .errors import BenchError, ResultError
 from .metrics import (GENERATION_TOKENS, PROMPT_TOKENS, Delta, SpecDecodeStats,
                       spec_decode_fields)
 
@@ -161,7 +162,8 @@ def _counts(run: RunData, ok: list[RequestRecord]) -> dict[str, Any]:
             worst = worse_source(worst, r.token_source)
 
     def rate(n: float) -> float | None:
-        return _r(n / duration if duration > 0 else None, 6)
+        # no request completed: no throughput was measured (null, not 0.0)
+        return _r(n / duration if duration > 0 and ok else None, 6)
 
     return {
         "max_concurrency": run.config.get("concurrency"),
@@ -226,6 +228,19 @@ def _server_metrics(run: RunData, out_tokens: int) -> dict[str, Any]:
     return server
 
 
+def no_completion(doc: dict[str, Any]) -> str | None:
+    """For a run that was planned but got no request back: one line naming the
+    first error (its figures are null, not a measurement; the command line exits
+    3 on it and `validate` marks it). None when any request completed."""
+    if doc.get("completed") != 0 or not doc.get("num_prompts"):
+        return None
+    for r in doc.get("requests") or []:
+        if isinstance(r, dict) and r.get("error") and r.get("error") != "cancelled":
+            detail = f" ({r['error_detail']})" if r.get("error_detail") else ""
+            return f"no request completed: {r['error']}{detail}"
+    return "no request completed: " + ("none was sent" if not doc.get("requests") else "every request was cancelled")
+
+
 def build_result(run: RunData) -> dict[str, Any]:
     """The result document: identity, counts, latency, spec decode, server
     metrics, warm-up, notes and every request (the key order is the file's)."""
@@ -253,6 +268,9 @@ def build_result(run: RunData) -> dict[str, Any]:
     doc["notes"] = run.notes + ([busy] if busy else [])
     t0 = run.t0 or 0.0
     doc["requests"] = [request_entry(r, t0) for r in sorted(run.records, key=lambda r: (r.due, r.session))]
+    failure = no_completion(doc)
+    if failure:
+        doc["notes"].append(failure)
     return doc
 
 
@@ -293,7 +311,8 @@ REQUEST_KEYS = ("session", "turn", "due_s", "slot_wait_ms", "ttft_ms", "e2el_ms"
 
 def validate_result(doc: Any) -> list[str]:
     """Problems with a result document (empty when valid): its shape first, then
-    whether its figures agree with the requests it lists."""
+    whether its figures agree with the requests it lists. A run in which no
+    request completed is valid (its figures are null); `no_completion` tells it."""
     if not isinstance(doc, dict):
         return ["not a JSON object"]
     return _shape_problems(doc) or _consistency_problems(doc)
@@ -361,6 +380,21 @@ def _consistency_problems(doc: dict[str, Any]) -> list[str]:
 def write_result(path: str | os.PathLike[str], doc: dict[str, Any]) -> Path:
     """Write atomically: a reader sees the old file or the new one, never a torn one."""
     return write_text_atomic(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Refuse (BenchError naming the path) an output that could not be written,
+    before a run rather than after it: its folder must exist or be creatable,
+    and take a file (a probe, removed at once)."""
+    p = Path(path)
+    if p.is_dir():
+        raise BenchError(f"cannot write --output {p}: it is a directory")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=p.parent, prefix=f".{p.name}.", suffix=".probe"):
+            pass
+    except OSError as e:
+        raise BenchError(f"cannot write --output {p}: {e.strerror or e}") from None
 
 
 def load_json(path: str | os.PathLike[str]) -> dict[str, Any]:

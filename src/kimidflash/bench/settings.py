@@ -60,6 +60,9 @@ class BenchConfig:
         need(self.concurrency is None or self.concurrency >= 1, f"--concurrency must be at least 1, got {self.concurrency}")
         need(self.max_tokens >= 1, f"--max-tokens must be at least 1, got {self.max_tokens}")
         need(self.warmup >= 0, f"--warmup must be 0 or more, got {self.warmup}")
+        need(self.warmup_max_tokens >= 1, f"--warmup-max-tokens must be at least 1, got {self.warmup_max_tokens}")
+        need(self.max_connection_errors >= 1,
+             f"--max-connection-errors must be at least 1, got {self.max_connection_errors}")
         need(self.timeout > 0, f"--timeout must be positive, got {self.timeout}")
         need(self.think_time >= 0, f"--think-time must be 0 or more, got {self.think_time}")
         need(self.temperature >= 0, f"--temperature must be 0 or more, got {self.temperature}")

@@ -10,6 +10,10 @@ from rich.table import Table as RTable
 from .tables import Table
 
 
+def _s(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000
+
+
 def print_summary(doc: dict[str, Any]) -> None:
     """One run's figures on stderr (stdout stays free for whatever a caller pipes)."""
     def f(v: Any, nd: int = 1) -> str:
@@ -29,7 +33,7 @@ def print_summary(doc: dict[str, Any]) -> None:
         ("TTFT ms mean / p95 / p99", f"{f(doc['mean_ttft_ms'])} / {f(doc['p95_ttft_ms'])} / {f(doc['p99_ttft_ms'])}"),
         ("TPOT ms mean", f(doc["mean_tpot_ms"], 2)),
         ("ITL ms mean / p99", f"{f(doc['mean_itl_ms'], 2)} / {f(doc['p99_itl_ms'], 2)}"),
-        ("latency s mean / p95", f"{f((doc['mean_e2el_ms'] or 0) / 1000, 2)} / {f((doc['p95_e2el_ms'] or 0) / 1000, 2)}"),
+        ("latency s mean / p95", f"{f(_s(doc['mean_e2el_ms']), 2)} / {f(_s(doc['p95_e2el_ms']), 2)}"),
         ("slot wait ms mean / p99", f"{f(doc['mean_slot_wait_ms'])} / {f(doc['p99_slot_wait_ms'])}"),
         ("token counts from", str(doc["token_source"])),
     ]

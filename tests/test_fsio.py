@@ -82,3 +82,14 @@ def test_git_info_in_and_outside_a_checkout(tmp_path):
     assert re.fullmatch(r"[0-9a-f]{40}", info["revision"]) and info["dirty"] is False
     (tmp_path / "f").write_text("2")
     assert fsio.git_info(tmp_path)["dirty"] is True
+
+
+def test_check_writable_probes_without_leaving_anything(tmp_path):
+    out = tmp_path / "new" / "result.json"
+    fsio.check_writable(out)
+    assert out.parent.is_dir() and os.listdir(out.parent) == []
+    with pytest.raises(IsADirectoryError):
+        fsio.check_writable(tmp_path)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError):
+        fsio.check_writable(tmp_path / "file" / "result.json")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import hashlib
 import json
 import os
@@ -50,6 +51,18 @@ def open_atomic(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
         except FileNotFoundError:
             pass
         raise
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Raise OSError unless a file could be written at ``path`` now (its folder
+    is made if missing, and takes a probe file, removed at once): for commands
+    that would otherwise find an unwritable output only after hours of work."""
+    p = Path(path)
+    if p.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "it is a directory", str(p))
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=p.parent, prefix=f".{p.name}.", suffix=".probe"):
+        pass
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:

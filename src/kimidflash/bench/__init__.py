@@ -17,7 +17,7 @@ Entry points:
 from __future__ import annotations
 
 from .errors import BenchError
-from .result import SCHEMA_NAME, SCHEMA_VERSION, load_result, validate_result, write_result
+from .resultfile import SCHEMA_NAME, SCHEMA_VERSION, load_result, validate_result, write_result
 from .runner import arun_benchmark, run_benchmark
 from .settings import BenchConfig
 

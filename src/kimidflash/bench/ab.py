@@ -25,7 +25,7 @@ from pathlib import Path
 from ..background import served
 from ..paths import portable
 from .report import compare
-from .result import load_result, write_result
+from .resultfile import load_result, write_result
 from .runner import BenchConfig, run_benchmark
 
 

@@ -30,7 +30,8 @@ from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from .errors import BenchError, PromptError, ReportError, ResultError
 from .prompts import export_jsonl
 from .report import compare
-from .result import check_writable, load_json, no_completion, validate_result, write_result
+from .result import no_completion
+from .resultfile import check_output, load_json, validate_result, write_result
 from .runner import Runner
 from .series import PUBLISHED_SCHEMA, validate_published
 from .settings import BenchConfig
@@ -163,7 +164,7 @@ def cmd_run(argv: Sequence[str]) -> int:
         cfg = config_from_args(a, argv)
         runner = Runner(cfg)
         if a.output:
-            check_writable(a.output)  # before the first request, not after the whole run
+            check_output(a.output)  # before the first request, not after the whole run
         doc = asyncio.run(runner.run())
     except BenchError as e:
         _err(str(e))

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 
 from .errors import ReportError
 from .metrics import SpecDecodeStats, stats_from_counts
-from .result import SCHEMA_NAME, load_json, validate_result
+from .resultfile import SCHEMA_NAME, load_json, validate_result
 
 PUBLISHED_SCHEMA = "kimidflash-bench-published"
 

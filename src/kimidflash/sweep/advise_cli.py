@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ..bench.result import load_result
+from ..bench.resultfile import load_result
 from ..fsio import git_info, utc_now, write_json_atomic
 from ..paths import REPO_ROOT, portable, portable_argv
 from .advisor import DEFAULT_COST, Advice, CostModel, advise, cost_from_run, cumulative

@@ -96,8 +96,9 @@ def build_target(out: Path, seed: int) -> dict:
 
 
 def drafter_shape(target_cfg: dict, mask_token_id: int, body_config: dict) -> DrafterShape:
-    """The tiny drafter's JSON: the Qwen3 body's config plus the DFlash fields."""
-    raw = {k: v for k, v in body_config.items() if k != "layer_types"}
+    """The tiny drafter's JSON: the Qwen3 body's config plus the DFlash fields
+    (what vLLM must not read, `layer_types`, the exporter leaves out)."""
+    raw = dict(body_config)
     raw.update({"block_size": DRAFT_BLOCK_SIZE, "num_target_layers": target_cfg["num_hidden_layers"],
                 "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": TARGET_LAYER_IDS}})
     return DrafterShape.from_dict(raw, "tiny drafter")

@@ -27,6 +27,8 @@ COMMANDS = (
     Command("ab", "kimidflash.bench.ab:main", "A/B campaign: a drafter against no speculation and ngram"),
     Command("advise", "kimidflash.sweep.advise_cli:main",
             "predict the best NUM_SPECULATIVE_TOKENS from one run's per-position acceptance"),
+    Command("sweep", "kimidflash.sweep.cli:main",
+            "serve every point of a grid, benchmark each, summarise and pick (launchers/kimi26-vllm-dflash-sweep.sh)"),
     Command("config-docs", "kimidflash.docs_gen:main",
             "regenerate the generated tables in README.md and docs/ (--check: exit 1 if stale)"),
     Command("tiny-model", "kimidflash.cpu_reference.tiny:main",

@@ -15,7 +15,7 @@ from .errors import ReportError
 from .series import Acceptance, Row, by_series_concurrency, series_order
 
 
-def _plt() -> Any:
+def pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
@@ -38,7 +38,7 @@ def throughput_chart(rows: list[Row], out: Path) -> Path | None:
     tps = by_series_concurrency(rows, "output_throughput")
     if not tps:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for s in series_order(rows):
         pts = sorted((c, v) for (ss, c), v in tps.items() if ss == s)
@@ -60,7 +60,7 @@ def latency_chart(rows: list[Row], out: Path) -> Path | None:
     p95 = by_series_concurrency(rows, "p95_latency_s")
     if not mean and not p95:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for s in series_order(rows):
         for data, kind, marker in ((mean, "mean", "o"), (p95, "P95", "^")):
@@ -84,7 +84,7 @@ def acceptance_chart(acc: list[Acceptance], out: Path) -> Path | None:
     acc = [a for a in acc if a.rates]
     if not acc:
         return None
-    plt = _plt()
+    plt = pyplot()
     width = max(len(a.rates) for a in acc)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     bar = 0.8 / len(acc)

@@ -7,3 +7,7 @@ from ..errors import RecipeError
 
 class AdviceError(RecipeError, ValueError):
     """Input the advisor cannot use (rates, costs, result files); the message names it."""
+
+
+class SweepError(RecipeError, ValueError):
+    """A grid, a base config or a run folder the sweep cannot use; the message names it."""

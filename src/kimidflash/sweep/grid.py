@@ -1,0 +1,262 @@
+"""The sweep's grid: server points and client cases, expanded and checked up front.
+
+A grid is a set of server keys (any env-file key, each with one or more
+values) and client settings (concurrency, sessions, turns, max tokens, prompt
+set), from options or a small TOML file::
+
+    [server]
+    NUM_SPECULATIVE_TOKENS = [1, 2, 3, 5, 7]
+    [client]
+    concurrency = [1, 4, 8]
+    max_tokens = 64
+
+Its Cartesian product gives the server points, each a set of ``--set``
+overrides on the base config. Every point is loaded and rendered by the same
+schema `serve` uses before anything starts, so a bad point refuses the whole
+sweep with its name; points that render the same server are run once; and a
+no-speculation baseline is added for every combination of the
+non-speculative keys, so every speedup is a ratio within the run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import FIELDS, ConfigError, load_config
+from ..paths import portable
+from ..render import render
+from .errors import SweepError
+
+SPECULATIVE_KEYS = frozenset(f.name for f in FIELDS if f.group == "speculative")
+# Keys a point may not vary: the sweep owns where each server listens.
+FIXED_KEYS = frozenset({"PORT", "INCLUDE"})
+SHORT = {"NUM_SPECULATIVE_TOKENS": "k", "SPECULATIVE_METHOD": "spec", "MAX_NUM_SEQS": "seqs",
+         "KV_CACHE_DTYPE": "kv", "MAX_NUM_BATCHED_TOKENS": "batched"}
+CLIENT_KEYS = {"concurrency": int, "sessions": int, "turns": int, "max_tokens": int, "prompts": str}
+CLIENT_DEFAULTS: dict[str, list[Any]] = {"concurrency": [1, 8], "sessions": [16], "turns": [1],
+                                         "max_tokens": [128], "prompts": ["builtin"]}
+CASE_SHORT = {"concurrency": "c", "sessions": "s", "turns": "t", "max_tokens": "m", "prompts": "p"}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One server: the overrides on the base config, and what it is compared with."""
+
+    id: str
+    overrides: tuple[tuple[str, str], ...]
+    baseline_id: str  # the no-speculation point with the same non-speculative keys (itself for a baseline)
+    speculative: bool
+    k: int | None  # NUM_SPECULATIVE_TOKENS when speculative
+    family: str | None  # speculative points that differ only in k share a family (the advisor's unit)
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.id == self.baseline_id
+
+    @property
+    def sets(self) -> list[str]:
+        return [f"{k}={v}" for k, v in self.overrides]
+
+    @property
+    def label(self) -> str:
+        return "no speculation" + _suffix(self.overrides) if self.is_baseline else " ".join(self.sets)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One client setting: how the benchmark drives a point."""
+
+    id: str
+    concurrency: int
+    sessions: int
+    turns: int
+    max_tokens: int
+    prompts: str
+
+
+@dataclass
+class Grid:
+    server: dict[str, list[str]] = field(default_factory=dict)
+    client: dict[str, list[Any]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """As manifests record it: prompt files by their portable path."""
+        client = {**CLIENT_DEFAULTS, **self.client}
+        client["prompts"] = [portable(p) for p in client["prompts"]]
+        return {"server": self.server, "client": client}
+
+
+def _suffix(overrides: tuple[tuple[str, str], ...]) -> str:
+    rest = [f"{k}={v}" for k, v in overrides if k not in SPECULATIVE_KEYS]
+    return f" ({' '.join(rest)})" if rest else ""
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-").lower() or "x"
+
+
+def _values(key: str, raw: Any, where: str) -> list[Any]:
+    vals = raw if isinstance(raw, list) else [raw]
+    if not vals:
+        raise SweepError(f"{where}: {key} has no values")
+    if any(isinstance(v, (dict, list)) for v in vals):
+        raise SweepError(f"{where}: {key} must be a value or a list of values")
+    if len(set(map(str, vals))) != len(vals):
+        raise SweepError(f"{where}: {key} repeats a value ({', '.join(map(str, vals))})")
+    return vals
+
+
+def add_server(grid: Grid, key: str, values: list[Any], where: str) -> None:
+    if key in FIXED_KEYS:
+        raise SweepError(f"{where}: {key} cannot be swept (the sweep picks each server's port and base config)")
+    grid.server[key] = [str(v).lower() if isinstance(v, bool) else str(v) for v in _values(key, values, where)]
+
+
+def add_client(grid: Grid, key: str, values: list[Any], where: str, base_dir: Path = Path(".")) -> None:
+    """Add a client setting; a prompt file is resolved from `base_dir` (a grid
+    file's folder, or the working directory) and must exist."""
+    if key not in CLIENT_KEYS:
+        raise SweepError(f"{where}: unknown client setting {key!r}; known: {', '.join(CLIENT_KEYS)}")
+    kind = CLIENT_KEYS[key]
+    out = []
+    for v in _values(key, values, where):
+        if kind is int and (isinstance(v, bool) or not isinstance(v, int) and not str(v).isdigit()):
+            raise SweepError(f"{where}: {key} value {v!r} is not a whole number")
+        v = kind(v)
+        if kind is int and v < 1:
+            raise SweepError(f"{where}: {key} must be at least 1, got {v}")
+        if key == "prompts" and v != "builtin":
+            path = (base_dir / Path(v).expanduser()).resolve()
+            if not path.is_file():
+                raise SweepError(f"{where}: prompt file {path} does not exist")
+            v = str(path)
+        out.append(v)
+    grid.client[key] = out
+
+
+def read_grid_file(path: Path) -> Grid:
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise SweepError(f"grid file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SweepError(f"grid file {path}: not TOML ({e})") from None
+    unknown = set(data) - {"server", "client"}
+    if unknown:
+        raise SweepError(f"grid file {path}: unknown table(s) {', '.join(sorted(unknown))}; use [server] and [client]")
+    grid = Grid()
+    for key, vals in (data.get("server") or {}).items():
+        add_server(grid, key, vals, f"grid file {path} [server]")
+    for key, vals in (data.get("client") or {}).items():
+        add_client(grid, key, vals, f"grid file {path} [client]", path.parent)
+    return grid
+
+
+def cases(grid: Grid) -> list[Case]:
+    """The client grid's product, named by what varies (``c4``, or ``c4-m64`` ...)."""
+    client = {**CLIENT_DEFAULTS, **grid.client}
+    keys = list(CLIENT_KEYS)
+    varying = [k for k in keys if len(client[k]) > 1] or ["concurrency"]
+    out = []
+    for combo in itertools.product(*(client[k] for k in keys)):
+        c = dict(zip(keys, combo))
+        if c["concurrency"] > c["sessions"]:
+            raise SweepError(f"client case concurrency={c['concurrency']} sessions={c['sessions']}: "
+                             "more slots than sessions could never be filled; raise sessions")
+        ident = "-".join(f"{CASE_SHORT[k]}{_slug(Path(str(c[k])).stem) if k == 'prompts' else c[k]}" for k in varying)
+        out.append(Case(ident, **c))
+    return out
+
+
+def _point_id(overrides: tuple[tuple[str, str], ...], baseline: bool) -> str:
+    parts = ["none"] if baseline else []
+    parts += [f"{SHORT.get(k, k.lower())}{_slug(v)}" for k, v in overrides
+              if not (baseline and k in SPECULATIVE_KEYS)]
+    return "_".join(parts) or "base"
+
+
+def points(grid: Grid, base_config: Path) -> list[Point]:
+    """Every server point, validated and rendered, in run order: per combination of
+    the non-speculative keys, its baseline first, then each family's largest k
+    (the advisor predicts from it), then the rest."""
+    keys = list(grid.server)
+    combos = [tuple(zip(keys, vals)) for vals in itertools.product(*(grid.server[k] for k in keys))]
+    seen: dict[tuple, str] = {}
+    out: list[Point] = []
+
+    def add(overrides: tuple[tuple[str, str], ...], baseline_id: str | None) -> str:
+        pid = _point_id(overrides, baseline_id is None)
+        try:
+            cfg = load_config(base_config, {**dict(overrides), "PORT": "8262"})
+            r = render(cfg)
+        except ConfigError as e:
+            raise SweepError(f"point {pid} ({' '.join(f'{k}={v}' for k, v in overrides) or 'the base config'}) "
+                             f"is invalid: {e}") from None
+        ident = (tuple(r.argv), tuple(sorted(r.env.items())))
+        if ident in seen:
+            return seen[ident]
+        seen[ident] = pid
+        k = cfg["NUM_SPECULATIVE_TOKENS"] if cfg.speculative else None
+        family = None
+        if cfg.speculative:  # the method and every key but k
+            rest = tuple(kv for kv in overrides if kv[0] not in ("NUM_SPECULATIVE_TOKENS", "SPECULATIVE_METHOD"))
+            family = "_".join([cfg["SPECULATIVE_METHOD"], *([_point_id(rest, False)] if rest else [])])
+        out.append(Point(pid, overrides, baseline_id or pid, cfg.speculative, k, family))
+        return pid
+
+    for rest in dict.fromkeys(tuple(kv for kv in c if kv[0] not in SPECULATIVE_KEYS) for c in combos):
+        base_id = add((*rest, ("SPECULATIVE_METHOD", "none")), None)
+        mine = [c for c in combos if tuple(kv for kv in c if kv[0] not in SPECULATIVE_KEYS) == rest]
+        for c in mine:
+            add(c, base_id)
+    return _largest_k_first(out)
+
+
+def _largest_k_first(pts: list[Point]) -> list[Point]:
+    """Within each baseline's group: the baseline, each family's largest k, then the others by k."""
+    ordered: list[Point] = []
+    for base in [p for p in pts if p.is_baseline]:
+        group = [p for p in pts if p.baseline_id == base.id and not p.is_baseline]
+        firsts = [max(ps, key=lambda p: p.k or 0) for ps in _families(group).values()]
+        rest = sorted((p for p in group if p not in firsts), key=lambda p: (p.family or "", p.k or 0))
+        ordered += [base, *firsts, *rest]
+    return ordered
+
+
+def _families(pts: list[Point]) -> dict[str, list[Point]]:
+    fams: dict[str, list[Point]] = {}
+    for p in pts:
+        if p.family is not None:
+            fams.setdefault(p.family, []).append(p)
+    return fams
+
+
+def families(pts: list[Point]) -> dict[str, list[Point]]:
+    """Speculative points that differ only in k, by family, each sorted by k."""
+    return {f: sorted(ps, key=lambda p: p.k or 0) for f, ps in _families(pts).items()}
+
+
+@dataclass
+class BenchOptions:
+    """Client settings that every case shares (the grid's cases vary the rest)."""
+
+    warmup: int = 2
+    temperature: float = 0.0
+    seed: int = 0
+    ignore_eos: bool = False
+    timeout: float = 600.0
+
+
+@dataclass
+class Plan:
+    base_config: Path
+    points: list[Point]
+    cases: list[Case]
+    repeats: int
+    bench: BenchOptions = field(default_factory=BenchOptions)
+    start_timeout: float = 3600.0

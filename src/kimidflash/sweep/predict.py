@@ -1,0 +1,96 @@
+"""The advisor inside a sweep: predict every k from the family's largest k, before
+the other k run, and set the prediction beside what they then measured.
+
+The prediction is written once (``advice/FAMILY-CASE.json``) as soon as the
+baseline and the family's largest k are measured at that case; the sweep runs
+those two first. It is never recomputed, so the comparison in the summary is
+a prediction made before the measurement, and a wrong one shows as wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+from ..fsio import utc_now, write_json_atomic
+from .advisor import DEFAULT_COST, advise, cost_from_run, cumulative, fit_cost
+from .errors import AdviceError
+from .grid import Case, Plan, Point, families
+from .measured import Measured, measured
+from .rundir import RunFolder
+
+
+def prediction(base: Measured, run: Measured) -> dict[str, Any]:
+    """The advisor on one run at its k and its baseline, as the `advise` command
+    computes it (drafting cost: the default's; verify cost: from the measured ratio)."""
+    out: dict[str, Any] = {"from_point": run.point.id, "k_run": run.point.k, "case": run.case.id, "date": utc_now()}
+    try:
+        profile = cumulative(run.profile())
+        ratio = (run.median("output_throughput") or 0.0) / (base.median("output_throughput") or float("nan"))
+        cost = cost_from_run(profile, len(profile), ratio, DEFAULT_COST.draft,
+                             f"fitted to {run.point.id} over {base.point.id} at {run.case.id} ({ratio:.3f}x)")
+        advice = advise(profile, cost, run.point.k)
+    except AdviceError as e:
+        return {**out, "error": str(e)}
+    return {**out, "profile": list(profile), "measured_ratio": round(ratio, 4), "cost": asdict(cost),
+            "predictions": {str(p.k): round(p.speedup, 4) for p in advice.predictions},
+            "recommended_k": advice.recommended_k, "line": advice.line}
+
+
+def predict_ready(plan: Plan, folder: RunFolder) -> list[str]:
+    """Write the predictions whose inputs are now complete; the families predicted."""
+    done = []
+    by_id = {p.id: p for p in plan.points}
+    for family, pts in families(plan.points).items():
+        top = pts[-1]
+        if len(pts) < 2:
+            continue  # nothing to predict: one k only
+        for case in plan.cases:
+            path = folder.advice_path(family, case)
+            if path.is_file():
+                continue
+            base = measured(folder, by_id[top.baseline_id], case, plan.repeats)
+            run = measured(folder, top, case, plan.repeats)
+            if base is None or run is None:
+                continue
+            doc = {"family": family, **prediction(base, run)}
+            write_json_atomic(path, doc)
+            folder.event("predicted", family=family, case=case.id, line=doc.get("line"), error=doc.get("error"))
+            done.append(family)
+    return done
+
+
+def compare(folder: RunFolder, family: str, pts: list[Point], case: Case,
+            rows: dict[tuple[str, str], Measured]) -> dict[str, Any] | None:
+    """Prediction and measurement side by side for one family at one case; None
+    when no prediction was made."""
+    path = folder.advice_path(family, case)
+    if not path.is_file():
+        return None
+    pred = json.loads(path.read_text())
+    base = rows.get((pts[0].baseline_id, case.id))
+    out: dict[str, Any] = {"family": family, "case": case.id, "prediction": pred, "by_k": []}
+    if base is None or "error" in pred:
+        return out
+    base_tps = base.median("output_throughput")
+    outcomes = []
+    for p in pts:
+        m = rows.get((p.id, case.id))
+        meas = m.median("output_throughput") / base_tps if m and base_tps else None
+        predicted = pred["predictions"].get(str(p.k))
+        err = (predicted - meas) / meas if predicted is not None and meas else None
+        out["by_k"].append({"k": p.k, "point": p.id, "predicted_speedup": predicted,
+                            "measured_speedup": None if meas is None else round(meas, 4),
+                            "error": None if err is None else round(err, 4)})
+        if meas is not None:
+            outcomes.append((p.k, meas))
+    if outcomes:
+        best_k, best = max(outcomes, key=lambda kv: kv[1])
+        out["measured_best"] = best_k if best > 1.0 else None
+        out["predicted_best"] = pred.get("recommended_k")
+        out["agree"] = out["measured_best"] == out["predicted_best"]
+    if len(outcomes) >= 2:  # two unknowns: fit both costs to every measured k
+        refit = fit_cost(pred["profile"], outcomes, "fitted to every measured k")
+        out["refit"] = {"cost": asdict(refit), "best": advise(pred["profile"], refit).recommended_k}
+    return out

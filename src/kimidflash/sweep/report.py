@@ -1,0 +1,107 @@
+"""The summary written out: summary.json, summary.md, the terminal table, the
+charts and best.env, all into the run folder (each file atomically)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ..fsio import write_json_atomic, write_text_atomic
+from .charts import pareto_chart, throughput_chart
+from .grid import Plan
+from .rundir import RunFolder
+from .summary import TABLE_COLUMNS, Limits, best_env, cells, summarise
+
+
+def _advisor_lines(advisor: list[dict[str, Any]]) -> list[str]:
+    out = ["## The advisor: predicted before the other k ran, then measured", ""]
+    for a in advisor:
+        pred = a["prediction"]
+        head = f"**{a['family']} at {a['case']}**, predicted from {pred['from_point']} (k={pred['k_run']})"
+        if "error" in pred:
+            out += [f"{head}: no prediction: {pred['error']}", ""]
+            continue
+        c = pred["cost"]
+        out += [f"{head} over the baseline ({pred['measured_ratio']}x): step cost 1 + {c['draft']:g} + "
+                f"{c['verify']:g}*k. Advisor: `{pred['line']}`. Measured best: "
+                f"{'k=' + str(a['measured_best']) if a.get('measured_best') else 'no speculation'}"
+                f"{'' if a.get('agree') else ' (the prediction was wrong)'}.", "",
+                "| k | predicted speedup | measured speedup | error |", "|---|---|---|---|"]
+        for b in a["by_k"]:
+            err = "-" if b["error"] is None else f"{b['error']:+.1%}"
+            meas = "-" if b["measured_speedup"] is None else f"{b['measured_speedup']:.3f}x"
+            pr = "-" if b["predicted_speedup"] is None else f"{b['predicted_speedup']:.3f}x"
+            out.append(f"| {b['k']} | {pr} | {meas} | {err} |")
+        if a.get("refit"):
+            rc = a["refit"]["cost"]
+            best = a["refit"]["best"]
+            out += ["", f"Both costs fitted to every measured k: 1 + {rc['draft']:g} + {rc['verify']:g}*k, "
+                        f"best {'k=' + str(best) if best else 'no speculation'}."]
+        out.append("")
+    return out
+
+
+def markdown(summary: dict[str, Any], plan: Plan) -> str:
+    cols = [c for c, _, _ in TABLE_COLUMNS]
+    lines = [f"# Sweep summary ({summary['date']})", "",
+             f"Base config `{plan.base_config.name}`; {len(plan.points)} server points x {len(plan.cases)} client "
+             f"cases x {plan.repeats} repeats. Figures are medians over the repeats; spread is (max - min) / median "
+             "of output tok/s; speedup is against the same run's no-speculation point at the same case.", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    front = {tuple(p) for p in summary["pareto"]}
+    for r in summary["rows"]:
+        mark = " (Pareto)" if (r["point"], r["case"]) in front else ""
+        c = cells(r)
+        c[0] += mark
+        lines.append("| " + " | ".join(c) + " |")
+    b = summary["best"]
+    lines += ["", f"Best under the limits ({summary['limits']}): "
+              + (f"**{b['point']}** at {b['case']}, {b['output_tps']} output tok/s -> `best.env`" if b else "none"), ""]
+    for pid, f in summary["failed"].items():
+        lines += [f"Point **{pid}** failed: {f['error']} (last log lines in `points/{pid}/failure.json`)", ""]
+    if summary["incomplete"]:
+        lines += ["Not measured (yet): " + ", ".join(summary["incomplete"]), ""]
+    if summary["advisor"]:
+        lines += _advisor_lines(summary["advisor"])
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def print_table(summary: dict[str, Any], console: Console) -> None:
+    t = Table(title=f"sweep: medians of {summary['repeats']} repeat(s); best under {summary['limits']}")
+    for c, _, _ in TABLE_COLUMNS:
+        t.add_column(c, justify="left" if c in ("point", "case") else "right")
+    b = summary["best"]
+    for r in summary["rows"]:
+        style = "bold green" if b and (r["point"], r["case"]) == (b["point"], b["case"]) else None
+        t.add_row(*cells(r), style=style)
+    console.print(t)
+    for a in summary["advisor"]:
+        pred = a["prediction"]
+        if "error" in pred:
+            console.print(f"advisor {a['family']} {a['case']}: no prediction: {pred['error']}")
+        elif "measured_best" in a:
+            mb = f"k={a['measured_best']}" if a["measured_best"] else "none"
+            console.print(f"advisor {a['family']} {a['case']}: predicted {pred['line'].split()[-1]}, "
+                          f"measured best {mb}{'' if a['agree'] else '  (prediction wrong)'}", highlight=False)
+
+
+def write_summary(plan: Plan, folder: RunFolder, limits: Limits, console: Console | None = None) -> dict[str, Any]:
+    summary = summarise(plan, folder, limits)
+    root: Path = folder.root
+    charts = [str(p.relative_to(root)) for p in (throughput_chart(summary["rows"], root / "charts" / "throughput.png"),
+                                                 pareto_chart(summary, root / "charts" / "pareto.png")) if p]
+    summary["charts"] = charts
+    env = best_env(summary, plan, folder)
+    if env is not None:
+        write_text_atomic(root / "best.env", env)
+        summary["best_env"] = "best.env"
+    else:  # none qualifies now: an older best.env would name a point that no longer wins
+        (root / "best.env").unlink(missing_ok=True)
+    write_json_atomic(root / "summary.json", summary)
+    write_text_atomic(root / "summary.md", markdown(summary, plan))
+    if console is not None:
+        print_table(summary, console)
+    return summary

@@ -1,0 +1,135 @@
+"""The sweep's summary, from the run folder alone: one row per point and case
+(medians over the repeats and their spread), the speedup over the same run's
+baseline, the Pareto front of per-user against total tok/s, the best point
+under the user's limits, and the advisor's predictions beside the measurement.
+
+It is rebuilt from the files each time (also after an interrupted sweep, for
+what is finished), so it never disagrees with the results it summarises.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..fsio import utc_now
+from .grid import Case, Plan, Point, families
+from .measured import Measured, measured
+from .predict import compare
+from .rundir import RunFolder
+
+# Result-file key of each figure the table shows (medians over the repeats).
+FIGURES = {"output_tps": "output_throughput", "per_user_tps": "mean_per_user_output_throughput",
+           "ttft_p50_ms": "median_ttft_ms", "ttft_p95_ms": "p95_ttft_ms", "itl_p50_ms": "median_itl_ms",
+           "itl_p95_ms": "p95_itl_ms", "latency_p50_ms": "median_e2el_ms", "latency_p95_ms": "p95_e2el_ms",
+           "acceptance_length": "spec_decode_acceptance_length"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_p95_latency_s: float | None = None
+    min_user_tps: float | None = None
+
+    def allows(self, row: dict[str, Any]) -> bool:
+        if self.max_p95_latency_s is not None and not (row["latency_p95_ms"] or 0) / 1000 <= self.max_p95_latency_s:
+            return False
+        return self.min_user_tps is None or (row["per_user_tps"] or 0) >= self.min_user_tps
+
+    def describe(self) -> str:
+        parts = ([f"p95 latency <= {self.max_p95_latency_s:g} s"] if self.max_p95_latency_s is not None else []) + \
+                ([f"per-user tok/s >= {self.min_user_tps:g}"] if self.min_user_tps is not None else [])
+        return ", ".join(parts) or "none"
+
+
+def _round(v: float | None, nd: int = 3) -> float | None:
+    return None if v is None else round(v, nd)
+
+
+def row(m: Measured, base: Measured | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"point": m.point.id, "label": m.point.label, "overrides": m.point.sets,
+                           "case": m.case.id, "concurrency": m.case.concurrency, "repeats": len(m.docs)}
+    out.update({name: _round(m.median(key)) for name, key in FIGURES.items()})
+    out["output_tps_spread"] = _round(m.spread("output_throughput"))
+    base_tps = base.median("output_throughput") if base else None
+    out["speedup"] = _round(out["output_tps"] / base_tps, 4) if out["output_tps"] and base_tps else None
+    return out
+
+
+def pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows no other row beats on both per-user and total tok/s, by per-user tok/s."""
+    pts = [r for r in rows if r["per_user_tps"] is not None and r["output_tps"] is not None]
+    front = [r for r in pts if not any(o["per_user_tps"] >= r["per_user_tps"] and o["output_tps"] >= r["output_tps"]
+                                       and (o["per_user_tps"], o["output_tps"]) != (r["per_user_tps"], r["output_tps"])
+                                       for o in pts)]
+    return sorted(front, key=lambda r: r["per_user_tps"])
+
+
+def best(rows: list[dict[str, Any]], limits: Limits) -> dict[str, Any] | None:
+    ok = [r for r in rows if r["output_tps"] is not None and limits.allows(r)]
+    return max(ok, key=lambda r: r["output_tps"]) if ok else None
+
+
+def summarise(plan: Plan, folder: RunFolder, limits: Limits) -> dict[str, Any]:
+    by_id = {p.id: p for p in plan.points}
+    table: dict[tuple[str, str], Measured] = {}
+    for p in plan.points:
+        for c in plan.cases:
+            m = measured(folder, p, c, plan.repeats)
+            if m is not None:
+                table[(p.id, c.id)] = m
+    rows = [row(m, table.get((by_id[pid].baseline_id, cid))) for (pid, cid), m in table.items()]
+    failed = {p.id: f for p in plan.points if (f := folder.failure(p))}
+    advisor = [cmp for fam, pts in families(plan.points).items() for c in plan.cases
+               if (cmp := compare(folder, fam, pts, c, table)) is not None]
+    incomplete = [f"{p.id} {c.id}" for p in plan.points for c in plan.cases if (p.id, c.id) not in table]
+    return {"date": utc_now(), "repeats": plan.repeats, "limits": limits.describe(), "rows": rows,
+            "pareto": [(r["point"], r["case"]) for r in pareto(rows)], "best": best(rows, limits),
+            "failed": failed, "incomplete": incomplete, "advisor": advisor}
+
+
+def best_env(summary: dict[str, Any], plan: Plan, folder: RunFolder) -> str | None:
+    """The best point as an env file serve.sh takes: INCLUDE= the base config, then its keys."""
+    b = summary["best"]
+    if b is None:
+        return None
+    point: Point = next(p for p in plan.points if p.id == b["point"])
+    case: Case = next(c for c in plan.cases if c.id == b["case"])
+    target, here = plan.base_config.resolve(), folder.root.resolve()
+    # Relative when the two share a folder (a checkout: the file travels with it), else absolute.
+    include = os.path.relpath(target, here) if os.path.commonpath([target, here]) != "/" else str(target)
+    lat = b["latency_p95_ms"] / 1000 if b["latency_p95_ms"] is not None else float("nan")
+    lines = [f"# The best point of the sweep in this folder (kimidflash sweep, {summary['date']}):",
+             f"# {point.label}, measured at concurrency {case.concurrency} ({case.id}): {b['output_tps']} output tok/s,",
+             f"# {b['per_user_tps']} tok/s per user, p95 latency {lat:.2f} s, {b['speedup']}x no speculation "
+             f"(median of {b['repeats']} repeats).",
+             f"# Limits: {summary['limits']}. Serve it with: ./serve.sh <this file>",
+             f"INCLUDE={include}", *point.sets]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(v: Any, nd: int = 1) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
+
+
+TABLE_COLUMNS = (("point", "point", 0), ("case", "case", 0), ("output tok/s", "output_tps", 1),
+                 ("spread", "output_tps_spread", 3), ("speedup", "speedup", 3), ("tok/s/user", "per_user_tps", 2),
+                 ("TTFT p50/p95 ms", ("ttft_p50_ms", "ttft_p95_ms"), 0), ("ITL p50/p95 ms", ("itl_p50_ms", "itl_p95_ms"), 1),
+                 ("latency p50/p95 s", ("latency_p50_ms", "latency_p95_ms"), -1), ("acc. length", "acceptance_length", 2))
+
+
+def cells(r: dict[str, Any]) -> list[str]:
+    out = []
+    for _, key, nd in TABLE_COLUMNS:
+        if isinstance(key, tuple):
+            a, b = (r[k] for k in key)
+            if nd < 0:  # milliseconds shown as seconds
+                a, b = (None if v is None else v / 1000 for v in (a, b))
+                nd = 2
+            out.append(f"{_fmt(a, nd)}/{_fmt(b, nd)}")
+        else:
+            out.append(_fmt(r[key], nd))
+    return out

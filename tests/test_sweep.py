@@ -22,6 +22,7 @@ from kimidflash.sweep import execute
 from kimidflash.sweep.errors import SweepError
 from kimidflash.sweep.grid import Case, Grid, Point, add_client, add_server, cases, points, read_grid_file
 from kimidflash.sweep.measured import Measured
+from kimidflash.sweep.predict import prediction
 from kimidflash.sweep.summary import Limits, best, pareto, row
 
 from .fakeserver import FakeServer, Plan
@@ -307,3 +308,32 @@ def test_no_point_within_the_limits_leaves_no_best_env(base, tmp_path, fleet, ca
     assert sweep(base, out, "--min-user-tps", "1e9") == 0
     assert "no point meets the limits (per-user tok/s >= 1e+09)" in capsys.readouterr().out
     assert not (out / "best.env").exists()
+
+
+def test_the_prediction_pools_the_repeats_and_an_impossible_run_is_reported_not_raised():
+    case = Case("c1", 1, 4, 1, 16, "builtin")
+    none = Point("none", (("SPECULATIVE_METHOD", "none"),), "none", False, None, None)
+    k2 = Point("k2", (("NUM_SPECULATIVE_TOKENS", "2"),), "none", True, 2, "dflash")
+    base = Measured(none, case, [{"output_throughput": 10.0}])
+    docs = [{"output_throughput": 12.0, "spec_decode_num_drafts": n, "spec_decode_per_position_accepted_counts": c}
+            for n, c in ((10, [8, 4]), (30, [24, 12]))]
+    pred = prediction(base, Measured(k2, case, docs))
+    assert pred["profile"] == [0.8, 0.4] and pred["measured_ratio"] == 1.2
+    # 2.2 tokens per step at 1.2x: a k=2 step costs 2.2 / 1.2 = 1.833, so verify = 0.4167 (draft 0)
+    assert pred["cost"]["verify"] == 0.4167 and pred["predictions"] == {"1": 1.2706, "2": 1.2}
+    assert pred["recommended_k"] == 1 and pred["line"] == "recommended NUM_SPECULATIVE_TOKENS=1"
+    fast = [dict(d, output_throughput=30.0) for d in docs]
+    assert "faster (3.000x) than its acceptance" in prediction(base, Measured(k2, case, fast))["error"]
+
+
+@pytest.mark.parametrize("doc, why", [
+    ({"completed": 0, "num_prompts": 2, "requests": [{"error": "http_500", "error_detail": "boom"}]},
+     "no request completed: http_500 (boom)"),
+    ({"completed": 2, "num_prompts": 2, "partial": True, "partial_reason": "3 connection errors in a row"},
+     "the run stopped early: 3 connection errors in a row"),
+    ({"completed": 1, "failed": 1, "num_prompts": 2, "requests": [{"error": "timeout"}]},
+     "1 of 2 requests failed: timeout"),
+    ({"completed": 2, "failed": 0, "num_prompts": 2}, None),
+])
+def test_a_benchmark_that_lost_requests_is_not_a_measurement_of_the_point(doc, why):
+    assert execute.problem(doc) == why

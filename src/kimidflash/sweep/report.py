@@ -16,8 +16,8 @@ from .rundir import RunFolder
 from .summary import TABLE_COLUMNS, Limits, best_env, cells, summarise
 
 
-def _advisor_lines(advisor: list[dict[str, Any]]) -> list[str]:
-    out = ["## The advisor: predicted before the other k ran, then measured", ""]
+def advisor_lines(advisor: list[dict[str, Any]], level: str = "##") -> list[str]:
+    out = [f"{level} The advisor: predicted before the other k ran, then measured", ""]
     for a in advisor:
         pred = a["prediction"]
         head = f"**{a['family']} at {a['case']}**, predicted from {pred['from_point']} (k={pred['k_run']})"
@@ -44,28 +44,33 @@ def _advisor_lines(advisor: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def markdown(summary: dict[str, Any], plan: Plan) -> str:
+def results_table(summary: dict[str, Any]) -> str:
+    """The rows as Markdown, Pareto points marked, then the best point and what failed."""
     cols = [c for c, _, _ in TABLE_COLUMNS]
-    lines = [f"# Sweep summary ({summary['date']})", "",
-             f"Base config `{plan.base_config.name}`; {len(plan.points)} server points x {len(plan.cases)} client "
-             f"cases x {plan.repeats} repeats. Figures are medians over the repeats; spread is (max - min) / median "
-             "of output tok/s; speedup is against the same run's no-speculation point at the same case.", "",
-             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     front = {tuple(p) for p in summary["pareto"]}
     for r in summary["rows"]:
-        mark = " (Pareto)" if (r["point"], r["case"]) in front else ""
         c = cells(r)
-        c[0] += mark
+        c[0] += " (Pareto)" if (r["point"], r["case"]) in front else ""
         lines.append("| " + " | ".join(c) + " |")
     b = summary["best"]
     lines += ["", f"Best under the limits ({summary['limits']}): "
-              + (f"**{b['point']}** at {b['case']}, {b['output_tps']} output tok/s -> `best.env`" if b else "none"), ""]
+              + (f"**{b['point']}** at {b['case']}, {b['output_tps']} output tok/s -> `best.env`" if b else "none")]
     for pid, f in summary["failed"].items():
-        lines += [f"Point **{pid}** failed: {f['error']} (last log lines in `points/{pid}/failure.json`)", ""]
+        lines += ["", f"Point **{pid}** failed: {f['error']} (last log lines in `points/{pid}/failure.json`)"]
     if summary["incomplete"]:
-        lines += ["Not measured (yet): " + ", ".join(summary["incomplete"]), ""]
+        lines += ["", "Not measured (yet): " + ", ".join(summary["incomplete"])]
+    return "\n".join(lines)
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    lines = [f"# Sweep summary ({summary['date']})", "",
+             f"Base config `{summary['base_config']}`; {summary['server_points']} server points x {summary['client_cases']} client "
+             f"cases x {summary['repeats']} repeats. Figures are medians over the repeats; spread is (max - min) / "
+             "median of output tok/s; speedup is against the same run's no-speculation point at the same case.", "",
+             results_table(summary), ""]
     if summary["advisor"]:
-        lines += _advisor_lines(summary["advisor"])
+        lines += advisor_lines(summary["advisor"])
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -101,7 +106,7 @@ def write_summary(plan: Plan, folder: RunFolder, limits: Limits, console: Consol
     else:  # none qualifies now: an older best.env would name a point that no longer wins
         (root / "best.env").unlink(missing_ok=True)
     write_json_atomic(root / "summary.json", summary)
-    write_text_atomic(root / "summary.md", markdown(summary, plan))
+    write_text_atomic(root / "summary.md", markdown(summary))
     if console is not None:
         print_table(summary, console)
     return summary

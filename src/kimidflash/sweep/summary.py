@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..fsio import utc_now
+from ..paths import portable
 from .grid import Case, Plan, Point, families
 from .measured import Measured, measured
 from .predict import compare
@@ -84,7 +85,8 @@ def summarise(plan: Plan, folder: RunFolder, limits: Limits) -> dict[str, Any]:
     advisor = [cmp for fam, pts in families(plan.points).items() for c in plan.cases
                if (cmp := compare(folder, fam, pts, c, table)) is not None]
     incomplete = [f"{p.id} {c.id}" for p in plan.points for c in plan.cases if (p.id, c.id) not in table]
-    return {"date": utc_now(), "repeats": plan.repeats, "limits": limits.describe(), "rows": rows,
+    return {"date": utc_now(), "base_config": portable(plan.base_config), "server_points": len(plan.points),
+            "client_cases": len(plan.cases), "repeats": plan.repeats, "limits": limits.describe(), "rows": rows,
             "pareto": [(r["point"], r["case"]) for r in pareto(rows)], "best": best(rows, limits),
             "failed": failed, "incomplete": incomplete, "advisor": advisor}
 

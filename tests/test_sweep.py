@@ -134,6 +134,8 @@ def test_cases_are_named_by_what_varies_and_unfillable_slots_are_refused():
     (["--concurrency", "0"], "concurrency must be at least 1"),
     (["--repeats", "0"], "--repeats must be at least 1"),
     (["--max-p95-latency", "0"], "--max-p95-latency must be positive"),
+    (["--request-timeout", "0"], "--request-timeout 0.0: must be positive"),
+    (["--warmup", "-1"], "--warmup -1: must be 0 or more"),
 ])
 def test_a_bad_point_or_setting_refuses_the_whole_sweep_before_anything_starts(base, tmp_path, fleet, capsys,
                                                                                args, culprit):

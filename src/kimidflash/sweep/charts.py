@@ -25,16 +25,8 @@ def throughput_chart(rows: list[dict[str, Any]], out: Path) -> Path | None:
         pts.sort()
         ax.plot([c for c, _ in pts], [v for _, v in pts], "--" if name.startswith("none") else "-",
                 marker="o", label=name)
-    ax.set_xlabel("concurrent users")
-    ax.set_ylabel("output tok/s (aggregate, median of repeats)")
-    ax.set_title("Throughput vs concurrency per server point")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _finish(plt, fig, ax, ("concurrent users", "output tok/s (aggregate, median of repeats)",
+                                  "Throughput vs concurrency per server point"), out)
 
 
 def pareto_chart(summary: dict[str, Any], out: Path) -> Path | None:
@@ -50,9 +42,15 @@ def pareto_chart(summary: dict[str, Any], out: Path) -> Path | None:
     for r in on:
         ax.annotate(f"{r['point']} {r['case']}", (r["per_user_tps"], r["output_tps"]), fontsize=7,
                     textcoords="offset points", xytext=(4, 4))
-    ax.set_xlabel("output tok/s per user (mean)")
-    ax.set_ylabel("output tok/s (aggregate)")
-    ax.set_title("Per-user against total throughput")
+    return _finish(plt, fig, ax, ("output tok/s per user (mean)", "output tok/s (aggregate)",
+                                  "Per-user against total throughput"), out)
+
+
+def _finish(plt: Any, fig: Any, ax: Any, labels: tuple[str, str, str], out: Path) -> Path:
+    xlabel, ylabel, title = labels
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

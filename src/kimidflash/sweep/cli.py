@@ -78,10 +78,13 @@ def build_plan(a: argparse.Namespace) -> tuple[Plan, Grid]:
     for key in ("concurrency", "sessions", "turns", "max_tokens", "prompts"):
         if getattr(a, key):
             add_client(grid, key, getattr(a, key), f"--{key.replace('_', '-')}")
+    for flag, value, ok in (("--warmup", a.warmup, a.warmup >= 0), ("--temperature", a.temperature, a.temperature >= 0),
+                            ("--request-timeout", a.request_timeout, a.request_timeout > 0),
+                            ("--start-timeout", a.start_timeout, a.start_timeout > 0)):
+        if not ok:
+            raise SweepError(f"{flag} {value}: must be {'positive' if 'timeout' in flag else '0 or more'}")
     bench = BenchOptions(warmup=a.warmup, temperature=a.temperature, seed=a.seed, ignore_eos=a.ignore_eos,
                          timeout=a.request_timeout)
-    if bench.warmup < 0 or bench.temperature < 0 or bench.timeout <= 0:
-        raise SweepError("--warmup and --temperature must be 0 or more, --request-timeout positive")
     config = a.config.resolve()
     return Plan(config, points(grid, config), cases(grid), a.repeats, bench, a.start_timeout), grid
 

@@ -192,7 +192,7 @@ def test_sweep_measures_every_point_predicts_before_the_other_k_and_writes_best_
     assert all(b["predicted_speedup"] and b["measured_speedup"] for b in cmp["by_k"])
     assert "measured_best" in cmp and "agree" in cmp and "refit" in cmp
     env = (out / "best.env").read_text()
-    assert f"INCLUDE=../base.env" in env
+    assert "INCLUDE=../base.env" in env
     b = summary["best"]
     point_sets = next(p for p in summary["rows"] if p["point"] == b["point"])["overrides"]
     assert all(s in env.splitlines() for s in point_sets)

@@ -38,9 +38,8 @@ def prediction(base: Measured, run: Measured) -> dict[str, Any]:
             "recommended_k": advice.recommended_k, "line": advice.line}
 
 
-def predict_ready(plan: Plan, folder: RunFolder) -> list[str]:
-    """Write the predictions whose inputs are now complete; the families predicted."""
-    done = []
+def predict_ready(plan: Plan, folder: RunFolder) -> None:
+    """Write the predictions whose inputs are now complete (and none yet exists)."""
     by_id = {p.id: p for p in plan.points}
     for family, pts in families(plan.points).items():
         top = pts[-1]
@@ -57,8 +56,6 @@ def predict_ready(plan: Plan, folder: RunFolder) -> list[str]:
             doc = {"family": family, **prediction(base, run)}
             write_json_atomic(path, doc)
             folder.event("predicted", family=family, case=case.id, line=doc.get("line"), error=doc.get("error"))
-            done.append(family)
-    return done
 
 
 def compare(folder: RunFolder, family: str, pts: list[Point], case: Case,

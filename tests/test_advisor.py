@@ -8,7 +8,7 @@ import pytest
 
 from kimidflash import cli
 from kimidflash.sweep.advisor import (DEFAULT_COST, SEED_OUTCOMES, SEED_PROFILE, CostModel, advise, cost_from_run,
-                                      cumulative, tokens_per_step)
+                                      cumulative, fit_cost, tokens_per_step)
 from kimidflash.sweep.errors import AdviceError
 
 from .helpers import ROOT
@@ -119,3 +119,36 @@ def test_the_committed_advice_files_are_what_the_advisor_says_today(name, tmp_pa
     again = json.loads(out.read_text())
     assert again["predictions"] == committed["predictions"] and again["line"] == committed["line"]
     assert again["cost"] == committed["cost"]
+
+
+def test_runs_at_other_k_fit_both_costs_and_predict_small_k_better(tmp_path, capsys):
+    """The committed sweep at concurrency 4: k=7 alone (draft cost 0) overrates k=1;
+    adding the k=1 and k=3 runs fits the drafting cost too and gets k=1 closer."""
+    pts = ROOT / "benchmarks" / "sweep" / "cpu-reference" / "points"
+    run, base = pts / "k7" / "c4-r1.json", pts / "none" / "c4-r1.json"
+    ratio = {k: json.loads((pts / f"k{k}" / "c4-r1.json").read_text())["output_throughput"]
+             / json.loads(base.read_text())["output_throughput"] for k in (1, 3, 7)}
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    assert cli.main(["advise", str(run), "--baseline", str(base), "--json", str(one)]) == 0
+    assert cli.main(["advise", str(run), "--baseline", str(base), "--also", str(pts / "k1" / "c4-r1.json"),
+                     str(pts / "k3" / "c4-r1.json"), "--json", str(two)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "recommended SPECULATIVE_METHOD=none"
+    one, two = json.loads(one.read_text()), json.loads(two.read_text())
+    profile = tuple(two["profile"])
+    fitted = fit_cost(profile, [(k, ratio[k]) for k in (7, 1, 3)], "")
+    assert (two["cost"]["draft"], two["cost"]["verify"]) == (fitted.draft, fitted.verify) and fitted.draft > 0
+    assert two["inputs"]["measured_ratios"] == {str(k): round(ratio[k], 4) for k in (7, 1, 3)}
+    at_k1 = lambda doc: next(p["speedup"] for p in doc["predictions"] if p["k"] == 1)  # noqa: E731
+    assert abs(at_k1(two) - ratio[1]) < abs(at_k1(one) - ratio[1])
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--also", str(HELDOUT / "shipped-k3-c8.json")], "it needs --baseline"),
+    (["--baseline", str(HELDOUT / "no-speculation-c8.json"), "--also", str(HELDOUT / "no-speculation-c8.json")],
+     "not a speculative run"),
+    (["--baseline", str(HELDOUT / "no-speculation-c8.json"), "--also", str(HELDOUT / "shipped-k3-c1.json")],
+     "same concurrency"),
+])
+def test_also_is_checked(extra, message, capsys):
+    assert cli.main(["advise", str(HELDOUT / "shipped-k7-c8.json"), *extra]) == 2
+    assert message in capsys.readouterr().err

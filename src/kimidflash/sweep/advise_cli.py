@@ -1,6 +1,7 @@
 """`python -m kimidflash advise`: the advisor's command line.
 
     kimidflash advise dflash-k7-c8.json --baseline no-speculation-c8.json
+    kimidflash advise dflash-k7-c8.json --baseline no-speculation-c8.json --also dflash-k1-c8.json
     kimidflash advise --per-position 0.64,0.34,0.18,0.09,0.03
 
 Its last line is the one to act on: ``recommended NUM_SPECULATIVE_TOKENS=K``
@@ -20,7 +21,7 @@ from rich.table import Table
 from ..bench.resultfile import load_result
 from ..fsio import git_info, utc_now, write_json_atomic
 from ..paths import REPO_ROOT, portable, portable_argv
-from .advisor import DEFAULT_COST, Advice, CostModel, advise, cost_from_run, cumulative
+from .advisor import DEFAULT_COST, Advice, CostModel, advise, cost_from_run, cumulative, fit_cost
 from .errors import AdviceError
 
 SCHEMA = "kimidflash-advice/1"
@@ -33,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
                    "per-position acceptance is read)")
     p.add_argument("--baseline", type=Path, help="the no-speculation result at the same concurrency: "
                    "the run's measured speedup then fixes the verify cost")
+    p.add_argument("--also", type=Path, nargs="+", default=[], metavar="RESULT",
+                   help="runs of the same drafter at other k (same concurrency, with --baseline): both the drafting "
+                        "and the verify cost are then fitted to every run")
     p.add_argument("--per-position", metavar="R0,R1,...", help="per-position acceptance rates instead of a result "
                    "(cumulative, as vLLM counts them: share of drafts in which position i was accepted)")
     p.add_argument("--conditional", action="store_true", help="the rates are P(position i accepted | i-1 accepted)")
@@ -83,8 +87,21 @@ def inputs(a: argparse.Namespace) -> tuple[tuple[float, ...], CostModel, dict[st
         if value is not None and not value >= 0:
             raise AdviceError(f"--{name.replace('_', '-')} {value}: must be >= 0")
     draft = DEFAULT_COST.draft if a.draft_cost is None else a.draft_cost
+    if a.also and (a.baseline is None or a.draft_cost is not None or a.verify_cost is not None):
+        raise AdviceError("--also fits both costs to the runs: it needs --baseline, and no --draft-cost or --verify-cost")
     if a.verify_cost is not None:
         cost = CostModel(draft, a.verify_cost, "given")
+    elif a.also:
+        base = load_result(a.baseline)
+        outcomes = [(len(profile), _measured_ratio(run, base, a.result, a.baseline))]
+        for path in a.also:
+            other = load_result(path)
+            k = other.get("spec_decode_num_speculative_tokens")
+            if not other.get("speculative") or not isinstance(k, int):
+                raise AdviceError(f"--also {path}: not a speculative run with a known k")
+            outcomes.append((k, _measured_ratio(other, base, path, a.baseline)))
+        cost = fit_cost(profile, outcomes, "fitted to " + ", ".join(f"k={k} ({r:.3f}x)" for k, r in outcomes))
+        source["measured_ratios"] = {str(k): round(r, 4) for k, r in outcomes}
     elif a.baseline is not None:
         ratio = _measured_ratio(run, load_result(a.baseline), a.result, a.baseline)
         cost = cost_from_run(profile, len(profile), ratio, draft,

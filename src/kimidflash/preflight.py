@@ -17,6 +17,7 @@ from pathlib import Path
 from .config import Config
 from .fp8.checkpoint import CheckpointError, verify
 from .fp8.formats import platform_format
+from .preshard import manifest as preshard_manifest
 
 NUMA_KNOB = Path("sys/kernel/numa_balancing")
 NUMA_FIX = "sudo sh -c 'echo 0 > /proc/sys/kernel/numa_balancing'"
@@ -87,6 +88,22 @@ def check_model_dirs(config: Config) -> list[Check]:
     return checks
 
 
+def check_presharded(config: Config) -> list[Check]:
+    """A pre-sharded checkpoint loads only at the TP size and vLLM it was made for,
+    and a missing or truncated shard fails minutes into the load: check the manifest."""
+    folder = config["PRESHARDED_DIR"]
+    if not folder:
+        return []
+    bad = preshard_manifest.problems(Path(folder), tensor_parallel_size=config["TENSOR_PARALLEL_SIZE"],
+                                     vllm_version=config["VLLM_VERSION"])
+    fix = (f"pre-shard again: python -m kimidflash preshard {config.path or 'CONFIG'} --out {folder} --force "
+           "(or empty PRESHARDED_DIR to load MODEL_DIR)")
+    if bad:
+        return [Check("PRESHARDED_DIR", False, f"{folder}: " + "; ".join(bad), fix)]
+    return [Check("PRESHARDED_DIR", True, f"{folder}: manifest matches TP {config['TENSOR_PARALLEL_SIZE']}, "
+                                          f"vLLM {config['VLLM_VERSION']}, every shard present and sized")]
+
+
 def check_kv_scales(config: Config) -> list[Check]:
     """KV_SCALE_POLICY=checkpoint promises scales vLLM loads; without them vLLM
     silently serves the FP8 cache at scale 1.0 (clipped K/V, degenerate output), so
@@ -144,6 +161,7 @@ def preflight(
         checks += check_devices(config, dev_root)
         checks.append(check_numa(proc_root, is_root, allow_numa_balancing))
     checks += check_model_dirs(config)
+    checks += check_presharded(config)
     checks += check_kv_scales(config)
     checks.append(check_port(config))
     failed = [c for c in checks if not c.ok]

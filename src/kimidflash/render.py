@@ -74,10 +74,13 @@ def flag_words(f: Field, value: object) -> list[str]:
 
 def vllm_argv(config: Config) -> list[str]:
     v = config.values
+    model = v["PRESHARDED_DIR"] or v["MODEL_DIR"]  # the shards' folder holds the config and tokenizer too
     if v["VLLM_ENTRYPOINT"] == "cli":
-        argv = ["vllm", "serve", v["MODEL_DIR"]]
+        argv = ["vllm", "serve", model]
     else:
-        argv = ["python3", "-m", "vllm.entrypoints.openai.api_server", BY_NAME["MODEL_DIR"].flag, v["MODEL_DIR"]]
+        argv = ["python3", "-m", "vllm.entrypoints.openai.api_server", BY_NAME["MODEL_DIR"].flag, model]
+    if v["PRESHARDED_DIR"]:
+        argv += [BY_NAME["PRESHARDED_DIR"].flag, "sharded_state"]
     for key in FLAG_ORDER:
         argv += flag_words(BY_NAME[key], v[key])
     spec = speculative_config(config)

@@ -61,6 +61,7 @@ FIELDS: tuple[Field, ...] = (
     F("HF_HOME", "path", "", "Hugging Face cache directory passed to vLLM (mounted into the container with the docker runtime).", "deployment"),
     # --- model ------------------------------------------------------------
     F("MODEL_DIR", "path", "/models/Kimi-K2.6", "Target checkpoint directory (must hold config.json).", "model", flag="--model"),
+    F("PRESHARDED_DIR", "path", "", "A `kimidflash preshard` checkpoint of MODEL_DIR for this TENSOR_PARALLEL_SIZE and VLLM_VERSION (docs/preshard.md): vLLM loads its per-rank shards (`--load-format sharded_state`) instead of MODEL_DIR's weights; preflight checks its manifest first. Empty: off.", "model", flag="--load-format"),
     F("DRAFT_MODEL_DIR", "path", "/models/Kimi-K2.5-DFlash", "DFlash drafter checkpoint directory (must hold config.json).", "model"),
     F("DRAFT_CONFIG", "path", "", "Drafter architecture JSON used for validation when DRAFT_MODEL_DIR is not on this machine.", "model"),
     F("TARGET_ATTENTION", "choice", "mla", "Target attention family: `mla` (DeepSeek-V3 / Kimi) or `standard`; checked against config.json when present.", "model", ("mla", "standard")),
@@ -104,8 +105,9 @@ BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FIELDS))
 # The keys `render` writes as plain `--flag value` (or bare `--flag`) pairs, in the
 # order of the command line (tests/golden/ pins it). MODEL_DIR (positional with the
-# cli entrypoint), API_KEY (passed in the environment, never on the command line)
-# and SPECULATIVE_METHOD (one JSON from several keys) name their flags but are
+# cli entrypoint), API_KEY (passed in the environment, never on the command line),
+# PRESHARDED_DIR (the model path and `--load-format sharded_state`) and
+# SPECULATIVE_METHOD (one JSON from several keys) name their flags but are
 # rendered by hand.
 FLAG_ORDER: tuple[str, ...] = (
     "SERVED_MODEL_NAME", "HOST", "PORT", "TENSOR_PARALLEL_SIZE", "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS",

@@ -40,6 +40,8 @@ def mounts(config: Config) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {v["MODEL_DIR"]: {"bind": v["MODEL_DIR"], "mode": "ro"}}
     for target in link_targets(v["MODEL_DIR"]):
         out[target] = {"bind": target, "mode": "ro"}
+    if v["PRESHARDED_DIR"]:
+        out[v["PRESHARDED_DIR"]] = {"bind": v["PRESHARDED_DIR"], "mode": "ro"}
     if v["SPECULATIVE_METHOD"] == "dflash" and v["DRAFT_MODEL_DIR"]:
         out[v["DRAFT_MODEL_DIR"]] = {"bind": v["DRAFT_MODEL_DIR"], "mode": "ro"}
     if v["KV_SCALE_POLICY"] == "running-max" and v["KV_SCALES_FILE"]:

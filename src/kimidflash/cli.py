@@ -33,6 +33,8 @@ COMMANDS = (
             "pre-shard MODEL_DIR for the config's TP size and vLLM, with a manifest (payload/preshard_kimi26.py)"),
     Command("preshard-save", "kimidflash.preshard.save:main",
             "the saver preshard runs inside vLLM's environment (not for direct use)"),
+    Command("preshard-bench", "kimidflash.preshard.loadtime:main",
+            "time server starts from the original checkpoint and from its pre-sharded copy"),
     Command("config-docs", "kimidflash.docs_gen:main",
             "regenerate the generated tables in README.md and docs/ (--check: exit 1 if stale)"),
     Command("tiny-model", "kimidflash.cpu_reference.tiny:main",

@@ -13,9 +13,9 @@ Before each start, the page cache of every weight file is dropped
 reads the other's warm pages. The ratios come from medians over the rounds.
 
 `--make-model N` first writes, where MODEL_DIR has nothing yet, a Llama of N
-layers of random weights (about 0.33 GB a layer in bfloat16: large enough for
-loading to matter) with the CPU reference's tokenizer, and pre-shards it into
-`--shards` if that is empty.
+layers of random weights (about 0.09 GB a layer in bfloat16: 32 layers make
+2.9 GB, enough for loading to matter) with the CPU reference's tokenizer, and
+pre-shards it into `--shards` if that is empty.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ SCHEMA = "kimidflash-preshard-loadtime/1"
 
 
 def make_model(out: Path, layers: int) -> Path:
-    """A Llama of random bfloat16 weights (hidden 2048, MLP 5632: ~0.33 GB a layer)."""
+    """A Llama of random bfloat16 weights (hidden 2048, MLP 5632: ~0.09 GB a layer)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -141,3 +141,10 @@ def test_the_config_key_renders_the_shards_mounts_them_and_preflight_reads_the_m
     [bad] = check_presharded(load_config(config.path, {"PRESHARDED_DIR": str(out), "VLLM_VERSION": "0.33.0"}))
     assert not bad.ok and "the config pins 0.33.0" in bad.detail and "--force" in bad.fix
     assert check_presharded(config) == []
+
+
+def test_load_time_figures_are_read_from_vllms_own_log_lines():
+    from kimidflash.preshard.loadtime import FIGURES
+    log = ("(Worker pid=1) INFO 11-24 06:39:53 [default_loader.py:501] Loading weights took 1.18 seconds\n"
+           "INFO [gpu_model_runner.py:5150] Model loading took 2.7 GiB memory and 3.456789 seconds\n")
+    assert [float(FIGURES[k].findall(log)[0]) for k in ("weights_load_s", "model_load_s")] == [1.18, 3.456789]

@@ -117,13 +117,16 @@ def main(argv: list[str]) -> int:
             fig = one_start(a.config, variants[name], logs / f"{name}-r{r + 1}.log", [src, a.shards])
             runs[name].append(fig)
             print(f"preshard-bench: round {r + 1} {name}: {fig}", flush=True)
-    med = {v: {k: statistics.median([x[k] for x in rs if x[k] is not None] or [float("nan")]) for k in rs[0]}
-           for v, rs in runs.items()}
+    def median(values: list[float | None]) -> float | None:  # None: vLLM never logged this figure
+        present = [x for x in values if x is not None]
+        return round(statistics.median(present), 3) if present else None
+
+    med = {v: {k: median([x[k] for x in rs]) for k in rs[0]} for v, rs in runs.items()}
     doc: dict[str, Any] = {
         "schema": SCHEMA, "date": utc_now(), "rounds": a.rounds, "runs": runs,
-        "median": {v: {k: round(x, 3) for k, x in m.items()} for v, m in med.items()},
+        "median": med,
         "ratio_original_over_presharded": {k: round(med["original"][k] / med["presharded"][k], 3)
-                                           for k in med["original"] if med["presharded"][k]},
+                                           for k in med["original"] if med["original"][k] and med["presharded"][k]},
         "model": {"path": portable(src), "weights_bytes": sum(p.stat().st_size for p in src.glob("*.safetensors")),
                   "dtype": cfg["DTYPE"]},
         "shards": manifest.read(a.shards) | {"files": len(manifest.read(a.shards)["files"])},

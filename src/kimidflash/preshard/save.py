@@ -11,8 +11,11 @@ after `load_weights`, before any post-processing: the logical layout the
 loader expects. Online quantisation (weights quantised while loading) has no
 finished logical state at that point and is refused.
 
-The wrapper is installed before the engine starts; at TP > 1 the workers are
-forked (`VLLM_WORKER_MULTIPROC_METHOD=fork`) so each rank inherits it.
+The wrapper must run in every worker process, and vLLM may start those by
+spawn (its CPU platform always does), so it is installed as a vLLM general
+plugin: a throw-away entry point on PYTHONPATH, which vLLM loads in each
+process it starts, with the output folder in the environment. Afterwards every
+rank's shard must be on disk, or the run fails.
 """
 
 from __future__ import annotations
@@ -21,15 +24,37 @@ import argparse
 import json
 import os
 import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 from .manifest import WEIGHT_SUFFIX
 
 RESULT_PREFIX = "preshard-save: "
+OUT_ENV, MAX_ENV = "KIMIDFLASH_PRESHARD_OUT", "KIMIDFLASH_PRESHARD_MAX_BYTES"
+PLUGIN = "kimidflash_preshard"
+
+
+def plugin() -> None:
+    """The vLLM general plugin: in a process of a pre-sharding run, install the saver."""
+    if os.environ.get(OUT_ENV):
+        install_saver(Path(os.environ[OUT_ENV]), int(os.environ[MAX_ENV]))
+
+
+def register_plugin(folder: Path) -> None:
+    """Make vLLM find `plugin` in every process it starts: an entry point in a
+    dist-info on PYTHONPATH (inherited by spawned workers), allowed by VLLM_PLUGINS."""
+    info = folder / f"{PLUGIN}-0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {PLUGIN}\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{PLUGIN} = kimidflash.preshard.save:plugin\n")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)
+    os.environ["VLLM_PLUGINS"] = PLUGIN
+    sys.path.insert(0, str(folder))
 
 
 def install_saver(out: Path, max_size: int) -> None:
-    """Wrap the default loader so every rank saves its logical shards right after loading."""
+    """Wrap the default loader so this rank saves its logical shards right after loading."""
     from vllm.model_executor.model_loader import base_loader
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
     from vllm.model_executor.model_loader.sharded_state_loader import ShardedStateLoader
@@ -56,18 +81,21 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-shard-bytes", type=int, default=5 << 30)
     p.add_argument("--trust-remote-code", action="store_true")
     a = p.parse_args(argv)
-    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
-    if a.tensor_parallel_size == 1:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process, with the wrapper
-    import vllm
-    from vllm import LLM
-
     a.out.mkdir(parents=True, exist_ok=True)
-    install_saver(a.out, a.max_shard_bytes)
-    # The engine must come up for the ranks to load; what it serves afterwards is not needed.
-    llm = LLM(model=a.model, tensor_parallel_size=a.tensor_parallel_size, dtype=a.dtype, enforce_eager=True,
-              max_model_len=a.max_model_len, trust_remote_code=a.trust_remote_code)
-    del llm
+    os.environ[OUT_ENV], os.environ[MAX_ENV] = str(a.out.resolve()), str(a.max_shard_bytes)
+    with tempfile.TemporaryDirectory(prefix="kimidflash-preshard-plugin-") as tmp:
+        register_plugin(Path(tmp))
+        import vllm
+        from vllm import LLM
+
+        # The engine must come up for the ranks to load; what it serves afterwards is not needed.
+        llm = LLM(model=a.model, tensor_parallel_size=a.tensor_parallel_size, dtype=a.dtype, enforce_eager=True,
+                  max_model_len=a.max_model_len, trust_remote_code=a.trust_remote_code)
+        del llm
+    missing = [r for r in range(a.tensor_parallel_size) if not list(a.out.glob(f"*-rank-{r}-part-*{WEIGHT_SUFFIX}"))]
+    if missing:
+        raise SystemExit(f"preshard-save: no shard was written for rank(s) {missing}: the loader wrapper did not "
+                         "run there (was the vLLM general plugin refused? VLLM_PLUGINS must allow it)")
     src = Path(a.model)
     for f in src.iterdir():  # config, tokenizer, chat template, generation config: what vLLM reads beside weights
         if f.is_file() and not f.name.endswith(WEIGHT_SUFFIX) and not f.name.endswith(".safetensors.index.json"):

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -40,6 +43,7 @@ class Fleet:
         self.refuse: set[str] = set()  # `--set` strings whose server never becomes ready
         self.die: set[str] = set()  # ... whose server dies at its first request
         self.interrupt: set[str] = set()  # ... where the user presses Ctrl-C
+        self.terminate: set[str] = set()  # ... where the sweep gets SIGTERM
 
     @contextlib.contextmanager
     def __call__(self, base: Path, sets: list[str], log: Path, timeout: float) -> Iterator[execute.Served]:
@@ -49,6 +53,9 @@ class Fleet:
             f.write(f"INFO starting fake server for {key}\n")
         if key in self.interrupt:
             raise KeyboardInterrupt
+        if key in self.terminate:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this ends
         if key in self.refuse:
             with open(log, "a") as f:
                 f.write("ERROR RuntimeError: out of KV cache blocks\n")
@@ -272,6 +279,15 @@ def test_ctrl_c_keeps_finished_results_and_the_same_command_resumes(base, tmp_pa
     fleet.served.clear()
     assert sweep(base, out) == 0
     assert fleet.served == ["NUM_SPECULATIVE_TOKENS=1", "NUM_SPECULATIVE_TOKENS=2"]
+
+
+def test_sigterm_ends_a_sweep_like_ctrl_c_and_restores_the_handler(base, tmp_path, fleet):
+    out = tmp_path / "run"
+    fleet.terminate.add("NUM_SPECULATIVE_TOKENS=1")
+    before = signal.getsignal(signal.SIGTERM)
+    assert sweep(base, out) == 130
+    assert events(out)[-1]["event"] == "interrupted" and (out / "points" / "k4" / "c2-r1.json").is_file()
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 # --- summary math -----------------------------------------------------------------------------

@@ -88,6 +88,21 @@ def serving_process(config: str | Path, overrides: list[str], log_path: Path, ti
 
 
 @contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block SIGTERM ends the caller the way Ctrl-C does, so the
+    `finally` of `serving_process` stops the server it started (the server runs
+    in its own session and would otherwise outlive a killed caller)."""
+    def raise_interrupt(signum, frame):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
 def served(config: str | Path, overrides: list[str], log_path: Path, timeout: float = 900) -> Iterator[str]:
     """Yield the server's base URL (no /v1) while `serve CONFIG --set ...` runs."""
     with serving_process(config, overrides, log_path, timeout) as (_, base):

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..background import serving_process
+from ..background import serving_process, sigterm_as_interrupt
 from ..bench.provenance import host_info
 from ..config import load_config
 from ..cpu_reference.tiny import build_tokenizer
@@ -111,12 +111,13 @@ def main(argv: list[str]) -> int:
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     logs = a.out.parent / (a.out.stem + "-logs")
     logs.mkdir(parents=True, exist_ok=True)
-    for r in range(a.rounds):
-        order = list(variants) if r % 2 == 0 else list(variants)[::-1]
-        for name in order:
-            fig = one_start(a.config, variants[name], logs / f"{name}-r{r + 1}.log", [src, a.shards])
-            runs[name].append(fig)
-            print(f"preshard-bench: round {r + 1} {name}: {fig}", flush=True)
+    with sigterm_as_interrupt():  # a killed benchmark still stops the server it started
+        for r in range(a.rounds):
+            order = list(variants) if r % 2 == 0 else list(variants)[::-1]
+            for name in order:
+                fig = one_start(a.config, variants[name], logs / f"{name}-r{r + 1}.log", [src, a.shards])
+                runs[name].append(fig)
+                print(f"preshard-bench: round {r + 1} {name}: {fig}", flush=True)
     def median(values: list[float | None]) -> float | None:  # None: vLLM never logged this figure
         present = [x for x in values if x is not None]
         return round(statistics.median(present), 3) if present else None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import signal
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 from rich.console import Console
 
 from .. import __version__
+from ..background import sigterm_as_interrupt
 from ..bench.provenance import host_info
 from ..config import load_config
 from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
@@ -126,17 +126,16 @@ def main(argv: list[str]) -> int:
     resumed = folder.open(identity(plan, grid), context, new=a.new)
     folder.event("sweep_start", resumed=resumed, repeats=plan.repeats, command=context["command"])
     limits = Limits(a.max_p95_latency, a.min_user_tps)
-    previous = signal.signal(signal.SIGTERM, _term_to_interrupt)
     try:
-        failed = run_sweep(plan, folder, say=lambda m: console.print(m, markup=False, highlight=False, soft_wrap=True))
+        with sigterm_as_interrupt():
+            failed = run_sweep(plan, folder,
+                               say=lambda m: console.print(m, markup=False, highlight=False, soft_wrap=True))
     except KeyboardInterrupt:
         folder.event("interrupted")
         write_summary(plan, folder, limits)
         console.print(f"sweep: interrupted; finished results are kept in {a.out}. "
                       "Re-run the same command to resume.", markup=False, soft_wrap=True)
         return EXIT_INTERRUPTED
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     summary = write_summary(plan, folder, limits, console)
     folder.event("sweep_done", failed=failed)
     if summary["best"] is not None:
@@ -145,8 +144,3 @@ def main(argv: list[str]) -> int:
     else:
         print(f"best: no point meets the limits ({limits.describe()})")
     return EXIT_FAILED if failed else EXIT_OK
-
-
-def _term_to_interrupt(signum: int, frame: Any) -> None:
-    """SIGTERM ends a sweep the way Ctrl-C does: the server stopped, results kept."""
-    raise KeyboardInterrupt

@@ -31,6 +31,12 @@ def vllm_bin_dir(config: Config) -> Path | None:
     return Path(os.path.expanduser(venv)) / "bin"
 
 
+def vllm_python(config: Config) -> str:
+    """The interpreter that has this config's vLLM: its venv's, else python3 on PATH."""
+    bindir = vllm_bin_dir(config)
+    return str(bindir / "python3") if bindir else "python3"
+
+
 def launch_env(config: Config, base: dict[str, str] | None = None) -> dict[str, str]:
     """Process environment for the launcher: vLLM's venv first on PATH, our package importable."""
     env = dict(os.environ if base is None else base)
@@ -51,9 +57,7 @@ def prepare(config: Config, log=print) -> None:
         target, draft = Path(config["MODEL_DIR"]), Path(config["DRAFT_MODEL_DIR"])
         if not (is_current(target) and is_current(draft)):
             log(f"generating the tiny reference pair in {target.parent} (once)")
-            bindir = vllm_bin_dir(config)
-            python = str(bindir / "python3") if bindir else "python3"
-            subprocess.run([python, "-m", "kimidflash", "tiny-model", str(target), str(draft)],
+            subprocess.run([vllm_python(config), "-m", "kimidflash", "tiny-model", str(target), str(draft)],
                            env=launch_env(config), check=True, stdout=subprocess.DEVNULL)
     if config["PREPARE_MODELS"] == "smollm2":
         target = Path(config["MODEL_DIR"])

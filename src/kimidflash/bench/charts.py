@@ -25,6 +25,15 @@ def pyplot() -> Any:
     return plt
 
 
+def save(fig: Any, out: Path) -> Path:
+    """Lay out, write (its folder made if need be) and close one chart: every PNG here and in the sweep."""
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    pyplot().close(fig)
+    return out
+
+
 def _name(rows: list[Row], s: str) -> str:
     src = next((r.source for r in rows if r.series == s), "ours")
     return s if src == "ours" else f"{s} (published)"
@@ -49,9 +58,7 @@ def throughput_chart(rows: list[Row], out: Path) -> Path | None:
     ax.set_title("Throughput vs concurrency")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
     return out
 
 
@@ -74,9 +81,7 @@ def latency_chart(rows: list[Row], out: Path) -> Path | None:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
     return out
 
 
@@ -107,9 +112,7 @@ def acceptance_chart(acc: list[Acceptance], out: Path) -> Path | None:
     ax.set_title("Acceptance by draft position")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
     return out
 
 

@@ -220,16 +220,24 @@ def _server_metrics(run: RunData, out_tokens: int) -> dict[str, Any]:
     return server
 
 
+def first_error(doc: dict[str, Any]) -> str | None:
+    """The first failed request's error and its detail (`http_500 (boom)`); None
+    when none failed (a cancellation is not a failure)."""
+    for r in doc.get("requests") or []:
+        if isinstance(r, dict) and r.get("error") and r.get("error") != "cancelled":
+            return r["error"] + (f" ({r['error_detail']})" if r.get("error_detail") else "")
+    return None
+
+
 def no_completion(doc: dict[str, Any]) -> str | None:
     """For a run that was planned but got no request back: one line naming the
     first error (its figures are null, not a measurement; the command line exits
     3 on it and `validate` marks it). None when any request completed."""
     if doc.get("completed") != 0 or not doc.get("num_prompts"):
         return None
-    for r in doc.get("requests") or []:
-        if isinstance(r, dict) and r.get("error") and r.get("error") != "cancelled":
-            detail = f" ({r['error_detail']})" if r.get("error_detail") else ""
-            return f"no request completed: {r['error']}{detail}"
+    first = first_error(doc)
+    if first:
+        return f"no request completed: {first}"
     return "no request completed: " + ("none was sent" if not doc.get("requests") else "every request was cancelled")
 
 

@@ -21,7 +21,7 @@ from ..config import load_config, parse_overrides
 from ..config.model import Config
 from ..fsio import atomic_dir, git_info, write_json_atomic
 from ..paths import REPO_ROOT, portable
-from ..prepare import launch_env, prepare, vllm_bin_dir
+from ..prepare import launch_env, prepare, vllm_python
 from ..render import render
 from . import manifest
 from .errors import PreshardError
@@ -34,7 +34,7 @@ HEADROOM = 1.10  # safetensors headers, alignment, the copied small files
 
 def needed_bytes(src: Path, dtype: str) -> int:
     """The shards hold the source's weights, at the serving dtype when one is forced."""
-    weights = sum(p.stat().st_size for p in src.glob(f"*{manifest.WEIGHT_SUFFIX}"))
+    weights = sum(p.stat().st_size for p in manifest.weight_files(src))
     try:
         src_dtype = json.loads((src / "config.json").read_text()).get("torch_dtype", "")
     except (OSError, ValueError):
@@ -47,7 +47,7 @@ def check_inputs(config: Config, out: Path, force: bool) -> Path:
     src = Path(config["MODEL_DIR"])
     if not (src / "config.json").is_file():
         raise PreshardError(f"MODEL_DIR {src} holds no config.json: nothing to pre-shard")
-    if not any(src.glob(f"*{manifest.WEIGHT_SUFFIX}")):
+    if not manifest.weight_files(src):
         raise PreshardError(f"MODEL_DIR {src} holds no *.safetensors weights")
     if out.exists() and not force:
         raise PreshardError(f"{out} exists; pass --force to replace it (the old one stays until the new one is whole)")
@@ -63,9 +63,7 @@ def check_inputs(config: Config, out: Path, force: bool) -> Path:
 
 def run_saver(config: Config, src: Path, tmp: Path, max_shard_bytes: int) -> str:
     """Run `preshard-save` in the config's vLLM environment; vLLM's version as it reports it."""
-    bindir = vllm_bin_dir(config)
-    python = str(bindir / "python3") if bindir else "python3"
-    argv = [python, "-m", "kimidflash", "preshard-save", str(src), str(tmp),
+    argv = [vllm_python(config), "-m", "kimidflash", "preshard-save", str(src), str(tmp),
             "--tensor-parallel-size", str(config["TENSOR_PARALLEL_SIZE"]), "--dtype", config["DTYPE"],
             "--max-model-len", str(min(config["MAX_MODEL_LEN"], 4096)), "--max-shard-bytes", str(max_shard_bytes)]
     if config["TRUST_REMOTE_CODE"]:

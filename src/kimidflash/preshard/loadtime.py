@@ -63,7 +63,7 @@ def make_model(out: Path, layers: int) -> Path:
 def evict(*folders: Path) -> None:
     """Drop the page cache of every weight file (clean pages only; no root needed)."""
     for folder in folders:
-        for p in folder.glob(f"*{manifest.WEIGHT_SUFFIX}"):
+        for p in manifest.weight_files(folder):
             fd = os.open(p, os.O_RDONLY)
             try:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -106,7 +106,7 @@ def main(argv: list[str]) -> int:
                             vllm_version=cfg["VLLM_VERSION"])
     if bad:
         raise PreshardError(f"--shards {a.shards}: " + "; ".join(bad))
-    src = Path(cfg["MODEL_DIR"])
+    src, made = Path(cfg["MODEL_DIR"]), manifest.read(a.shards)
     variants = {"original": [], "presharded": [f"PRESHARDED_DIR={a.shards.resolve()}"]}
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     logs = a.out.parent / (a.out.stem + "-logs")
@@ -128,9 +128,9 @@ def main(argv: list[str]) -> int:
         "median": med,
         "ratio_original_over_presharded": {k: round(med["original"][k] / med["presharded"][k], 3)
                                            for k in med["original"] if med["original"][k] and med["presharded"][k]},
-        "model": {"path": portable(src), "weights_bytes": sum(p.stat().st_size for p in src.glob("*.safetensors")),
+        "model": {"path": portable(src), "weights_bytes": sum(p.stat().st_size for p in manifest.weight_files(src)),
                   "dtype": cfg["DTYPE"]},
-        "shards": manifest.read(a.shards) | {"files": len(manifest.read(a.shards)["files"])},
+        "shards": {**made, "files": len(made["files"])},
         "provenance": {"tool": "kimidflash preshard-bench", "tool_version": __version__, "git": git_info(REPO_ROOT),
                        "host": host_info(), "config": portable(a.config),
                        "command": " ".join(portable_argv(["kimidflash", "preshard-bench", *argv])),

@@ -21,6 +21,11 @@ SCHEMA = "kimidflash-preshard/1"
 WEIGHT_SUFFIX = ".safetensors"
 
 
+def weight_files(folder: Path) -> list[Path]:
+    """The checkpoint's weight files (the large ones) in `folder`."""
+    return sorted(folder.glob(f"*{WEIGHT_SUFFIX}"))
+
+
 def source_summary(src: Path) -> dict[str, Any]:
     """A summary that changes when the source checkpoint does, without reading its
     weights (hundreds of GB): every file's name and size, and the sha256 of the

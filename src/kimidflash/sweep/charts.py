@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..bench.charts import pyplot
+from ..bench.charts import pyplot, save
 
 
 def throughput_chart(rows: list[dict[str, Any]], out: Path) -> Path | None:
@@ -25,7 +25,7 @@ def throughput_chart(rows: list[dict[str, Any]], out: Path) -> Path | None:
         pts.sort()
         ax.plot([c for c, _ in pts], [v for _, v in pts], "--" if name.startswith("none") else "-",
                 marker="o", label=name)
-    return _finish(plt, fig, ax, ("concurrent users", "output tok/s (aggregate, median of repeats)",
+    return _finish(fig, ax, ("concurrent users", "output tok/s (aggregate, median of repeats)",
                                   "Throughput vs concurrency per server point"), out)
 
 
@@ -42,19 +42,15 @@ def pareto_chart(summary: dict[str, Any], out: Path) -> Path | None:
     for r in on:
         ax.annotate(f"{r['point']} {r['case']}", (r["per_user_tps"], r["output_tps"]), fontsize=7,
                     textcoords="offset points", xytext=(4, 4))
-    return _finish(plt, fig, ax, ("output tok/s per user (mean)", "output tok/s (aggregate)",
+    return _finish(fig, ax, ("output tok/s per user (mean)", "output tok/s (aggregate)",
                                   "Per-user against total throughput"), out)
 
 
-def _finish(plt: Any, fig: Any, ax: Any, labels: tuple[str, str, str], out: Path) -> Path:
+def _finish(fig: Any, ax: Any, labels: tuple[str, str, str], out: Path) -> Path:
     xlabel, ylabel, title = labels
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save(fig, out)

@@ -22,7 +22,7 @@ from rich.console import Console
 from .. import __version__
 from ..background import sigterm_as_interrupt
 from ..bench.provenance import host_info
-from ..config import load_config
+from ..config import Config, load_config
 from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from ..fsio import git_info, utc_now
 from ..paths import REPO_ROOT, portable, portable_argv
@@ -89,9 +89,9 @@ def build_plan(a: argparse.Namespace) -> tuple[Plan, Grid]:
     return Plan(config, points(grid, config), cases(grid), a.repeats, bench, a.start_timeout), grid
 
 
-def identity(plan: Plan, grid: Grid) -> dict[str, Any]:
+def identity(plan: Plan, grid: Grid, base: Config) -> dict[str, Any]:
     """What a run folder answers to; --repeats is not part of it (more repeats extend a sweep)."""
-    return {"base_config": portable(plan.base_config), "base_config_sha256": load_config(plan.base_config).digest(),
+    return {"base_config": portable(plan.base_config), "base_config_sha256": base.digest(),
             "grid": grid.as_dict(), "points": {p.id: p.sets for p in plan.points},
             "cases": [{**asdict(c), "prompts": portable(c.prompts)} for c in plan.cases], "bench": asdict(plan.bench)}
 
@@ -120,10 +120,11 @@ def main(argv: list[str]) -> int:
         return EXIT_OK
     console = Console(stderr=True)
     folder = RunFolder(a.out)
+    base = load_config(plan.base_config)
     context = {"created": utc_now(), "tool_version": __version__, "git": git_info(REPO_ROOT), "host": host_info(),
-               "vllm_version_pin": load_config(a.config)["VLLM_VERSION"],
+               "vllm_version_pin": base["VLLM_VERSION"],
                "command": " ".join(portable_argv(["kimidflash", "sweep", *argv]))}
-    resumed = folder.open(identity(plan, grid), context, new=a.new)
+    resumed = folder.open(identity(plan, grid, base), context, new=a.new)
     folder.event("sweep_start", resumed=resumed, repeats=plan.repeats, command=context["command"])
     limits = Limits(a.max_p95_latency, a.min_user_tps)
     try:

@@ -17,7 +17,7 @@ from typing import Any, Callable, ContextManager, Iterator
 
 from ..background import ServeError, serving_process
 from ..bench.errors import BenchError
-from ..bench.result import no_completion
+from ..bench.result import first_error, no_completion
 from ..bench.resultfile import write_result
 from ..bench.runner import BenchConfig, run_benchmark
 from .grid import Case, Plan, Point
@@ -65,9 +65,7 @@ def problem(doc: dict[str, Any]) -> str | None:
     if doc.get("partial"):
         return f"the run stopped early: {doc.get('partial_reason')}"
     if doc.get("failed"):
-        first = next((r for r in doc.get("requests") or [] if r.get("error") and r["error"] != "cancelled"), {})
-        detail = f" ({first.get('error_detail')})" if first.get("error_detail") else ""
-        return f"{doc['failed']} of {doc.get('num_prompts')} requests failed: {first.get('error', '?')}{detail}"
+        return f"{doc['failed']} of {doc.get('num_prompts')} requests failed: {first_error(doc) or '?'}"
     return None
 
 

@@ -224,23 +224,19 @@ def _largest_k_first(pts: list[Point]) -> list[Point]:
     ordered: list[Point] = []
     for base in [p for p in pts if p.is_baseline]:
         group = [p for p in pts if p.baseline_id == base.id and not p.is_baseline]
-        firsts = [max(ps, key=lambda p: p.k or 0) for ps in _families(group).values()]
+        firsts = [ps[-1] for ps in families(group).values()]
         rest = sorted((p for p in group if p not in firsts), key=lambda p: (p.family or "", p.k or 0))
         ordered += [base, *firsts, *rest]
     return ordered
 
 
-def _families(pts: list[Point]) -> dict[str, list[Point]]:
+def families(pts: list[Point]) -> dict[str, list[Point]]:
+    """Speculative points that differ only in k, by family, each sorted by k."""
     fams: dict[str, list[Point]] = {}
     for p in pts:
         if p.family is not None:
             fams.setdefault(p.family, []).append(p)
-    return fams
-
-
-def families(pts: list[Point]) -> dict[str, list[Point]]:
-    """Speculative points that differ only in k, by family, each sorted by k."""
-    return {f: sorted(ps, key=lambda p: p.k or 0) for f, ps in _families(pts).items()}
+    return {f: sorted(ps, key=lambda p: p.k or 0) for f, ps in fams.items()}
 
 
 @dataclass

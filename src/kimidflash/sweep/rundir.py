@@ -69,9 +69,6 @@ class RunFolder:
             if entry != dest and not entry.name.startswith("superseded-"):
                 shutil.move(str(entry), dest / entry.name)
 
-    def manifest(self) -> dict[str, Any]:
-        return json.loads((self.root / MANIFEST).read_text())
-
     # --- events -----------------------------------------------------------------------------
 
     def event(self, kind: str, **fields: Any) -> None:
@@ -81,18 +78,6 @@ class RunFolder:
             f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())
-
-    def events(self) -> list[dict[str, Any]]:
-        path = self.root / EVENTS
-        if not path.is_file():
-            return []
-        out = []
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut by a crash: the rest still counts
-                continue
-        return out
 
     # --- per point --------------------------------------------------------------------------
 

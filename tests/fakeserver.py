@@ -60,6 +60,7 @@ class FakeServer:
         self.api_key = api_key
         self.counters = Counters(per_pos=[0] * spec_tokens)
         self.bodies: list[dict[str, Any]] = []
+        self.chat_headers: list[dict[str, str]] = []  # lower-cased, one per chat request, in arrival order
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
@@ -199,6 +200,8 @@ class FakeServer:
                 if self.api_key and headers.get("authorization") != f"Bearer {self.api_key}":
                     await self._send_json(writer, 401, {"error": {"message": "bad key"}})
                     continue
+                if path == "/v1/chat/completions":
+                    self.chat_headers.append(headers)
                 keep = await self._route(method, path, body, writer)
                 if not keep:
                     return

@@ -132,3 +132,28 @@ def test_background_metrics_keys_positions_and_sums_engines() -> None:
     assert m["vllm:generation_tokens_total"] == 12
     assert m["vllm:spec_decode_num_drafts_total"] == 4 and m["vllm:spec_decode_num_accepted_tokens_total"] == 6
     assert [m[f"vllm:spec_decode_num_accepted_tokens_per_pos_total[{i}]"] for i in range(3)] == [4, 2, 0]
+
+
+def _replica(gen: float, drafts: float, accepted_by_pos: list[float], t0: float = 0.0):
+    """One replica's window: counters from zero to these values."""
+    lines = [f'vllm:generation_tokens_total{{model_name="m"}} {gen}',
+             f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {drafts}',
+             f'vllm:spec_decode_num_draft_tokens_total{{model_name="m"}} {drafts * len(accepted_by_pos)}',
+             f'vllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} {sum(accepted_by_pos)}']
+    lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="m",position="{i}"}} {c}'
+              for i, c in enumerate(accepted_by_pos)]
+    return delta(Snapshot.from_text("", t0), Snapshot.from_text("\n".join(lines) + "\n", t0 + 10.0 + gen / 100))
+
+
+def test_a_fleet_reads_as_one_server_and_each_replica_keeps_its_share() -> None:
+    from kimidflash.bench.metrics import merged, shares
+
+    a, b, c = _replica(300, 100, [60, 30]), _replica(100, 40, [10, 2]), _replica(0, 0, [])
+    fleet = merged([a, b, c])
+    assert fleet.total(GENERATION_TOKENS) == a.total(GENERATION_TOKENS) + b.total(GENERATION_TOKENS) == 400
+    s = spec_decode_stats(fleet)
+    assert (s.num_drafts, s.accepted_tokens, s.per_position_counts) == (140, 102, (70, 32))
+    assert s.acceptance_length == pytest.approx(1 + 102 / 140)  # pooled, not the mean of the replicas' lengths
+    assert fleet.seconds == max(a.seconds, b.seconds, c.seconds)
+    assert shares({"a": a, "b": b, "c": c}) == {"a": 0.75, "b": 0.25, "c": 0.0}
+    assert shares({"idle": c}) == {"idle": None}

@@ -238,3 +238,46 @@ def test_recipe_set_on_the_command_line(server: FakeServer, tmp_path: Any) -> No
     assert doc["config"]["base_url"] == server.base_url  # from the recipe, with the override
     assert doc["speculative"] is False
     assert main(["--base-url", server.base_url, "--recipe-set", "PORT=1"]) == 2
+
+
+def test_a_fleet_is_read_as_one_and_each_server_keeps_its_share(server: FakeServer) -> None:
+    """Several --metrics-url (servers behind a router): counters summed over the fleet,
+    each server's tokens and share beside them; here the other server is idle."""
+    from kimidflash.bench.metrics import metrics_url_for
+
+    server._plan = Plan(chunks=(1, 4, 2, 1, 3, 4))
+    with FakeServer(spec_tokens=3) as idle:
+        urls = [metrics_url_for(server.base_url), metrics_url_for(idle.base_url)]
+        doc = run_benchmark(cfg(server, sessions=3, metrics_urls=urls))
+    assert validate_result(doc) == [] and doc["partial"] is False
+    sm = doc["server_metrics"]
+    assert sm["url"] == urls and sm["generation_tokens"] == doc["total_output_tokens"] == 3 * 15
+    assert doc["spec_decode_acceptance_length"] == pytest.approx(1 + 9 / 5)
+    assert sm["replicas"][urls[0]] == {"generation_tokens": 45, "share": 1.0,
+                                       "spec_decode_acceptance_length": pytest.approx(1 + 9 / 5), "error": None}
+    assert sm["replicas"][urls[1]]["share"] == 0.0 and sm["replicas"][urls[1]]["generation_tokens"] == 0
+
+
+def test_a_fleet_server_that_dies_drops_out_and_the_run_still_counts(server: FakeServer) -> None:
+    from kimidflash.bench.metrics import metrics_url_for
+
+    other = FakeServer(spec_tokens=3).start()
+    try:
+        urls = [metrics_url_for(server.base_url), metrics_url_for(other.base_url)]
+        when(lambda: server.counters.generation_tokens >= 1, other.die)
+        doc = run_benchmark(cfg(server, sessions=2, metrics_urls=urls))
+    finally:
+        other.stop()
+    assert doc["partial"] is False and doc["completed"] == 2
+    sm = doc["server_metrics"]
+    assert sm["available"] and sm["generation_tokens"] == doc["total_output_tokens"]
+    assert "after the window" in sm["replicas"][urls[1]]["error"] and sm["replicas"][urls[1]]["share"] is None
+    assert any("dropped out of the fleet's counters" in n for n in doc["notes"])
+
+
+def test_each_session_carries_its_id_in_the_session_header(server: FakeServer) -> None:
+    doc = run_benchmark(cfg(server, sessions=3, turns_per_session=2, warmup=1, session_header="X-Session-ID"))
+    assert doc["completed"] == 6
+    ids = [h.get("x-session-id") for h in server.chat_headers]
+    assert ids[0] is None  # the warm-up request belongs to no session
+    assert sorted(ids[1:]) == sorted([f"session-0-{s}" for s in range(3)] * 2)

@@ -121,6 +121,19 @@ def refusal(tmp_path, body: str, environ=None) -> ConfigError:
     ("EXTRA_VLLM_ARGS=--max-num-seqs 4", "EXTRA_VLLM_ARGS", ["repeats --max-num-seqs"]),
     ("EXTRA_VLLM_ARGS='--foo \"unbalanced'", "EXTRA_VLLM_ARGS", ["shell words"]),
     ("PLATFORM=cpu", "MOE_BACKEND", ["MOE_BACKEND=auto"]),
+    ("CPU_OMP_THREADS_BIND=0|1", "CPU_OMP_THREADS_BIND", ["only applies with PLATFORM=cpu"]),
+    ("PLATFORM=cpu\nMOE_BACKEND=auto\nCPU_OMP_THREADS_BIND=0|1", "CPU_OMP_THREADS_BIND",
+     ["2 CPU list(s)", "one per rank, TENSOR_PARALLEL_SIZE=8"]),
+    ("PLATFORM=cpu\nMOE_BACKEND=auto\nTENSOR_PARALLEL_SIZE=2\nCPU_OMP_THREADS_BIND=0-3|4,x", "CPU_OMP_THREADS_BIND",
+     ["'4,x'", "not a CPU list"]),
+    ("HIDDEN_STATES_DIR=/x", "HIDDEN_STATES_DIR", ["SPECULATIVE_METHOD=extract_hidden_states only"]),
+    ("SPECULATIVE_METHOD=extract_hidden_states\nHIDDEN_STATES_LAYERS=1", "HIDDEN_STATES_DIR", ["folder"]),
+    ("SPECULATIVE_METHOD=extract_hidden_states\nHIDDEN_STATES_DIR=/x", "HIDDEN_STATES_LAYERS",
+     ["target_layer_ids"]),
+    ("SPECULATIVE_METHOD=extract_hidden_states\nHIDDEN_STATES_DIR=/x\nHIDDEN_STATES_LAYERS=1,a", "HIDDEN_STATES_LAYERS",
+     ["'a'", "not a layer id"]),
+    ("SPECULATIVE_METHOD=extract_hidden_states\nHIDDEN_STATES_DIR=/x\nHIDDEN_STATES_LAYERS=1,1", "HIDDEN_STATES_LAYERS",
+     ["twice"]),
     ("SPECULATIVE_METHOD=ngram\nNGRAM_PROMPT_LOOKUP_MIN=4\nNGRAM_PROMPT_LOOKUP_MAX=2", "NGRAM_PROMPT_LOOKUP_MIN", ["must not exceed"]),
     # Attention backends the pin cannot honour (kimidflash.backends.refusal).
     ("VLLM_VERSION=0.20.2\nDRAFT_ATTENTION_BACKEND=TRITON_ATTN", "DRAFT_ATTENTION_BACKEND",
@@ -288,6 +301,7 @@ def test_rendered_flags_come_from_the_schema():
         "--block-size", "--enforce-eager", "--kv-cache-dtype", "--dtype", "--trust-remote-code",
         "--enable-prefix-caching", "--no-enable-prefix-caching", "--speculative-config",
         "--attention-backend", "--tool-call-parser", "--enable-auto-tool-choice", "--reasoning-parser", "--load-format",
+        "--kv-transfer-config",
     }
     assert len(rules.RENDERED_FLAGS) == len(set(rules.RENDERED_FLAGS))
     assert rules.RENDERED_FLAGS == tuple(flag for f in FIELDS for flag in (*f.also, f.flag, f.flag_off) if flag)
@@ -297,3 +311,15 @@ def test_rendered_flags_come_from_the_schema():
 def test_extra_args_may_not_repeat_a_schema_flag(tmp_path, flag):
     err = refusal(tmp_path, f"EXTRA_VLLM_ARGS='{flag}=1'")
     assert err.key == "EXTRA_VLLM_ARGS" and f"repeats {flag}" in str(err)
+
+
+def test_hidden_states_layers_must_leave_the_last_layer(tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 4}))
+    over = {"SPECULATIVE_METHOD": "extract_hidden_states", "HIDDEN_STATES_DIR": str(tmp_path / "hs"),
+            "MODEL_DIR": str(model)}
+    check_checkpoints(load_config(CONFIGS / "cpu-tiny.env", {**over, "HIDDEN_STATES_LAYERS": "0,2"}, environ={}))
+    with pytest.raises(ConfigError, match=r"\[3\] not below 3") as exc:
+        check_checkpoints(load_config(CONFIGS / "cpu-tiny.env", {**over, "HIDDEN_STATES_LAYERS": "0,3"}, environ={}))
+    assert exc.value.key == "HIDDEN_STATES_LAYERS"

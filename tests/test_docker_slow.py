@@ -25,6 +25,7 @@ from kimidflash.docker.cpu_base import ensure_cpu_base
 from kimidflash.docker.engine import engine_url, ensure_engine
 from kimidflash.docker.run import ContainerServer, prepare_tiny_models, start_server
 from kimidflash.docker.spec import MANAGED_LABEL, container_spec
+from kimidflash.preshard import manifest as preshard_manifest
 from kimidflash.render import render
 
 from .helpers import CONFIGS, ROOT, free_port
@@ -218,3 +219,33 @@ def test_serve_sh_runs_the_container_runtime(client, cpu_image):
         assert server.proc.wait(timeout=120) == 0
     assert [c.name for c in client.containers.list(all=True, filters={"label": MANAGED_LABEL})
             if server.base_url.rsplit(":", 1)[1] in c.name] == []
+
+
+def test_preshard_runs_inside_the_image_and_serve_loads_the_shards(client, cpu_image, tmp_path):
+    """The playbook's pre-shard step where vLLM lives only in the image: the payload
+    script run in the container, then serve.sh (RUNTIME=docker) from the shards."""
+    from .conftest import serving
+
+    tag = cpu_image[0]
+    config = load_config(CONFIGS / "cpu-tiny.env", {"RUNTIME": "docker"}, environ={})
+    prepare_tiny_models(client, config, tag)
+    out = tmp_path / "shards"
+    out.mkdir()
+    client.containers.run(tag, entrypoint=["python3", "payload/preshard_kimi26.py"], command=[
+        "configs/cpu-tiny.env", "--set", "MODEL_DIR=/models/target", "--set", "VLLM_VENV=",
+        "--set", "PREPARE_MODELS=none", "--set", "SPECULATIVE_METHOD=none", "--out", "/out/tiny-tp1"],
+        volumes={config["MODEL_DIR"]: {"bind": "/models/target", "mode": "ro"}, str(out): {"bind": "/out", "mode": "rw"}},
+        remove=True, network_mode="none", ipc_mode="host")
+    shards = out / "tiny-tp1"
+    doc = preshard_manifest.read(shards)
+    assert (doc["tensor_parallel_size"], doc["vllm_version"]) == (1, "0.32.0")  # the image's vLLM reported it
+    assert preshard_manifest.problems(shards, tensor_parallel_size=1, vllm_version="0.32.0", hashes=True) == []
+
+    os.environ["DOCKER_HOST"] = engine_url(client)
+    with serving(CONFIGS / "cpu-tiny.env", "RUNTIME=docker", f"IMAGE_NAME={tag.split(':')[0]}",
+                 "SPECULATIVE_METHOD=none", f"PRESHARDED_DIR={shards}", cmd=[str(ROOT / "serve.sh")]) as server:
+        reply = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120, json={
+            "model": "tiny-qwen3-dflash", "messages": [{"role": "user", "content": "the model reads"}],
+            "max_tokens": 8, "temperature": 0}).json()
+        assert reply["usage"]["completion_tokens"] > 0, reply
+        assert "sharded_state_loader" in server.log.read_text()

@@ -147,3 +147,27 @@ def test_an_overlay_mounts_the_checkpoint_it_links_and_the_scales_file(tmp_path)
     plain = load_config(write_env(tmp_path / "p.env", f"INCLUDE={CONFIGS / 'production.env'}\nMODEL_DIR={ckpt}\n"),
                         environ={})
     assert set(container_spec(plain, render(plain), "img:1")["volumes"]) == {str(ckpt), "/models/Kimi-K2.5-DFlash"}
+
+
+def test_a_local_engine_short_of_disk_is_refused_before_building(tmp_path, monkeypatch):
+    """CI once ran the CPU base build into ENOSPC minutes in; the engine's data root
+    is now measured first (when it is on this machine) and named in the error."""
+    import shutil
+    from collections import namedtuple
+
+    from kimidflash.docker.engine import require_free_space
+    from kimidflash.docker.errors import EngineUnavailable
+
+    class Client:
+        def __init__(self, root):
+            self.root = root
+
+        def info(self):
+            return {"DockerRootDir": self.root}
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(100 * 2**30, 97 * 2**30, 3 * 2**30))
+    with pytest.raises(EngineUnavailable, match=rf"8 GiB free in the Docker data root {tmp_path}, which has 3.0 GiB"):
+        require_free_space(Client(str(tmp_path)), 8, "building kimidflash-cpu-base")
+    require_free_space(Client(str(tmp_path)), 2, "x")  # enough
+    require_free_space(Client("/no/such/remote/root"), 8, "x")  # a remote engine: not measured here

@@ -130,7 +130,7 @@ def test_p10_has_a_variant_for_every_pin():
     patches, _ = engine.load_patchset()
     (p10,) = [p for p in patches if p["id"] == "P10"]
     covering = {pin: [i for i, v in enumerate(p10["variants"])
-                      if engine._in_range(engine.parse_version(pin), v["versions"])] for pin in PINS}
+                      if engine.in_range(engine.parse_version(pin), v["versions"])] for pin in PINS}
     assert all(len(c) == 1 for c in covering.values()), covering
     assert len({c[0] for c in covering.values()}) == len(PINS), covering  # one variant each
     assert {v["file"] for v in p10["variants"]} == {MLA_FILE.removeprefix("vllm/")}

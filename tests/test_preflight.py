@@ -225,3 +225,29 @@ def test_checkpoint_policy_refuses_an_overlay_written_for_another_fp8_format(tmp
     (failed,) = exc.value.failed
     assert "scales written for e4m3fnuz but PLATFORM=cpu stores e4m3fn" in failed.detail
     assert failed.fix == "rewrite the overlay with --kv-format e4m3fn"
+
+
+@pytest.mark.parametrize("nodes, bind, failing", [
+    (1, "", True),  # vLLM's auto binding wants a NUMA node per rank
+    (2, "", False),
+    (1, "auto", True),
+    (1, "0|1", False),  # explicit lists: vLLM binds as told
+    (1, "nobind", False),
+])
+def test_cpu_tensor_parallel_needs_a_numa_node_per_rank_or_cpu_lists(tmp_path, nodes, bind, failing):
+    proc, dev = fake_host(tmp_path, kfd=False, gpus=0)
+    sys_root = tmp_path / "sys"
+    for n in range(nodes):
+        (sys_root / "devices" / "system" / "node" / f"node{n}").mkdir(parents=True)
+    (tmp_path / "config.json").write_text("{}")
+    config = load_config(write_env(tmp_path / "cpu.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nPORT={free_port()}\n"
+                                   f"MODEL_DIR={tmp_path}\nSPECULATIVE_METHOD=none\nTENSOR_PARALLEL_SIZE=2\n"
+                                   f"CPU_OMP_THREADS_BIND={bind}\n"), environ={})
+    if not failing:
+        assert names(preflight(config, proc, dev, is_root=False, sys_root=sys_root)).get("CPU binding", True)
+        return
+    with pytest.raises(PreflightError) as exc:
+        preflight(config, proc, dev, is_root=False, sys_root=sys_root)
+    (failed,) = exc.value.failed
+    assert failed.name == "CPU binding" and f"{nodes} NUMA node(s)" in failed.detail
+    assert "CPU_OMP_THREADS_BIND=" in failed.fix

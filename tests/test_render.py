@@ -92,6 +92,13 @@ def test_moe_backend_switches_aiter_env():
     assert aiter["KIMIDFLASH_FP8_KV_SCALE"] == "running-max"
 
 
+def test_cpu_thread_binding_goes_to_vllm_through_the_environment():
+    bound = render(load_config(CONFIGS / "cpu-tiny.env", {"TENSOR_PARALLEL_SIZE": "2", "CPU_OMP_THREADS_BIND": "0|1"},
+                               environ={})).env
+    assert bound["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in render(load_config(CONFIGS / "cpu-tiny.env", environ={})).env
+
+
 @pytest.mark.parametrize("name", ALL_CONFIGS)
 def test_dry_run_prints_the_command_and_skips_host_checks(name):
     """--dry-run works on any machine: no /dev/kfd, no models, no venv needed."""
@@ -113,3 +120,20 @@ def test_every_rendered_flag_is_one_the_schema_names(name, entrypoint):
     argv = render(load_config(CONFIGS / name, {"VLLM_ENTRYPOINT": entrypoint}, environ={})).argv
     flags = [w for w in argv if w.startswith("--")]
     assert flags and set(flags) <= set(RENDERED_FLAGS)
+
+
+def test_capture_serving_renders_vllms_extract_hidden_states_and_its_connector():
+    """Layer id L (a drafter's target_layer_ids) is vLLM's aux layer L + 1; no drafting
+    happens, so benchmarks do not count it as speculative."""
+    cfg = load_config(CONFIGS / "cpu-reference.env", {"SPECULATIVE_METHOD": "extract_hidden_states",
+                                                      "HIDDEN_STATES_DIR": "/run/hs", "HIDDEN_STATES_LAYERS": "1,8,28"},
+                      environ={})
+    argv = render(cfg).argv
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 9, 29]}}}
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert kv["kv_connector"] == "ExampleHiddenStatesConnector"
+    assert kv["kv_connector_extra_config"] == {"shared_storage_path": "/run/hs"}
+    assert not cfg.speculative
+    assert "--kv-transfer-config" not in render(load_config(CONFIGS / "cpu-reference.env", environ={})).argv

@@ -54,3 +54,21 @@ def test_each_rule_pass_runs_once_on_the_serve_path(tmp_path, monkeypatch, dry_r
     rc = serve_mod.main([str(env), "--quiet"] + (["--dry-run"] if dry_run else []))
     assert passes == (["config", "checkpoints"] if dry_run else ["config", "prepare", "checkpoints"])
     assert rc == (0 if dry_run else 1)
+
+
+def test_preflight_only_checks_the_host_and_starts_nothing(tmp_path, monkeypatch, capsys):
+    """The operator's first step: a ROCm config on a host with no GPUs and no models
+    fails with every check's fix; nothing is prepared or started."""
+    env = write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'production.env'}\nMODEL_DIR={tmp_path / 'none'}\n"
+                                        f"DRAFT_MODEL_DIR={tmp_path / 'none-draft'}\n")
+    monkeypatch.setattr(serve_mod, "prepare", lambda *a, **k: pytest.fail("prepare ran"))
+    monkeypatch.setattr(serve_mod, "LocalServer", lambda *a, **k: pytest.fail("a server started"))
+    (tmp_path / "dev").mkdir()
+    config = load_config(env, environ={})
+    rc = serve_mod.serve(config, preflight_only=True, proc_root=tmp_path / "proc", dev_root=tmp_path / "dev")
+    err = capsys.readouterr().err
+    assert rc == 1
+    for words in ("/dev/kfd", "0 render nodes for TENSOR_PARALLEL_SIZE=8", "MODEL_DIR", "download the checkpoint"):
+        assert words in err, words
+    assert serve_mod.main([str(env), "--preflight-only", "--set", "PLATFORM=cpu", "--set", "MOE_BACKEND=auto",
+                           "--set", "TENSOR_PARALLEL_SIZE=1"]) == 1  # the models are still missing

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -9,7 +10,8 @@ import sys
 import pytest
 
 from kimidflash.train import config as tcfg
-from kimidflash.train.data import DataError, Record, is_heldout, make_record, read_records, synthetic_prompts
+from kimidflash.train.data import (DataError, is_heldout, make_record, read_records, synthetic_combos,
+                                   synthetic_prompts)
 
 from .helpers import CONFIGS, ROOT
 
@@ -77,6 +79,20 @@ def test_synthetic_prompts_are_distinct_and_seeded():
     a, b = synthetic_prompts(500, 0), synthetic_prompts(500, 0)
     assert a == b and len({p["prompt"] for p in a}) == 500
     assert synthetic_prompts(50, 1) != a[:50]
+
+
+def test_a_larger_synthetic_set_only_appends_and_keeps_the_committed_data_valid():
+    """The shipped regen data names its prompts by synthetic id: growing the template and
+    subject sets must leave every one of them naming the same prompt."""
+    every = synthetic_prompts(len(synthetic_combos(0)), 0)
+    assert len({p["prompt"] for p in every}) == len(every) > 10_000
+    assert every[:2880] == synthetic_prompts(2880, 0)
+    with gzip.open(ROOT / "drafters/smollm2-135m-dflash-data/regen.jsonl.gz", "rt") as f:
+        committed = [json.loads(line) for line in f]
+    by_id = {p["id"]: p["prompt"] for p in every}
+    assert committed and all(by_id[r["id"]] == r["prompt"] for r in committed)
+    with pytest.raises(DataError, match=f"synthetic prompt set has {len(every)} prompts; {len(every) + 1} asked"):
+        synthetic_prompts(len(every) + 1, 0)
 
 
 def test_heldout_split_is_stable_by_id():

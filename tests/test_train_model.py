@@ -7,10 +7,8 @@ import json
 import pytest
 import torch
 
-from kimidflash.train import objective as obj
 from kimidflash.train.batch import collate
 from kimidflash.train.export import expected_tensors, export_model
-from kimidflash.train.model import DFlashDrafter
 from kimidflash.train.trainer import build_model, train_loop
 
 SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -21,6 +21,8 @@ from __future__ import annotations
 import ast
 import fnmatch
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -28,6 +30,7 @@ from typing import Any, Mapping
 from .paths import REPO_ROOT
 
 PATCHSET = REPO_ROOT / "patches" / "patchset.py"
+PATCHER = REPO_ROOT / "patches" / "patch_dflash_rocm.py"
 PINS = ("0.20.2", "0.33.0")  # legacy (the seed's released line) and current (configs/production.env)
 PER_DRAFT_OPTION_SINCE = (0, 21, 0)  # speculative_config.attention_backend (vLLM PR 39930)
 # speculative_config.kv_cache_dtype: present in 0.32.0 and 0.33.0, absent in 0.21.0
@@ -144,6 +147,18 @@ def load_patch_data(path: Path = PATCHSET) -> tuple[list[dict], list[dict]]:
                 if isinstance(t, ast.Name) and t.id in ("PATCHES", "RETIRED"):
                     found[t.id] = ast.literal_eval(node.value)
     return found["PATCHES"], found.get("RETIRED", [])
+
+
+def patchset_hash(patcher: Path = PATCHER, patch_set: Path | None = None) -> str:
+    """The short patch-set hash, from the patcher itself (stdlib only, so any host Python
+    runs it): what the image is tagged with and a patched venv's report must carry.
+    ValueError holds the patcher's own message."""
+    cmd = [sys.executable, str(patcher), "--print-hash"] + (["--patch-set", str(patch_set)] if patch_set else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    value = proc.stdout.strip()
+    if proc.returncode != 0 or not re.fullmatch(r"[0-9a-f]{8,64}", value):
+        raise ValueError((proc.stderr or proc.stdout).strip() or f"{cmd[1]} --print-hash failed")
+    return value
 
 
 def covers(patch: Mapping[str, Any], version: str) -> bool:

@@ -78,13 +78,19 @@ def serving_process(config: str | Path, overrides: list[str], log_path: Path, ti
                 raise ServeError(f"serve {config}: not ready after {timeout:.0f}s; log {log_path}")
         yield proc, f"http://127.0.0.1:{port}"
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_group(proc, grace=90)
+
+
+def stop_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM a process started in its own session, like a user; SIGKILL its whole
+    group if it is still there after `grace` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 @contextlib.contextmanager

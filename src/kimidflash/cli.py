@@ -13,6 +13,10 @@ from .commands import Command, dispatch
 
 COMMANDS = (
     Command("serve", "kimidflash.serve:main", "validate, preflight, start the server and wait until healthy (serve.sh)"),
+    Command("fleet", "kimidflash.fleet.cli:main",
+            "several recipe servers behind vllm-router, up until Ctrl-C (docs/fleet.md)"),
+    Command("fleet-bench", "kimidflash.fleet.bench:main",
+            "router overhead and a second replica, measured in one run (benchmarks/fleet)"),
     Command("launch", "kimidflash.launch:main", "the standard launcher (launchers/kimi26-vllm-dflash.sh)"),
     Command("build", "kimidflash.docker.build:main", "build the recipe image (build-kimi26-dflash.sh)"),
     Command("bench", "kimidflash.bench.cli:main",
@@ -24,6 +28,8 @@ COMMANDS = (
     Command("calibrate", "kimidflash.fp8.calibrate:main",
             "measure FP8 KV scales, optionally write a checkpoint overlay (payload/calibrate_kv_scales.py)"),
     Command("train", "kimidflash.train.cli:main", "train a DFlash drafter in resumable phases (train-drafter.sh)"),
+    Command("train-compare", "kimidflash.train.compare:main",
+            "train variants of a drafter config for equal wall time and compare held-out acceptance"),
     Command("ab", "kimidflash.bench.ab:main", "A/B campaign: a drafter against no speculation and ngram"),
     Command("advise", "kimidflash.sweep.advise_cli:main",
             "predict the best NUM_SPECULATIVE_TOKENS from one run's per-position acceptance"),

@@ -27,11 +27,13 @@ from pathlib import Path
 from typing import Callable
 
 from . import backends
-from .config import load_config
+from .config import load_config, parse_overrides
 from .config.schema import FIELDS, GROUPS
 from .paths import CONFIGS_DIR, REPO_ROOT
 from .render import render
 from .sweep.report import advisor_lines, results_table
+from .train import config as train_config
+from .train.target import capture_overrides
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 TARGETS = (REPO_ROOT / "README.md", REPO_ROOT / "docs" / "configuration.md")
@@ -51,11 +53,16 @@ def _default(value: object) -> str:
     return f"`{value}`" if value != "" else "(empty)"
 
 
+def cell(text: str) -> str:
+    """A table cell: a bare `|` (even inside backticks) would end it."""
+    return text.replace("|", "\\|")
+
+
 def reference_table() -> str:
     rows = ["| key | type | default | what it does |", "|---|---|---|---|"]
     for group in GROUPS:
         for f in (f for f in FIELDS if f.group == group):
-            rows.append(f"| `{f.name}` | {f.describe_type()} | {_default(f.default)} | {f.doc} |")
+            rows.append(f"| `{f.name}` | {f.describe_type()} | {_default(f.default)} | {cell(f.doc)} |")
     return "\n".join(rows)
 
 
@@ -120,7 +127,24 @@ def map_rows() -> list[dict]:
             values = load_config(path, {"VLLM_VERSION": pin}, environ={}).values
             rows.append({"config": path.name, "pin": pin, "plan": backends.attention_plan(values),
                          "values": values, "patches": backends.exercised(values, patches)})
+    for name, values in capture_paths():
+        rows.append({"config": name, "pin": values["VLLM_VERSION"], "plan": backends.attention_plan(values),
+                     "values": values, "patches": backends.exercised(values, patches)})
     return rows
+
+
+def capture_paths() -> list[tuple[str, dict]]:
+    """The target as the capture phase serves it (capture.source=vllm), per shipped
+    training config: the serve config under the capture overrides, on its own pin."""
+    out = []
+    for path in sorted(CONFIGS_DIR.glob("train-*.json")):
+        tc = train_config.load(path)
+        if tc.capture.source != "vllm" or not tc.target.serve_config:
+            continue
+        over = capture_overrides(tc, list(tc.shape().target_layer_ids), "/run/capture/vllm-states")
+        values = load_config(tc.target.serve_config, parse_overrides(over), environ={}).values
+        out.append((f"{path.name} capture ({Path(tc.target.serve_config).name})", values))
+    return out
 
 
 def _kv(values: dict) -> str:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import tempfile
+import tomllib
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
@@ -130,3 +132,27 @@ def git_info(root: str | os.PathLike[str]) -> dict[str, Any]:
         return {"revision": None, "dirty": None}
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"revision": rev, "dirty": bool(status) if status is not None else None}
+
+
+def read_toml_tables(path: Path, what: str, tables: tuple[str, ...], error: type[Exception]) -> dict[str, Any]:
+    """A TOML file that may hold only `tables` (as written, e.g. "[router]"); `error`
+    names the file for a missing file, bad TOML or an unknown table."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise error(f"{what} {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise error(f"{what} {path}: not TOML ({e})") from None
+    unknown = set(data) - {t.strip("[]") for t in tables}
+    if unknown:
+        raise error(f"{what} {path}: unknown table(s) {', '.join(sorted(unknown))}; use {' and '.join(tables)}")
+    return data
+
+
+@contextlib.contextmanager
+def sibling_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on `.<name>.lock` beside `path`, held for the block: a second
+    process that would make the same venv or model waits instead of racing."""
+    with open(path.parent / f".{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

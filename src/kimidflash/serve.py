@@ -113,14 +113,19 @@ def print_plan(config: Config, rendered: Rendered, console: Console) -> None:
     console.print(rendered.shell(), markup=False, highlight=False, soft_wrap=True)
 
 
-def serve(config: Config, *, dry_run: bool = False, allow_numa_balancing: bool = False,
-          log_path: Path | None = None, quiet: bool = False, proc_root: Path = Path("/proc"),
-          dev_root: Path = Path("/dev")) -> int:
+def serve(config: Config, *, dry_run: bool = False, preflight_only: bool = False,
+          allow_numa_balancing: bool = False, log_path: Path | None = None, quiet: bool = False,
+          proc_root: Path = Path("/proc"), dev_root: Path = Path("/dev")) -> int:
     """The phases in order: render (and stop there for a dry run), prepare what the
-    runtime needs, check the checkpoints once they exist, preflight, start, supervise."""
+    runtime needs, check the checkpoints once they exist, preflight, start, supervise.
+    `preflight_only` checks the host and the checkpoints as they are (an operator's
+    first step, before the downloads), and prepares and starts nothing."""
     console = Console(stderr=True)
     say: Say = lambda msg: console.print(f"[bold]serve:[/bold] {msg}", highlight=False, soft_wrap=True)  # noqa: E731
     rendered = render(config)
+    if preflight_only:
+        check_checkpoints(config)
+        return 0 if run_preflight(config, say, proc_root, dev_root, allow_numa_balancing) else 1
     if dry_run:
         check_checkpoints(config)  # nothing is prepared: the checkpoints are as they are
         if config["RUNTIME"] == "docker":
@@ -249,6 +254,9 @@ def main(argv: list[str]) -> int:
                                 description="validate, preflight, start the server and wait until healthy")
     p.add_argument("config", nargs="?", default=str(CONFIGS_DIR / "production.env"))
     p.add_argument("--dry-run", action="store_true", help="validate and print the command and environment; no host checks")
+    p.add_argument("--preflight-only", action="store_true",
+                   help="run the host checks (devices, GPUs, NUMA, model dirs, shards, port) and exit 0 or 1; "
+                        "nothing is prepared or started")
     p.add_argument("--print-config", action="store_true", help="print every resolved value and where it came from")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one key (repeatable)")
     p.add_argument("--allow-numa-balancing", action="store_true", help="start even if NUMA balancing stays on")
@@ -259,5 +267,6 @@ def main(argv: list[str]) -> int:
     if args.print_config:
         print_config(config)
         return 0
-    return serve(config, dry_run=args.dry_run, allow_numa_balancing=args.allow_numa_balancing,
+    return serve(config, dry_run=args.dry_run, preflight_only=args.preflight_only,
+                 allow_numa_balancing=args.allow_numa_balancing,
                  log_path=args.log_file, quiet=args.quiet)

@@ -84,7 +84,12 @@ def _run_parser() -> argparse.ArgumentParser:
     role.add_argument("--baseline", dest="speculative", action="store_false",
                       help="mark the run as the autoregressive baseline")
     p.add_argument("--no-metrics", action="store_true", help="do not scrape /metrics")
-    p.add_argument("--metrics-url", default=None, help="default: <server root>/metrics")
+    p.add_argument("--metrics-url", action="append", default=None, dest="metrics_urls",
+                   help="default: <server root>/metrics; repeat for each server behind a router (the fleet is "
+                        "read as one, with each server's share)")
+    p.add_argument("--session-header", default=None, metavar="NAME",
+                   help="send each session's id in this header (X-Session-ID: what vllm-router's "
+                        "consistent_hash keys on)")
     p.add_argument("--no-vllm-extensions", action="store_true",
                    help="do not send return_token_ids / continuous_usage_stats (non-vLLM servers)")
     p.add_argument("--ignore-eos", action="store_true", help="ask the server to always generate --max-tokens")
@@ -149,7 +154,8 @@ def config_from_args(a: argparse.Namespace, argv: Sequence[str]) -> BenchConfig:
         concurrency=a.concurrency, max_tokens=a.max_tokens, temperature=a.temperature, warmup=a.warmup,
         warmup_max_tokens=a.warmup_max_tokens, seed=a.seed, prompts=a.prompts, system_prompt=a.system_prompt,
         think_time=a.think_time, timeout=a.timeout, api_key=a.api_key, label=a.label,
-        scrape_metrics=not a.no_metrics, metrics_url=a.metrics_url, vllm_extensions=not a.no_vllm_extensions,
+        scrape_metrics=not a.no_metrics, metrics_urls=a.metrics_urls,
+        session_header=a.session_header, vllm_extensions=not a.no_vllm_extensions,
         ignore_eos=a.ignore_eos, recipe_config=a.recipe_config, recipe_overrides=overrides or None,
         speculative=a.speculative,
         max_connection_errors=a.max_connection_errors, progress=not a.no_progress and sys.stderr.isatty(),

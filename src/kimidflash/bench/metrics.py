@@ -151,6 +151,27 @@ def delta(before: Snapshot, after: Snapshot) -> Delta:
     return Delta(out, after.wall_time - before.wall_time, sorted(set(reset)))
 
 
+def merged(deltas: Iterable[Delta]) -> Delta:
+    """Several servers' windows as one (a fleet behind a router): every counter summed
+    per label set, so spec_decode_stats and the token totals read the fleet as a
+    single server; the window is the longest, resets are kept."""
+    out: dict[SampleKey, float] = {}
+    seconds, reset = 0.0, set()
+    for d in deltas:
+        for key, v in d.counters.items():
+            out[key] = out.get(key, 0.0) + v
+        seconds = max(seconds, d.seconds)
+        reset.update(d.reset)
+    return Delta(out, seconds, sorted(reset))
+
+
+def shares(deltas: dict[str, Delta], name: str = GENERATION_TOKENS) -> dict[str, float | None]:
+    """Each server's part of one counter's fleet total (None where the fleet counted none)."""
+    totals = {k: d.total(name) or 0.0 for k, d in deltas.items()}
+    whole = sum(totals.values())
+    return {k: (v / whole if whole else None) for k, v in totals.items()}
+
+
 @dataclass(frozen=True)
 class SpecDecodeStats:
     """Speculative-decoding figures of one window, derived from counter deltas."""

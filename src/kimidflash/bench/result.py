@@ -19,8 +19,8 @@ from typing import Any
 
 from . import stats
 from .client import RequestRecord, worse_source
-from .metrics import (GENERATION_TOKENS, PROMPT_TOKENS, Delta, SpecDecodeStats,
-                      spec_decode_fields)
+from .metrics import (GENERATION_TOKENS, PROMPT_TOKENS, Delta, SpecDecodeStats, shares, spec_decode_fields,
+                      spec_decode_stats)
 from .resultfile import SCHEMA_NAME, SCHEMA_VERSION
 
 
@@ -39,9 +39,11 @@ class RunData:
     t0: float | None  # perf_counter at the start of the measured window
     t_end: float | None
     start_utc: str | None
-    metrics_url: str | None = None
+    metrics_urls: list[str] | None = None
     metrics_error: str | None = None
-    metrics_delta: Delta | None = None
+    metrics_delta: Delta | None = None  # a fleet's: its servers' deltas merged
+    replica_deltas: dict[str, Delta] | None = None  # a fleet (several metrics URLs): each server's own
+    replica_errors: dict[str, str] = field(default_factory=dict)
     spec: SpecDecodeStats | None = None
     partial: bool = False
     partial_reason: str | None = None
@@ -204,8 +206,9 @@ def _latency(ok: list[RequestRecord]) -> dict[str, Any]:
 def _server_metrics(run: RunData, out_tokens: int) -> dict[str, Any]:
     """The /metrics deltas of the window, and whether the server counted the
     tokens we did."""
-    server: dict[str, Any] = {"url": run.metrics_url, "available": run.metrics_delta is not None,
-                              "error": run.metrics_error}
+    urls = run.metrics_urls or []
+    server: dict[str, Any] = {"url": urls[0] if len(urls) == 1 else (urls or None),
+                              "available": run.metrics_delta is not None, "error": run.metrics_error}
     if run.metrics_delta is not None:
         d = run.metrics_delta
         gen = d.total(GENERATION_TOKENS)
@@ -217,7 +220,24 @@ def _server_metrics(run: RunData, out_tokens: int) -> dict[str, Any]:
             "prompt_tokens": d.total(PROMPT_TOKENS),
             "output_tokens_match_server": None if gen is None else (gen == out_tokens),
         })
+    if len(urls) > 1:
+        server["replicas"] = _replicas(run)
     return server
+
+
+def _replicas(run: RunData) -> dict[str, dict[str, Any]]:
+    """A fleet's servers: each one's tokens, share of the fleet's and acceptance, or why it dropped out."""
+    deltas = run.replica_deltas or {}
+    share = shares(deltas)
+    out: dict[str, dict[str, Any]] = {}
+    for url in run.metrics_urls or []:
+        d = deltas.get(url)
+        spec = spec_decode_stats(d) if d is not None else None
+        out[url] = {"generation_tokens": d.total(GENERATION_TOKENS) if d is not None else None,
+                    "share": None if share.get(url) is None else _r(share[url], 4),
+                    "spec_decode_acceptance_length": None if spec is None else _r(spec.acceptance_length, 4),
+                    "error": run.replica_errors.get(url)}
+    return out
 
 
 def first_error(doc: dict[str, Any]) -> str | None:

@@ -36,7 +36,8 @@ from ..paths import portable
 from . import prompts as prompt_mod
 from .client import CONNECTION_ERRORS, RequestRecord, chat_payload, stream_chat
 from .errors import BenchError, MetricsError, PromptError
-from .metrics import GENERATION_TOKENS, Snapshot, delta, metrics_url_for, server_root, spec_decode_stats
+from .metrics import (GENERATION_TOKENS, Snapshot, delta, merged, metrics_url_for, server_root,
+                      spec_decode_stats)
 from .provenance import local_provenance, recipe_info
 from .result import RunData, build_result, default_label
 from .settings import BenchConfig
@@ -61,10 +62,11 @@ class _Window:
     scrapes around the window (or why one is missing) and its times."""
 
     server: dict[str, Any] | None = None
-    metrics_url: str = ""
-    before: Snapshot | None = None
-    after: Snapshot | None = None
+    metrics_urls: list[str] = dataclasses.field(default_factory=list)
+    before: dict[str, Snapshot] = dataclasses.field(default_factory=dict)
+    after: dict[str, Snapshot] = dataclasses.field(default_factory=dict)
     metrics_error: str | None = None
+    replica_errors: dict[str, str] = dataclasses.field(default_factory=dict)  # a fleet's servers that dropped out
     start_utc: str | None = None
     t0: float | None = None  # perf_counter at the start of the window
     t_end: float | None = None
@@ -175,11 +177,14 @@ class Runner:
 
     async def _request(self, client: httpx.AsyncClient, slots: asyncio.Semaphore, rec: RequestRecord,
                        messages: list[dict[str, str]], max_tokens: int) -> RequestRecord:
+        headers = self.headers
+        if self.cfg.session_header and not rec.warmup:
+            headers = {**headers, self.cfg.session_header: f"session-{self.cfg.seed}-{rec.session}"}
         async with slots:
             if self.st.stop.is_set():
                 raise asyncio.CancelledError
             await stream_chat(client, f"{self.cfg.base_url}/chat/completions",
-                              self._body(messages, max_tokens), self.headers, rec, self.cfg.timeout)
+                              self._body(messages, max_tokens), headers, rec, self.cfg.timeout)
         self._note(rec)
         return rec
 
@@ -290,7 +295,7 @@ class Runner:
         assert cfg.concurrency is not None
         limits = httpx.Limits(max_connections=cfg.concurrency + 4, max_keepalive_connections=cfg.concurrency + 4)
         timeout = httpx.Timeout(connect=10.0, read=cfg.timeout, write=30.0, pool=None)
-        w = _Window(metrics_url=cfg.metrics_url or metrics_url_for(cfg.base_url))
+        w = _Window(metrics_urls=list(cfg.metrics_urls or [metrics_url_for(cfg.base_url)]))
         async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
             w.server = await self._preflight(client)
             cfg = self.cfg
@@ -298,12 +303,7 @@ class Runner:
             if warm_prompts and not self.st.stop.is_set():
                 await self._warmup(client, slots, warm_prompts)
             if cfg.scrape_metrics:
-                try:
-                    # settle: warm-up tokens must land before the window, not in it
-                    w.before = await (self._settled_scrape(client, w.metrics_url) if self.st.warmup
-                                      else self._scrape(client, w.metrics_url))
-                except (httpx.HTTPError, MetricsError) as e:
-                    w.metrics_error = f"before the window: {type(e).__name__}: {e}"
+                await self._scrape_all(client, w, "before")
             if not self.st.stop.is_set():
                 self._start_progress(cfg.sessions * cfg.turns_per_session)
                 w.start_utc = utc_now()
@@ -314,18 +314,36 @@ class Runner:
                 w.client_cpu = time.process_time() - cpu0
                 ends = [r.end for r in self.st.records if r.end is not None]
                 w.t_end = max(ends) if ends else time.perf_counter()
-            if w.before is not None and w.t0 is not None:
-                try:
-                    w.after = await self._settled_scrape(client, w.metrics_url)
-                except (httpx.HTTPError, MetricsError) as e:
-                    w.metrics_error = f"after the window: {type(e).__name__}: {e}"
+            if w.before and w.t0 is not None:
+                await self._scrape_all(client, w, "after")
+                if not w.after:
                     self.st.reason = self.st.reason or f"server unreachable after the run ({w.metrics_error})"
         return w
+
+    async def _scrape_all(self, client: httpx.AsyncClient, w: _Window, when: str) -> None:
+        """Every /metrics URL of the window (after: those that answered before). A
+        fleet's server that fails drops out of the window, named in replica_errors;
+        the window fails only when none answers."""
+        urls = w.metrics_urls if when == "before" else list(w.before)
+        got = w.before if when == "before" else w.after
+        errors: list[str] = []
+        for url in urls:
+            try:
+                # settle: warm-up tokens must land before the window, not in it
+                settle = when == "after" or bool(self.st.warmup)
+                got[url] = await (self._settled_scrape(client, url) if settle else self._scrape(client, url))
+            except (httpx.HTTPError, MetricsError) as e:
+                errors.append(f"{when} the window: {type(e).__name__}: {e}")
+                if len(w.metrics_urls) > 1:
+                    w.replica_errors[url] = errors[-1]
+        if errors and not got:
+            w.metrics_error = errors[0]
 
     def _summarise(self, recipe: dict[str, Any] | None, w: _Window) -> dict[str, Any]:
         """Counter deltas, whether the run was speculative, why it is partial, and the document."""
         cfg = self.cfg
-        d = delta(w.before, w.after) if (w.before is not None and w.after is not None) else None
+        deltas = {url: delta(w.before[url], w.after[url]) for url in w.after}
+        d = None if not deltas else (next(iter(deltas.values())) if len(w.metrics_urls) == 1 else merged(deltas.values()))
         spec = spec_decode_stats(d) if d is not None else None
         speculative = cfg.speculative
         if speculative is None and recipe is not None:
@@ -336,6 +354,8 @@ class Runner:
         if d is not None and d.reset:
             notes.append("server counters went backwards (restart?): " + ", ".join(d.reset))
             self.st.reason = self.st.reason or "server counters reset during the run"
+        for url, err in w.replica_errors.items():
+            notes.append(f"{url} dropped out of the fleet's counters ({err}); its tokens are not in the totals")
         if self.st.interrupted and w.t0 is None:
             self.st.reason = self.st.reason or "interrupted before the measured window"
         prov = local_provenance(cfg.argv)
@@ -344,7 +364,8 @@ class Runner:
             config=cfg.public(), provenance=prov, label=cfg.label or default_label(recipe, speculative, spec),
             speculative=speculative, planned_requests=cfg.sessions * cfg.turns_per_session,
             records=self.st.records, warmup=self.st.warmup, t0=w.t0, t_end=w.t_end, start_utc=w.start_utc,
-            metrics_url=w.metrics_url if cfg.scrape_metrics else None, metrics_error=w.metrics_error,
+            metrics_urls=w.metrics_urls if cfg.scrape_metrics else None, metrics_error=w.metrics_error,
+            replica_deltas=deltas if len(w.metrics_urls) > 1 else None, replica_errors=w.replica_errors,
             metrics_delta=d, spec=spec, partial=self.st.reason is not None,
             partial_reason=self.st.reason, notes=notes, client_cpu_seconds=w.client_cpu,
         )

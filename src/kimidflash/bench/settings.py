@@ -36,7 +36,10 @@ class BenchConfig:
     api_key: str | None = None
     label: str | None = None
     scrape_metrics: bool = True
-    metrics_url: str | None = None
+    # None: <server root>/metrics. Several: a fleet behind a router, read as one
+    # (counters summed) with each server's share.
+    metrics_urls: list[str] | None = None
+    session_header: str | None = None  # e.g. X-Session-ID: each session's requests carry its id
     vllm_extensions: bool = True
     ignore_eos: bool = False
     recipe_config: str | None = None

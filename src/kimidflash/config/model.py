@@ -9,6 +9,18 @@ from pathlib import Path
 from typing import Any
 
 
+def hidden_states_layers(text: str) -> list[int]:
+    """HIDDEN_STATES_LAYERS ("1,14,27") as layer ids; ValueError names the bad part."""
+    ids = []
+    for part in text.split(","):
+        if not part.strip().isdigit():
+            raise ValueError(f"{part.strip()!r} in {text!r} is not a layer id (comma-separated integers >= 0)")
+        ids.append(int(part))
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{text!r} names a layer twice")
+    return ids
+
+
 @dataclass
 class Config:
     values: dict[str, Any]
@@ -29,7 +41,8 @@ class Config:
 
     @property
     def speculative(self) -> bool:
-        return self.values["SPECULATIVE_METHOD"] != "none"
+        """Drafting happens (extract_hidden_states rides on vLLM's speculative config but drafts nothing)."""
+        return self.values["SPECULATIVE_METHOD"] in ("dflash", "ngram")
 
     @property
     def base_url(self) -> str:

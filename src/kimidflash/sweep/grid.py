@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import itertools
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..config import FIELDS, ConfigError, load_config
+from ..fsio import read_toml_tables
 from ..paths import portable
 from ..render import render
 from .errors import SweepError
@@ -140,15 +140,7 @@ def add_client(grid: Grid, key: str, values: list[Any], where: str, base_dir: Pa
 
 
 def read_grid_file(path: Path) -> Grid:
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise SweepError(f"grid file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise SweepError(f"grid file {path}: not TOML ({e})") from None
-    unknown = set(data) - {"server", "client"}
-    if unknown:
-        raise SweepError(f"grid file {path}: unknown table(s) {', '.join(sorted(unknown))}; use [server] and [client]")
+    data = read_toml_tables(path, "grid file", ("[server]", "[client]"), SweepError)
     grid = Grid()
     for key, vals in (data.get("server") or {}).items():
         add_server(grid, key, vals, f"grid file {path} [server]")

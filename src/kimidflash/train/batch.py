@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Sequence
 
 import torch
 
 from . import objective as obj
+from .distill import block_targets
 
 
 @dataclass
@@ -19,11 +20,20 @@ class Batch:
     labels: torch.Tensor       # [N, A*B]
     label_ok: torch.Tensor     # [N, A*B] bool
     slot: torch.Tensor         # [A*B] slot index 0..B-1
+    soft_ids: torch.Tensor | None = None   # [N, A*B, k] the target's top-k ids per slot (train.distill)
+    soft_logp: torch.Tensor | None = None  # [N, A*B, k] their log-probs
+
+    def to(self, device: torch.device) -> "Batch":
+        """Every tensor on `device` (collate builds batches on the CPU)."""
+        return Batch(*(None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                       for f in fields(self)))
 
 
 def collate(items: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
-            block_size: int, mask_token_id: int) -> Batch:
-    """items: (input_ids, loss_mask, feats, anchors, anchor_valid) per sequence; all share A."""
+            block_size: int, mask_token_id: int,
+            tables: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> Batch:
+    """items: (input_ids, loss_mask, feats, anchors, anchor_valid) per sequence; all share A.
+    tables: each sequence's stored top-k table (distill.py), for soft targets per slot."""
     N = len(items)
     T = max(len(it[0]) for it in items)
     A = len(items[0][3])
@@ -41,5 +51,9 @@ def collate(items: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torc
         lab, ok = obj.block_labels(ids, lm, anchors, valid, B)
         out["lab"].append(lab.flatten())
         out["ok"].append(ok.flatten())
-    return Batch(feats, torch.stack(out["ids"]), torch.stack(out["pos"]), torch.stack(out["mask"]),
-                 torch.stack(out["lab"]), torch.stack(out["ok"]), torch.arange(B).repeat(A))
+    b = Batch(feats, torch.stack(out["ids"]), torch.stack(out["pos"]), torch.stack(out["mask"]),
+              torch.stack(out["lab"]), torch.stack(out["ok"]), torch.arange(B).repeat(A))
+    if tables is not None:
+        soft = [block_targets(t, p) for t, p in zip(tables, out["pos"])]
+        b.soft_ids, b.soft_logp = torch.stack([i for i, _ in soft]), torch.stack([lp for _, lp in soft])
+    return b

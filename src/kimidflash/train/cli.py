@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, RecipeError
 from ..fsio import utc_now
@@ -40,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-regen", action="store_true")
     p.add_argument("--resume", action="store_true", help="continue training from the run's last checkpoint")
     p.add_argument("--max-steps", type=int, help="stop training after this global step (a chunk); resume later")
+    p.add_argument("--max-seconds", type=float,
+                   help="stop training at the first step that ends after this many seconds (a wall-clock chunk)")
     p.add_argument("--regen-limit", type=int, help="answer at most this many new prompts (a chunk)")
     p.add_argument("--run-dir", help="override the run folder")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -66,7 +68,9 @@ def run(a: argparse.Namespace, argv: list[str]) -> None:
     if phases and phases[0] != "setup" and not (run_dir / "manifest.json").is_file():
         raise TrainConfigError(f"{run_dir}: no manifest.json; run the setup phase first")
     invocation = {"argv": portable_argv(["./train-drafter.sh", *argv]), "phases": phases}
-    args = PhaseArgs(resume=a.resume, max_steps=a.max_steps, regen_limit=a.regen_limit)
+    if a.max_seconds is not None and not a.max_seconds > 0:
+        raise TrainConfigError(f"--max-seconds must be positive, got {a.max_seconds}")
+    args = PhaseArgs(resume=a.resume, max_steps=a.max_steps, regen_limit=a.regen_limit, max_seconds=a.max_seconds)
     for name in phases:
         if name != "setup" and name == phases[0]:
             _record_invocation(run_dir, invocation)
@@ -75,15 +79,20 @@ def run(a: argparse.Namespace, argv: list[str]) -> None:
             _record_invocation(run_dir, invocation)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    a = _parser().parse_intermixed_args(argv)  # phases may come after options
+def guarded(body: Callable[[], None], on_interrupt: str) -> int:
+    """The training commands' exit status: bad input is one line and 2, Ctrl-C says how to go on and 130."""
     try:
-        run(a, argv)
+        body()
     except (RecipeError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("interrupted; rerun with --resume (training) or the same command (other phases)", file=sys.stderr)
+        print(f"interrupted; {on_interrupt}", file=sys.stderr)
         return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = _parser().parse_intermixed_args(argv)  # phases may come after options
+    return guarded(lambda: run(a, argv), "rerun with --resume (training) or the same command (other phases)")

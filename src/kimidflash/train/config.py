@@ -72,6 +72,13 @@ class CaptureOptions(_Section):
     mode: str = "cache"
     dtype: str = "bfloat16"
     shard_records: int = 64
+    # source=vllm: a target already served with SPECULATIVE_METHOD=extract_hidden_states
+    # (None: the capture phase serves target.serve_config itself) and how many
+    # requests it keeps in flight.
+    base_url: str | None = None
+    concurrency: int = 8
+    # > 0: also store the target's top-k log-probs per position (train.distill)
+    topk: int = 0
 
 
 @dataclass(frozen=True)
@@ -86,12 +93,16 @@ class TrainOptions(_Section):
     warmup_steps: int = 50
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
-    autocast: str = "bfloat16"
+    autocast: str = "auto"
+    device: str = "auto"
     checkpoint_every: int = 100
     log_every: int = 10
     threads: int = 0
     records: int | None = None
     init_std: float = 0.02
+    vocab_subset: int | None = None
+    init_from_target: list[int] | None = None
+    distill: bool = False  # CE against the captured top-k distribution (capture.topk) instead of the greedy token
 
     @classmethod
     def coerce(cls, tc: "TrainOptions | dict[str, Any]") -> "TrainOptions":

@@ -8,7 +8,7 @@ mask: 0 on prompt tokens, 1 on response tokens. Anchors are only drawn where
 the mask is 1.
 
 The reference prompt set is synthetic (no dataset can be downloaded here):
-task templates crossed with subjects, drawn with a seed. The held-out split
+task templates crossed with subjects (`prompt_sets.py`), drawn with a seed. The held-out split
 is chosen by a hash of the record id, so it never moves when more records are
 added, and the benchmark traffic (the bench tool's built-in prompts) is a
 different source altogether.
@@ -26,62 +26,28 @@ from typing import Iterable, Iterator
 
 from ..bench.prompts import PromptError, load_builtin, load_file
 from .errors import DataError
+from .prompt_sets import MORE_SUBJECTS, MORE_TEMPLATES, SUBJECTS, TEMPLATES
 
-TEMPLATES: tuple[str, ...] = (
-    "Explain {s} to a curious teenager.",
-    "Write a short paragraph about {s}.",
-    "What are three interesting facts about {s}?",
-    "Give me a step-by-step guide to learning about {s}.",
-    "Describe the history of {s} in a few sentences.",
-    "What are the advantages and disadvantages of {s}?",
-    "Write a haiku about {s}.",
-    "Write a short story that involves {s}.",
-    "How would you explain {s} to a five-year-old?",
-    "List five questions people often ask about {s}, with short answers.",
-    "Summarize the main ideas behind {s}.",
-    "Compare {s} with something similar and explain the differences.",
-    "What is a common misconception about {s}?",
-    "Write a friendly email inviting a colleague to a talk about {s}.",
-    "Give me a beginner's checklist for {s}.",
-    "Why does {s} matter in everyday life?",
-    "Write a product description for a book about {s}.",
-    "Create a short quiz with answers about {s}.",
-    "What would the world be like without {s}?",
-    "Write a tweet-length summary of {s}.",
-    "Give three tips for someone interested in {s}.",
-    "Describe {s} using a simple analogy.",
-    "Write a limerick about {s}.",
-    "What are the key terms someone should know about {s}? Define each.",
-)
-SUBJECTS: tuple[str, ...] = (
-    "photosynthesis", "the water cycle", "black holes", "volcanoes", "the moon", "rainbows", "earthquakes",
-    "the human heart", "vaccines", "sleep", "bees", "coral reefs", "dinosaurs", "the Roman Empire",
-    "the printing press", "the internet", "electric cars", "solar panels", "wind turbines", "recycling",
-    "climate change", "the stock market", "inflation", "budgeting", "compound interest", "chess", "football",
-    "the Olympic Games", "jazz music", "the piano", "painting with watercolors", "photography", "gardening",
-    "baking bread", "coffee", "tea", "chocolate", "healthy breakfast ideas", "running a marathon", "yoga",
-    "meditation", "learning a new language", "public speaking", "time management", "writing a resume",
-    "job interviews", "remote work", "teamwork", "leadership", "friendship", "kindness", "dogs", "cats",
-    "owls", "whales", "elephants", "penguins", "rivers", "deserts", "rainforests", "mountains", "the ocean",
-    "clouds", "snow", "thunderstorms", "the seasons", "the solar system", "Mars", "satellites", "rockets",
-    "airplanes", "trains", "bicycles", "bridges", "skyscrapers", "ancient Egypt", "the pyramids",
-    "the Renaissance", "Shakespeare", "poetry", "libraries", "museums", "board games", "video games",
-    "robots", "artificial intelligence", "computers", "smartphones", "passwords and online safety",
-    "the Python programming language", "sorting algorithms", "binary numbers", "prime numbers", "fractions",
-    "geometry", "probability", "the speed of light", "magnets", "electricity", "batteries", "DNA",
-    "the immune system", "nutrition", "drinking water", "bread mold", "microscopes", "telescopes", "maps",
-    "the compass", "money", "small businesses", "volunteering", "city parks", "camping", "hiking safety",
-    "first aid basics", "fire safety", "recipes for pasta", "making soup", "planting tomatoes",
-)
+def synthetic_combos(seed: int) -> list[tuple[str, str]]:
+    """Every (template, subject) pair in id order: the first set's pairs shuffled, then the rest.
+
+    The first set's order never changes, so `synthetic:N` keeps naming the same prompts
+    (and the regen data committed for them stays valid) as the sets grow."""
+    rng = random.Random(seed)
+    first = [(t, s) for t in TEMPLATES for s in SUBJECTS]
+    rng.shuffle(first)
+    old_t, old_s = set(TEMPLATES), set(SUBJECTS)
+    rest = [(t, s) for t in TEMPLATES + MORE_TEMPLATES for s in SUBJECTS + MORE_SUBJECTS
+            if not (t in old_t and s in old_s)]
+    rng.shuffle(rest)
+    return first + rest
 
 
 def synthetic_prompts(n: int, seed: int) -> list[dict[str, str]]:
-    """`n` distinct prompts {id, prompt}, deterministic in `seed`."""
-    combos = [(t, s) for t in TEMPLATES for s in SUBJECTS]
+    """`n` distinct prompts {id, prompt}, deterministic in `seed`; a larger n only appends."""
+    combos = synthetic_combos(seed)
     if n > len(combos):
         raise DataError(f"synthetic prompt set has {len(combos)} prompts; {n} asked")
-    rng = random.Random(seed)
-    rng.shuffle(combos)
     return [{"id": f"syn-{seed}-{i:05d}", "prompt": t.format(s=s)} for i, (t, s) in enumerate(combos[:n])]
 
 

@@ -21,3 +21,7 @@ class DataError(RecipeError, ValueError):
 
 class RegenError(RecipeError, RuntimeError):
     """The target server answered no usable completion."""
+
+
+class CaptureError(RecipeError, RuntimeError):
+    """The served target gave no usable hidden states (capture.source=vllm)."""

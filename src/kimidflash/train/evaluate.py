@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..fsio import write_json_atomic
+from . import device as dev
 from .batch import collate
 from .capture import ShardStore, StreamStore, make_source, training_records
 from .config import TrainConfig
@@ -55,9 +56,11 @@ def eval_anchors(loss_mask: torch.Tensor, k: int) -> torch.Tensor:
 
 @torch.no_grad()
 def offline_acceptance(model, store, k: int, max_records: int | None = None, chunk: int = 48,
-                       autocast: bool = False) -> dict[str, Any]:
-    """Teacher-forced acceptance of `model` over `store` at k speculative tokens (block = 1 + k)."""
+                       autocast: str = "none") -> dict[str, Any]:
+    """Teacher-forced acceptance of `model` over `store` at k speculative tokens (block = 1 + k),
+    on the model's device; `autocast` as train.autocast."""
     mask_id = model.shape.mask_token_id
+    device = model.fc.weight.device
     B = k + 1
     lengths = []
     n = len(store) if max_records is None else min(max_records, len(store))
@@ -68,20 +71,20 @@ def offline_acceptance(model, store, k: int, max_records: int | None = None, chu
             for s in range(0, len(anchors), chunk):
                 a = anchors[s:s + chunk]
                 valid = torch.ones(len(a), dtype=torch.bool)
-                b = collate([(ids, lm, f, a, valid)], B, mask_id)
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                b = collate([(ids, lm, f, a, valid)], B, mask_id).to(device)
+                with dev.autocast(device, autocast):
                     h = model.hidden(b.feats, b.block_ids, b.block_pos, b.mask)
                     logits = model.logits(h[0].view(len(a), B, -1)[:, 1:])
                 pred = logits.argmax(-1)
                 truth = b.labels[0].view(len(a), B)[:, 1:]
-                lengths.append(acceptance_lengths(pred, truth))
+                lengths.append(acceptance_lengths(pred, truth).cpu())
             advance()
     return summarize(torch.cat(lengths) if lengths else torch.zeros(0, dtype=torch.long), k)
 
 
 def load_checkpoint_model(run: Path, model_dir: str | Path) -> tuple[DFlashDrafter, dict[str, Any]]:
-    """The drafter of the run's last checkpoint (its shape is the one recorded there), and the checkpoint."""
-    st = torch.load(run / "checkpoints" / "last.pt", weights_only=False)
+    """The drafter of the run's last checkpoint (its shape is the one recorded there) on the CPU, and the checkpoint."""
+    st = dev.load_to_cpu(run / "checkpoints" / "last.pt")
     embed, head = load_target_head(model_dir)
     model = DFlashDrafter(st["shape"], embed, head)
     model.load_state_dict(st["model"])
@@ -91,6 +94,7 @@ def load_checkpoint_model(run: Path, model_dir: str | Path) -> tuple[DFlashDraft
 def evaluate_run(cfg: TrainConfig, run: Path, log=print) -> dict[str, Any]:
     model_dir = target_info(cfg).model_dir
     model, st = load_checkpoint_model(run, model_dir)
+    model.to(dev.resolve(cfg.train.device))
     split = cfg.eval.split
     if cfg.capture.mode == "cache":
         store = ShardStore(run / "capture", "train" if split == "train" else "heldout")
@@ -104,7 +108,7 @@ def evaluate_run(cfg: TrainConfig, run: Path, log=print) -> dict[str, Any]:
     for k in cfg.eval.k:
         if k + 1 > cfg.train.block_size:
             raise TrainConfigError(f"eval.k {k}: needs a block of {k + 1} > the drafter's block size")
-        r = offline_acceptance(model, store, k, cfg.eval.max_records, autocast=cfg.train.autocast == "bfloat16")
+        r = offline_acceptance(model, store, k, cfg.eval.max_records, autocast=cfg.train.autocast)
         res["by_k"][str(k)] = r
         log(f"eval: k={k} offline mean acceptance length {r['mean_acceptance_length']} over {r['drafts']} drafts; "
             f"per position {r['per_position']}")

@@ -168,6 +168,9 @@ class DFlashDrafter(nn.Module):
             x = layer(x, ctx, rope_q, rope_c, mask)
         return self.norm(x)
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Rows flattened first: a strided 3-D `h @ W.t()` falls off the GEMM fast path (6x slower)."""
-        return F.linear(h.reshape(-1, h.shape[-1]), self.lm_head.to(h.dtype)).view(*h.shape[:-1], -1)
+    def logits(self, h: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits over the whole vocabulary, or over `ids` only (training's vocabulary subset, vocab.py).
+
+        Rows flattened first: a strided 3-D `h @ W.t()` falls off the GEMM fast path (6x slower)."""
+        head = self.lm_head if ids is None else self.lm_head[ids]
+        return F.linear(h.reshape(-1, h.shape[-1]), head.to(h.dtype)).view(*h.shape[:-1], -1)

@@ -37,6 +37,7 @@ class PhaseArgs:
 
     resume: bool = False
     max_steps: int | None = None
+    max_seconds: float | None = None
     regen_limit: int | None = None
 
 
@@ -103,7 +104,7 @@ def phase_capture(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print
 
 
 def phase_train(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
-    train(cfg, run, resume=args.resume, stop_at=args.max_steps, log=log)
+    train(cfg, run, resume=args.resume, stop_at=args.max_steps, log=log, max_seconds=args.max_seconds)
 
 
 def phase_eval(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:

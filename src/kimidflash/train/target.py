@@ -36,3 +36,10 @@ def target_info(cfg: TrainConfig) -> TargetInfo:
     if not model_dir:
         raise TrainConfigError(f"{cfg.path}: set target.serve_config or target.model_dir")
     return TargetInfo(model_dir, served_name, prepare)
+
+
+def capture_overrides(cfg: TrainConfig, layer_ids: list[int], states_dir: str) -> list[str]:
+    """The serve overrides under which the recipe's target writes the hidden states
+    the drafter learns from (capture.source=vllm): vLLM's extract_hidden_states."""
+    return [*cfg.target.serve_overrides, "SPECULATIVE_METHOD=extract_hidden_states",
+            f"HIDDEN_STATES_DIR={states_dir}", "HIDDEN_STATES_LAYERS=" + ",".join(map(str, layer_ids))]

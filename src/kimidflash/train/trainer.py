@@ -2,7 +2,9 @@
 
 * Loss: weighted cross-entropy of slot k's logits against x_{a+k}, weight
   exp(-(k-1)/gamma), averaged over counted slots (objective.py).
-* bf16 autocast on CPU (fp32 master weights, AdamW, warm-up then cosine).
+* On the GPU when torch sees one, else the CPU (train.device, device.py);
+  bf16 autocast on the GPU by default (fp32 master weights, AdamW, warm-up
+  then cosine).
 * Checkpoints are written atomically (temp file + rename) every
   `checkpoint_every` steps and at the end, with the model, optimizer,
   scheduler, step, loss history and every RNG (torch, python, the data
@@ -10,7 +12,8 @@
   gives the same weights as an uninterrupted one (tested).
 * Data parallel: under torchrun (WORLD_SIZE > 1) each rank draws its own
   batches from a rank-offset generator, gradients are averaged by DDP
-  (gloo on CPU, nccl/rccl on GPUs), and only rank 0 writes checkpoints.
+  (gloo on CPU, nccl/rccl on GPUs, each rank on its LOCAL_RANK's GPU), and
+  only rank 0 writes checkpoints.
 """
 
 from __future__ import annotations
@@ -28,9 +31,12 @@ import torch
 import torch.nn.functional as F
 
 from ..fsio import open_atomic, write_text_atomic
+from . import device as dev
 from . import objective as obj
+from . import vocab
 from .batch import Batch, collate
 from .capture import ShardStore, StreamStore, make_source, training_records
+from .distill import soft_cross_entropy
 from .config import TrainConfig, TrainOptions
 from .errors import TrainConfigError
 from .manifest import Manifest
@@ -38,6 +44,7 @@ from .model import DFlashDrafter
 from .progress import bar
 from .shape import DrafterShape
 from .target import target_info
+from .warmstart import target_layer_tensors
 
 
 def load_target_head(model_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,28 +73,39 @@ def build_model(shape: DrafterShape | dict[str, Any], embed: torch.Tensor, head:
     return model
 
 
-def batch_loss(model: DFlashDrafter, b: Batch, weights: torch.Tensor,
-               fwd: torch.nn.Module | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def batch_loss(model: DFlashDrafter, b: Batch, weights: torch.Tensor, fwd: torch.nn.Module | None = None,
+               frequent: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Weighted CE over counted slots; the LM head runs only on those rows (it dominates the cost).
 
-    `fwd`: the DDP-wrapped forward when data-parallel (gradients are then averaged across ranks)."""
+    `fwd`: the DDP-wrapped forward when data-parallel (gradients are then averaged across ranks).
+    `frequent`: train.vocab_subset's token ids; the softmax then runs over them and the batch's labels
+    (and, when the batch carries the target's top-k, those tokens too).
+    A batch with soft targets (train.distill) is scored against them instead of the greedy label."""
     h = fwd(b.feats, b.block_ids, b.block_pos, b.mask) if fwd is not None else \
         model.hidden(b.feats, b.block_ids, b.block_pos, b.mask)
     sel = b.label_ok
     if not sel.any():
         return h.sum() * 0.0, {"tokens": 0.0, "acc1": float("nan")}
     rows = h[sel]
-    logits = model.logits(rows).float()
     labels = b.labels[sel]
+    soft = None if b.soft_ids is None else b.soft_ids[sel]
+    needed = labels if soft is None else torch.cat([labels, soft.flatten()])
+    ids = None if frequent is None else vocab.step_vocab(frequent, needed)
+    logits = model.logits(rows, ids).float()
+    target = labels if ids is None else vocab.subset_targets(ids, labels)
     slot = b.slot.expand_as(sel)[sel]
     w = weights[slot]
-    ce = F.cross_entropy(logits, labels, reduction="none")
+    if soft is None:
+        ce = F.cross_entropy(logits, target, reduction="none")
+    else:
+        cols = soft if ids is None else vocab.subset_targets(ids, soft.flatten()).view_as(soft)
+        ce = soft_cross_entropy(logits, cols, b.soft_logp[sel])
     loss = (ce * w).sum() / w.sum()
     with torch.no_grad():
-        hit = logits.argmax(-1) == labels
+        hit = logits.argmax(-1) == target
         first = slot == 1
         acc1 = hit[first].float().mean().item() if first.any() else float("nan")
-    return loss, {"tokens": float(sel.sum()), "acc1": acc1}
+    return loss, {"tokens": float(sel.sum()), "acc1": acc1, "vocab": float(logits.shape[-1])}
 
 
 class _Forward(torch.nn.Module):
@@ -108,14 +126,15 @@ def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
 
 
-def sample_batch(store, n: int, gen: torch.Generator, anchors_per_seq: int, block_size: int, mask_id: int) -> Batch:
+def sample_batch(store, n: int, gen: torch.Generator, anchors_per_seq: int, block_size: int, mask_id: int,
+                 distill: bool = False) -> Batch:
     idx = torch.randint(len(store), (n,), generator=gen).tolist()
     items = []
     for i in idx:
         ids, lm, f = store.get(i)
         a, v = obj.sample_anchors(lm, anchors_per_seq, gen)
         items.append((ids, lm, f, a, v))
-    return collate(items, block_size, mask_id)
+    return collate(items, block_size, mask_id, [store.topk(i) for i in idx] if distill else None)
 
 
 def atomic_save(obj_: Any, path: Path) -> None:
@@ -124,11 +143,10 @@ def atomic_save(obj_: Any, path: Path) -> None:
         torch.save(obj_, f)
 
 
-def _dist() -> tuple[int, int]:
+def _dist(device: torch.device) -> tuple[int, int]:
     ws = int(os.environ.get("WORLD_SIZE", "1"))
     if ws > 1 and not torch.distributed.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        torch.distributed.init_process_group(backend)
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return (torch.distributed.get_rank() if ws > 1 else 0), ws
 
 
@@ -145,26 +163,37 @@ class _Run:
     gen: torch.Generator
     rank: int
     world: int
+    device: torch.device
     step: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def _start(shape: DrafterShape, tc: TrainOptions, embed: torch.Tensor, head: torch.Tensor, seed: int) -> _Run:
-    """A fresh model, optimizer, schedule and this rank's data generator."""
-    rank, world = _dist()
+def _start(shape: DrafterShape, tc: TrainOptions, embed: torch.Tensor, head: torch.Tensor, seed: int,
+           init: dict[str, torch.Tensor] | None = None) -> _Run:
+    """A fresh model (its layers seeded from `init` when given: warmstart.py), optimizer,
+    schedule and this rank's data generator."""
+    device = dev.resolve(tc.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    rank, world = _dist(device)
     if tc.threads:
         torch.set_num_threads(tc.threads)
     model = build_model(shape, embed, head, seed, tc.init_std)
+    if init:
+        unexpected = model.load_state_dict(init, strict=False).unexpected_keys
+        if unexpected:
+            raise TrainConfigError(f"train.init_from_target: the drafter has no parameter {unexpected[0]}")
+    model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, tc.warmup_steps, tc.steps, tc.min_lr_ratio))
     gen = torch.Generator().manual_seed(seed * 1000 + 17 + rank)
-    return _Run(shape, tc, model, params, opt, sched, gen, rank, world)
+    return _Run(shape, tc, model, params, opt, sched, gen, rank, world, device)
 
 
 def _restore(r: _Run, last: Path, log: Callable[[str], None]) -> None:
     """Continue exactly where the checkpoint stopped: weights, optimizer, schedule and every RNG."""
-    st = torch.load(last, weights_only=False)
+    st = dev.load_to_cpu(last)
     r.model.load_state_dict(st["model"], strict=True)
     r.opt.load_state_dict(st["optimizer"])
     r.sched.load_state_dict(st["scheduler"])
@@ -190,13 +219,14 @@ def _save(r: _Run, last: Path) -> None:
                  "rng": {"data": gens, "torch": torch.get_rng_state(), "python": random.getstate()}}, last)
 
 
-def _step(r: _Run, store, weights: torch.Tensor, fwd: torch.nn.Module | None) -> tuple[torch.Tensor, dict[str, float]]:
+def _step(r: _Run, store, weights: torch.Tensor, fwd: torch.nn.Module | None,
+          frequent: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
     """One optimizer step on a fresh batch; appends to the history."""
     tc = r.tc
-    b = sample_batch(store, tc.batch_size, r.gen, tc.anchors_per_seq, tc.block_size, r.shape.mask_token_id)
-    with torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16,
-                        enabled=tc.autocast == "bfloat16"):
-        loss, info = batch_loss(r.model, b, weights, fwd)
+    b = sample_batch(store, tc.batch_size, r.gen, tc.anchors_per_seq, tc.block_size, r.shape.mask_token_id,
+                     tc.distill)
+    with dev.autocast(r.device, tc.autocast):
+        loss, info = batch_loss(r.model, b.to(r.device), weights, fwd, frequent)
     r.opt.zero_grad(set_to_none=True)
     loss.backward()
     gn = torch.nn.utils.clip_grad_norm_(r.params, tc.grad_clip) if tc.grad_clip else torch.tensor(0.0)
@@ -204,31 +234,38 @@ def _step(r: _Run, store, weights: torch.Tensor, fwd: torch.nn.Module | None) ->
     r.sched.step()
     r.step += 1
     r.history.append({"step": r.step, "loss": round(loss.item(), 5), "acc1": round(info["acc1"], 4),
-                      "lr": r.sched.get_last_lr()[0], "grad_norm": round(float(gn), 4)})
+                      "lr": r.sched.get_last_lr()[0], "grad_norm": round(float(gn), 4), "vocab": info.get("vocab")})
     return loss, info
 
 
 def train_loop(shape: DrafterShape | dict[str, Any], tc: TrainOptions | dict[str, Any], store, embed: torch.Tensor,
                head: torch.Tensor, ckpt_dir: Path, seed: int, resume: bool, stop_at: int | None = None, log=print,
-               progress: bool = True) -> dict[str, Any]:
-    """Train to tc.steps (or stop at `stop_at`); returns the final state summary."""
+               progress: bool = True, frequent: torch.Tensor | None = None,
+               init: dict[str, torch.Tensor] | None = None, max_seconds: float | None = None) -> dict[str, Any]:
+    """Train to tc.steps (or stop at `stop_at`, or at the first step that ends after
+    `max_seconds`, a wall-clock chunk); returns the final state summary."""
     shape, tc = DrafterShape.coerce(shape), TrainOptions.coerce(tc)
-    r = _start(shape, tc, embed, head, seed)
-    weights = obj.loss_weights(tc.block_size, tc.gamma)
+    r = _start(shape, tc, embed, head, seed, init)
+    weights = obj.loss_weights(tc.block_size, tc.gamma).to(r.device)
+    frequent = None if frequent is None else frequent.to(r.device)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     last = ckpt_dir / "last.pt"
     if resume and last.is_file():
         _restore(r, last, log)
-    fwd = torch.nn.parallel.DistributedDataParallel(_Forward(r.model)) if r.world > 1 else None
+    ids = [r.device.index] if r.device.type == "cuda" else None
+    fwd = torch.nn.parallel.DistributedDataParallel(_Forward(r.model), device_ids=ids) if r.world > 1 else None
     end = tc.steps if stop_at is None else min(tc.steps, stop_at)
     t0 = time.monotonic()
     with bar("train", tc.steps, start=r.step) as advance:
         while r.step < end:
-            loss, info = _step(r, store, weights, fwd)
+            loss, info = _step(r, store, weights, fwd, frequent)
             if progress:
                 advance(loss=f"{loss.item():.3f}", acc1=f"{info['acc1']:.2f}")
-            if r.step % tc.checkpoint_every == 0 or r.step == end:
+            out_of_time = max_seconds is not None and time.monotonic() - t0 >= max_seconds
+            if r.step % tc.checkpoint_every == 0 or r.step == end or out_of_time:
                 _save(r, last)
+            if out_of_time:
+                break
     return {"model": r.model, "step": r.step, "history": r.history, "seconds": time.monotonic() - t0}
 
 
@@ -241,10 +278,14 @@ def _train_store(cfg: TrainConfig, run: Path, shape: DrafterShape, model_dir: st
         store = StreamStore(train_recs, make_source(cfg, model_dir, shape.target_layer_ids))
     if not len(store):
         raise TrainConfigError(f"{run}: no captured training records; run the capture phase")
+    if cfg.train.distill and not (isinstance(store, ShardStore) and store.has_topk):
+        raise TrainConfigError(f"{cfg.path}: train.distill needs the target's top-k captured in cache mode: set "
+                               "capture.topk (e.g. 8) and capture.mode=cache, then run the capture phase")
     return store
 
 
-def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None, log=print) -> dict[str, Any]:
+def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None, log=print,
+          max_seconds: float | None = None) -> dict[str, Any]:
     shape, tc = cfg.shape(), cfg.train
     infer_block = cfg.export.block_size or shape.block_size
     if tc.block_size < infer_block:
@@ -255,15 +296,20 @@ def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None,
     embed, head = load_target_head(model_dir)
     if not resume and (run / "checkpoints" / "last.pt").is_file():
         raise TrainConfigError(f"{run / 'checkpoints' / 'last.pt'} exists: pass --resume to continue it, or remove it")
-    res = train_loop(shape, tc, store, embed, head, run / "checkpoints", cfg.seed, resume, stop_at, log=log)
+    frequent = vocab.frequent_tokens(training_records(cfg, run)[0], tc.vocab_subset) if tc.vocab_subset else None
+    init = None
+    if tc.init_from_target and not resume:
+        init = target_layer_tensors(model_dir, tc.init_from_target, shape)
+        log(f"train: draft layers start from target layers {tc.init_from_target}")
+    res = train_loop(shape, tc, store, embed, head, run / "checkpoints", cfg.seed, resume, stop_at, log=log,
+                     frequent=frequent, init=init, max_seconds=max_seconds)
     hist = res["history"]
     tail = hist[-50:]
+    res["loss_mean_last50"] = sum(h["loss"] for h in tail) / max(1, len(tail))
     m = Manifest.open(run)
     m.note("train", {"steps_done": res["step"], "steps_planned": tc.steps, "records": len(store),
                      "examples_seen": res["step"] * tc.batch_size,
-                     "final_loss_mean_last50": sum(h["loss"] for h in tail) / max(1, len(tail)),
-                     "config": tc.as_dict()})
+                     "final_loss_mean_last50": res["loss_mean_last50"], "config": tc.as_dict()})
     write_text_atomic(run / "loss-history.json", json.dumps(hist) + "\n")
-    log(f"train: step {res['step']}/{tc.steps}, mean loss of the last {len(tail)} steps "
-        f"{m.data['train']['final_loss_mean_last50']:.3f}")
+    log(f"train: step {res['step']}/{tc.steps}, mean loss of the last {len(tail)} steps {res['loss_mean_last50']:.3f}")
     return res

@@ -1,0 +1,130 @@
+"""`python -m kimidflash train-compare`: training changes measured at equal wall time.
+
+    python -m kimidflash train-compare configs/train-cpu-reference.json --base-run RUN \\
+        --seconds 900 --out benchmarks/drafter/training-changes \\
+        --variant baseline --variant vocab8k train.vocab_subset=8192
+
+A change that makes steps cheaper but learns less per step is no gain, and
+neither is one that learns more per step at twice the cost: what counts is
+the held-out acceptance a fixed amount of CPU time buys. Each variant trains
+from scratch for `--seconds` of wall time on the captured data of one base run
+(its setup and capture phases done: the folder is shared, not copied), then
+the eval phase measures offline acceptance on the held-out split. One result
+file per variant (`NAME.json`, with steps, steps/s, loss and acceptance per
+k, the overrides and the provenance), written atomically; a variant whose
+file exists is skipped, so an interrupted comparison resumes. `summary.md`
+tabulates every file in `--out`. Run variants with nothing else on the
+machine: they are timed one after another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..fsio import utc_now, write_json_atomic, write_text_atomic
+from ..paths import cache_dir, portable, portable_argv
+from . import config as tcfg
+from .cli import guarded
+from .errors import TrainConfigError
+from .evaluate import evaluate_run
+from .manifest import versions
+from .trainer import train
+
+SCHEMA = "kimidflash-train-compare/1"
+SHARED = ("capture",)  # symlinked: the captured features every variant reads
+COPIED = ("manifest.json", "prompts.jsonl", "regen.jsonl")  # each variant's own (train and eval write notes)
+
+
+def variant_run(base: Path, work: Path) -> Path:
+    """A fresh run folder that reads the base run's data."""
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    for name in COPIED:
+        shutil.copy2(base / name, work / name)
+    for name in SHARED:
+        (work / name).symlink_to((base / name).resolve(), target_is_directory=True)
+    return work
+
+
+def run_variant(config: str, base: Path, name: str, sets: dict[str, Any], seconds: float, work: Path,
+                argv: list[str], started: dict[str, Any]) -> dict[str, Any]:
+    """Train and evaluate one variant; `started`: the versions (git commit included) when the command began."""
+    run = variant_run(base, work / name)
+    cfg = tcfg.load(config, {**sets, "run_dir": str(run)})
+    res = train(cfg, run, resume=False, max_seconds=seconds)
+    ev = evaluate_run(cfg, run)
+    return {"schema": SCHEMA, "variant": name, "overrides": dict(sets),
+            "budget_seconds": seconds, "train_seconds": round(res["seconds"], 1), "steps": res["step"],
+            "steps_per_second": round(res["step"] / res["seconds"], 4) if res["seconds"] else None,
+            "loss_mean_last50": round(res["loss_mean_last50"], 4),
+            "vocab_per_step": res["history"][-1].get("vocab") if res["history"] else None,
+            "offline": {k: {"mean_acceptance_length": v["mean_acceptance_length"], "per_position": v["per_position"],
+                            "drafts": v["drafts"]} for k, v in ev["by_k"].items()},
+            "heldout_records": ev["records"], "config": portable(config), "base_run": portable(base),
+            "train": cfg.train.as_dict(), "versions": started, "utc": utc_now(), "command": portable_argv(argv)}
+
+
+def summary_markdown(results: list[dict[str, Any]]) -> str:
+    ks = sorted({k for r in results for k in r["offline"]}, key=int)
+    head = ["variant", "overrides", "steps", "steps/s", "loss (last 50)", *[f"offline AL k={k}" for k in ks]]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        over = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in r["overrides"].items()) or "(the config as is)"
+        cells = [r["variant"], over, str(r["steps"]), f"{r['steps_per_second']:.3f}", f"{r['loss_mean_last50']:.3f}",
+                 *[f"{r['offline'][k]['mean_acceptance_length']:.4f}" if k in r["offline"] else "-" for k in ks]]
+        rows.append("| " + " | ".join(cells) + " |")
+    first = results[0] if results else {}
+    return (f"# Training changes at equal wall time\n\nEach variant trained from scratch for "
+            f"{first.get('budget_seconds')} s on the same captured data, then was evaluated offline on the "
+            f"held-out split (AL: mean acceptance length, scored with the full LM head as vLLM does). The loss "
+            f"is over each step's softmax vocabulary, so it is not comparable across `train.vocab_subset` "
+            f"settings. Written by `python -m kimidflash train-compare`; one JSON per variant beside this file "
+            f"holds the command, the versions and the machine.\n\n" + "\n".join(rows) + "\n")
+
+
+def compare(a: argparse.Namespace, argv: list[str]) -> None:
+    if not a.seconds > 0:
+        raise TrainConfigError(f"--seconds must be positive, got {a.seconds}")
+    if not (a.base_run / "capture").is_dir():
+        raise TrainConfigError(f"--base-run {a.base_run}: no capture/ folder; run its setup and capture phases")
+    names = [v[0] for v in a.variant]
+    if len(set(names)) != len(names):
+        raise TrainConfigError(f"--variant names repeat: {names}")
+    common = tcfg.parse_set(a.set)
+    plans = [(v[0], {**common, **tcfg.parse_set(v[1:])}) for v in a.variant]
+    for _name, sets in plans:  # every variant's config is valid before the first one trains
+        tcfg.load(a.config, sets)
+    work = a.work or cache_dir() / "train-compare" / a.out.name
+    started = versions()  # the code that runs is the code at the start
+    a.out.mkdir(parents=True, exist_ok=True)
+    for name, sets in plans:
+        out = a.out / f"{name}.json"
+        if out.is_file():
+            print(f"train-compare: {out} exists; skipped")
+            continue
+        write_json_atomic(out, run_variant(a.config, a.base_run, name, sets, a.seconds, work,
+                                           ["python", "-m", "kimidflash", "train-compare", *argv], started))
+    results = [json.loads((a.out / f"{n}.json").read_text()) for n in names]
+    write_text_atomic(a.out / "summary.md", summary_markdown(results))
+    print(summary_markdown(results))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="kimidflash train-compare", description=__doc__.splitlines()[0])
+    p.add_argument("config")
+    p.add_argument("--base-run", type=Path, required=True, help="a run folder whose setup and capture phases are done")
+    p.add_argument("--seconds", type=float, required=True, help="wall-clock training budget per variant")
+    p.add_argument("--out", type=Path, required=True, help="where NAME.json and summary.md go")
+    p.add_argument("--variant", nargs="+", action="append", required=True, metavar=("NAME", "KEY=VALUE"),
+                   help="a variant: its name, then config overrides (repeatable)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every variant")
+    p.add_argument("--work", type=Path, help="the variants' run folders (default: the cache's train-compare/)")
+    a = p.parse_args(argv)
+    return guarded(lambda: compare(a, argv), "rerun the same command: finished variants are kept")

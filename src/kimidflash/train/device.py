@@ -1,0 +1,54 @@
+"""Where the training pipeline computes: the GPU when torch sees one, else the CPU.
+
+One place decides, so capture, train and eval agree, and the same config runs
+on a CPU machine and on a GPU node unchanged (`train.device: "auto"`). ROCm
+builds of torch answer `torch.cuda` too, so "cuda" means an MI300X there.
+Under torchrun each rank takes the GPU of its LOCAL_RANK. `train.autocast:
+"auto"` is bf16 autocast on a GPU and none on the CPU (AVX2 CPUs have no
+native bf16, so torch would emulate it slowly). Checkpoints are always read
+onto the CPU first, so a run trained on a GPU evaluates and exports anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .errors import TrainConfigError
+
+DEVICES = ("auto", "cpu", "cuda")
+AUTOCAST = ("auto", "bfloat16", "none")
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def resolve(name: str) -> torch.device:
+    """train.device as a torch device."""
+    if name not in DEVICES:
+        raise TrainConfigError(f"train.device {name!r}: expected one of {', '.join(DEVICES)}")
+    gpu = torch.cuda.is_available()
+    if name == "cuda" and not gpu:
+        raise TrainConfigError(f"train.device=cuda, but this torch ({torch.__version__}) sees no GPU; "
+                               "use auto or cpu")
+    if name == "cpu" or not gpu:
+        return torch.device("cpu")
+    return torch.device("cuda", local_rank())
+
+
+def autocast_enabled(device: torch.device, mode: str) -> bool:
+    """Whether bf16 autocast is on for train.autocast on this device."""
+    if mode not in AUTOCAST:
+        raise TrainConfigError(f"train.autocast {mode!r}: expected one of {', '.join(AUTOCAST)}")
+    return mode == "bfloat16" or (mode == "auto" and device.type == "cuda")
+
+
+def autocast(device: torch.device, mode: str) -> torch.autocast:
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast_enabled(device, mode))
+
+
+def load_to_cpu(path) -> dict:
+    """A checkpoint, every tensor on the CPU (RNG states must be; the model moves later)."""
+    return torch.load(path, map_location="cpu", weights_only=False)

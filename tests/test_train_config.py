@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -100,3 +103,36 @@ def test_heldout_split_is_stable_by_id():
     held = [i for i in ids if is_heldout(i, 0.05)]
     assert 50 < len(held) < 150
     assert [i for i in ids[:1000] if is_heldout(i, 0.05)] == [i for i in held if i in ids[:1000]]
+
+
+CHILD = """
+import sys, time
+from pathlib import Path
+from kimidflash.background import serving_process
+from kimidflash.train.cli import guarded
+fake_serve = [sys.executable, "-c", "import time; print('serve: ready in 0.1s', flush=True); time.sleep(600)"]
+def body():
+    with serving_process("cfg.env", [], Path(sys.argv[1]) / "serve.log", cmd=fake_serve) as (proc, _):
+        (Path(sys.argv[1]) / "server.pid").write_text(str(proc.pid))
+        time.sleep(600)
+sys.exit(guarded(body, "rerun"))
+"""
+
+
+def test_sigterm_stops_a_training_command_and_the_server_it_started(tmp_path):
+    """A regen killed with SIGTERM (a job scheduler, `timeout`, `kill`) once left its target server
+    running: the server has its own session. Now SIGTERM ends the command as Ctrl-C does."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], cwd=ROOT, stderr=subprocess.PIPE,
+                             text=True)
+    pid_file = tmp_path / "server.pid"
+    for _ in range(300):
+        if pid_file.is_file() or child.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert pid_file.is_file(), child.communicate()[1]
+    server = int(pid_file.read_text())
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=60) == 130
+    assert "interrupted; rerun" in child.stderr.read()
+    with pytest.raises(ProcessLookupError):
+        os.kill(server, 0)

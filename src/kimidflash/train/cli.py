@@ -5,7 +5,8 @@ Each one reads what the previous wrote in the run folder and is resumable:
 regen skips answered prompts, capture skips written shards, train continues
 from its last checkpoint with `--resume`. train-drafter.sh is a thin wrapper
 over this. Exit status: 0 done, 2 bad input (one line naming the culprit),
-130 interrupted.
+130 interrupted (Ctrl-C or SIGTERM: either way the target server regen or
+capture started is stopped, not left running).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from ..background import sigterm_as_interrupt
 from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, RecipeError
 from ..fsio import utc_now
 from ..paths import CONFIGS_DIR, portable_argv
@@ -80,9 +82,11 @@ def run(a: argparse.Namespace, argv: list[str]) -> None:
 
 
 def guarded(body: Callable[[], None], on_interrupt: str) -> int:
-    """The training commands' exit status: bad input is one line and 2, Ctrl-C says how to go on and 130."""
+    """The training commands' exit status: bad input is one line and 2, Ctrl-C or SIGTERM says how to
+    go on and 130 (SIGTERM as Ctrl-C, so a server the phase started in its own session is stopped too)."""
     try:
-        body()
+        with sigterm_as_interrupt():
+            body()
     except (RecipeError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE

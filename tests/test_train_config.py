@@ -125,7 +125,7 @@ def test_sigterm_stops_a_training_command_and_the_server_it_started(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], cwd=ROOT, stderr=subprocess.PIPE,
                              text=True)
     pid_file = tmp_path / "server.pid"
-    for _ in range(300):
+    for _ in range(600):
         if pid_file.is_file() or child.poll() is not None:
             break
         time.sleep(0.1)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -85,8 +86,12 @@ def main() -> None:
 
         dsv2.maybe_remap_kv_scale_name = remap
 
+    # CPU_MLA named for an MLA model: on an AMX host vLLM would pick AMX_MLA, which loads
+    # bfloat16 weights only (the recipe's config rule says the same).
+    mla = "kv_lora_rank" in json.loads((Path(args["model"]) / "config.json").read_text())
     llm = LLM(model=args["model"], kv_cache_dtype="fp8", enforce_eager=True, dtype="float32",
-              max_model_len=512, max_num_seqs=1, gpu_memory_utilization=0.3, seed=0)
+              max_model_len=512, max_num_seqs=1, gpu_memory_utilization=0.3, seed=0,
+              attention_backend="CPU_MLA" if mla else None)
     (layers,) = llm.apply_model(scales_of)
     out = llm.generate(["hello"], SamplingParams(max_tokens=1, temperature=0.0))
     print("LOAD-JSON " + json.dumps({"version": vllm.__version__, "layers": layers,

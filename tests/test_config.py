@@ -121,6 +121,8 @@ def refusal(tmp_path, body: str, environ=None) -> ConfigError:
     ("EXTRA_VLLM_ARGS=--max-num-seqs 4", "EXTRA_VLLM_ARGS", ["repeats --max-num-seqs"]),
     ("EXTRA_VLLM_ARGS='--foo \"unbalanced'", "EXTRA_VLLM_ARGS", ["shell words"]),
     ("PLATFORM=cpu", "MOE_BACKEND", ["MOE_BACKEND=auto"]),
+    ("PLATFORM=cpu\nMOE_BACKEND=auto\nSPECULATIVE_METHOD=none\nDTYPE=float32", "ATTENTION_BACKEND",
+     ["TRITON_MLA with an MLA target in float32", "AMX_MLA", "bfloat16 weights only", "ATTENTION_BACKEND=CPU_MLA"]),
     ("CPU_OMP_THREADS_BIND=0|1", "CPU_OMP_THREADS_BIND", ["only applies with PLATFORM=cpu"]),
     ("PLATFORM=cpu\nMOE_BACKEND=auto\nCPU_OMP_THREADS_BIND=0|1", "CPU_OMP_THREADS_BIND",
      ["2 CPU list(s)", "one per rank, TENSOR_PARALLEL_SIZE=8"]),
@@ -158,6 +160,9 @@ def test_refusals_name_the_key_and_the_fix(tmp_path, body, key, words):
     "DRAFT_ATTENTION_BACKEND=TRITON_ATTN",  # from 0.21 the draft's backend is the config's to name
     "DRAFT_ATTENTION_BACKEND=\nATTENTION_BACKEND=",
     "SPECULATIVE_METHOD=none\nVLLM_VERSION=0.20.2\nATTENTION_BACKEND=",  # no draft, no rule
+    # float32 MLA on CPU names the reference backend; bfloat16 may take AMX_MLA (vLLM's pick)
+    "PLATFORM=cpu\nMOE_BACKEND=auto\nSPECULATIVE_METHOD=none\nDTYPE=float32\nATTENTION_BACKEND=cpu_mla",
+    "PLATFORM=cpu\nMOE_BACKEND=auto\nSPECULATIVE_METHOD=none\nDTYPE=bfloat16\nATTENTION_BACKEND=",
 ])
 def test_attention_backends_each_pin_honours_are_accepted(tmp_path, body):
     load_config(write_env(tmp_path / "ok.env", f"INCLUDE={CONFIGS / 'production.env'}\n{body}\n"), environ={})

@@ -194,6 +194,7 @@ def check_config(config: Config) -> None:
 
     if v["PLATFORM"] == "cpu" and v["MOE_BACKEND"] != "auto":
         fail("MOE_BACKEND", "AITER and Triton MoE are ROCm kernels; set MOE_BACKEND=auto with PLATFORM=cpu")
+    cpu_mla_rule(v, fail)
     cpu_bind_rule(v, fail)
     extra_args_rule(v, fail)
 
@@ -213,6 +214,18 @@ def hidden_states_rules(v: dict[str, Any], fail: Fail) -> None:
         hidden_states_layers(v["HIDDEN_STATES_LAYERS"])
     except ValueError as exc:
         fail("HIDDEN_STATES_LAYERS", str(exc))
+
+
+def cpu_mla_rule(v: dict[str, Any], fail: Fail) -> None:
+    """vLLM's CPU build picks its AMX MLA backend wherever the host has AMX (Xeon 4th gen on)
+    unless CPU_MLA is named, and that backend loads bfloat16 weights only: a float32 MLA
+    config would serve on one host and die at load on the next ("expect weight to be
+    bfloat16, ..."), so the config names the backend that takes every dtype."""
+    if (v["PLATFORM"] == "cpu" and v["TARGET_ATTENTION"] == "mla" and v["DTYPE"] == "float32"
+            and v["ATTENTION_BACKEND"].upper() != "CPU_MLA"):
+        fail("ATTENTION_BACKEND", f"{v['ATTENTION_BACKEND'] or '(empty)'} with an MLA target in float32 on CPU: "
+                                  "vLLM picks AMX_MLA on hosts with AMX, which loads bfloat16 weights only; "
+                                  "set ATTENTION_BACKEND=CPU_MLA (vLLM's reference MLA backend, any dtype)")
 
 
 def cpu_bind_rule(v: dict[str, Any], fail: Fail) -> None:

@@ -68,6 +68,8 @@ def run_saver(config: Config, src: Path, tmp: Path, max_shard_bytes: int) -> str
             "--max-model-len", str(min(config["MAX_MODEL_LEN"], 4096)), "--max-shard-bytes", str(max_shard_bytes)]
     if config["TRUST_REMOTE_CODE"]:
         argv.append("--trust-remote-code")
+    if config["ATTENTION_BACKEND"]:  # the load runs the backend's weight processing (AMX MLA: bfloat16 only)
+        argv += ["--attention-backend", config["ATTENTION_BACKEND"]]
     proc = subprocess.run(argv, env={**launch_env(config), **render(config).env}, stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = proc.stdout.splitlines()

@@ -80,6 +80,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--max-shard-bytes", type=int, default=5 << 30)
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--attention-backend", default=None)
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     os.environ[OUT_ENV], os.environ[MAX_ENV] = str(a.out.resolve()), str(a.max_shard_bytes)
@@ -90,7 +91,8 @@ def main(argv: list[str]) -> int:
 
         # The engine must come up for the ranks to load; what it serves afterwards is not needed.
         llm = LLM(model=a.model, tensor_parallel_size=a.tensor_parallel_size, dtype=a.dtype, enforce_eager=True,
-                  max_model_len=a.max_model_len, trust_remote_code=a.trust_remote_code)
+                  max_model_len=a.max_model_len, trust_remote_code=a.trust_remote_code,
+                  attention_backend=a.attention_backend)
         del llm
     missing = [r for r in range(a.tensor_parallel_size) if not list(a.out.glob(f"*-rank-{r}-part-*{WEIGHT_SUFFIX}"))]
     if missing:

@@ -32,10 +32,12 @@ def test_asking_for_a_gpu_torch_does_not_see_is_refused(monkeypatch):
         dev.resolve("tpu")
 
 
-@pytest.mark.parametrize("device, mode, on", [
-    ("cpu", "auto", False), ("cuda", "auto", True), ("cpu", "bfloat16", True), ("cuda", "none", False),
+@pytest.mark.parametrize("device, amx, mode, on", [
+    ("cpu", False, "auto", False), ("cpu", True, "auto", True), ("cuda", False, "auto", True),
+    ("cpu", False, "bfloat16", True), ("cuda", False, "none", False), ("cpu", True, "none", False),
 ])
-def test_autocast_auto_means_bf16_on_the_gpu_only(device, mode, on):
+def test_autocast_auto_means_bf16_where_it_is_native(monkeypatch, device, amx, mode, on):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     assert dev.autocast_enabled(torch.device(device), mode) is on
 
 

@@ -85,8 +85,21 @@ def test_reuse_serves_only_what_is_missing(fake_serving, drafter, tmp_path):
     assert len(fake_serving) == 3 and fake_serving[-1][0] == "SPECULATIVE_METHOD=none"
 
 
+def test_each_drafter_sits_beside_its_own_offline_file(fake_serving, drafter, tmp_path):
+    other = tmp_path / "other-eval.json"
+    other.write_text(json.dumps({"step": 7, "by_k": {"3": {"mean_acceptance_length": 1.25, "per_position": [0.25]}}}))
+    out = tmp_path / "ab"
+    assert ab.main(argv(out, drafter, "--drafter", f"theirs={drafter}", "--offline", f"theirs={other}")) == 0
+    table = (out / "offline-vs-online.md").read_text()
+    mine = json.loads(OFFLINE.read_text())["by_k"]["3"]["mean_acceptance_length"]
+    assert f"| mine k=3 | 2 | 3 | {mine} | 2.5 |" in table  # the bare file: every drafter without its own
+    assert "| theirs k=3 | 2 | 3 | 1.25 | 2.5 |" in table and "Offline (theirs):" in table
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--rounds", "0"], "--rounds must be at least 1, got 0"),
+    (["--offline", "nobody=x.json"], "--offline nobody=x.json: no --drafter is labelled 'nobody'"),
+    (["--offline", "/nonexistent/eval.json"], "--offline /nonexistent/eval.json: not found"),
     (["--drafter", "nolabel"], "--drafter nolabel: expected LABEL=DIR"),
     (["--drafter", "b=/nonexistent"], "--drafter b: /nonexistent/config.json not found"),
 ])

@@ -103,3 +103,18 @@ def test_export_refuses_a_state_that_does_not_match_the_shape(tmp_path):
     state.pop("norm.weight")
     with pytest.raises(ValueError, match="missing \\['norm.weight'\\]"):
         export_model(state, SHAPE, tmp_path / "d")
+
+
+def test_the_drafter_readme_names_the_setup_prompts_and_what_auto_autocast_meant():
+    """Setup's prompt set (a later phase's config may still name the default one) and the resolved autocast."""
+    from kimidflash.paths import REPO_ROOT
+    from kimidflash.train.config import load
+    from kimidflash.train.export_run import drafter_readme
+
+    cfg = load(REPO_ROOT / "configs" / "train-cpu-reference.json")
+    manifest = {"prompts": {"source": "synthetic:15850", "count": 15850},
+                "train": {"final_loss_mean_last50": 1.5, "bf16_autocast": True}}
+    text = drafter_readme(cfg, manifest, {"step": 12}, None)
+    assert "prompts `synthetic:15850`" in text and "autocast auto (= bf16 on the training machine)" in text
+    old = drafter_readme(cfg, {"train": {}}, {"step": 12}, None)  # a manifest from before either was recorded
+    assert f"prompts `{cfg.data.prompts}`" in old and "autocast auto;" in old

@@ -92,18 +92,40 @@ def _run_variant(args: argparse.Namespace, out: Path, label: str, sets: list[str
     return list(paths.values())
 
 
-def offline_vs_online(files: list[Path], offline_path: Path, out: Path) -> str:
-    """A Markdown table: offline (eval phase) and online (/metrics) acceptance per k, from the files alone."""
-    off = json.loads(offline_path.read_text())
-    lines = [f"Offline: `{portable(offline_path)}` (step {off.get('step')}, {off.get('split', 'heldout')} split, "
-             f"{off.get('definition', '')}). Online: vLLM /metrics deltas in the result files below.", "",
-             "| variant | concurrency | k | offline mean acceptance length | online mean acceptance length | "
-             "offline per position | online per position | output tok/s | file |", "|---|---|---|---|---|---|---|---|---|"]
+def offline_files(specs: list[str], labels: list[str]) -> dict[str | None, Path]:
+    """--offline values: `LABEL=FILE` for one drafter, a bare FILE for every drafter."""
+    out: dict[str | None, Path] = {}
+    for spec in specs:
+        label, sep, path = spec.partition("=")
+        if sep and label in labels:
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"--offline {spec}: {path} not found")
+            out[label] = Path(path)
+        elif Path(spec).is_file():
+            out[None] = Path(spec)
+        elif sep:
+            raise ValueError(f"--offline {spec}: no --drafter is labelled {label!r}, and no file is named so")
+        else:
+            raise FileNotFoundError(f"--offline {spec}: not found")
+    return out
+
+
+def offline_vs_online(files: list[Path], offline: dict[str | None, Path], out: Path) -> str:
+    """A Markdown table: offline (eval phase) and online (/metrics) acceptance per k, from the files alone.
+    Each drafter's rows take its own eval file (`offline[label]`), else the one for every drafter."""
+    docs = {label: json.loads(path.read_text()) for label, path in offline.items()}
+    lines = [f"Offline{'' if label is None else f' ({label})'}: `{portable(path)}` (step {docs[label].get('step')}, "
+             f"{docs[label].get('split', 'heldout')} split, {docs[label].get('definition', '')})."
+             for label, path in offline.items()]
+    lines += ["Online: vLLM /metrics deltas in the result files below.", "",
+              "| variant | concurrency | k | offline mean acceptance length | online mean acceptance length | "
+              "offline per position | online per position | output tok/s | file |", "|---|---|---|---|---|---|---|---|---|"]
     for f in files:
         doc = load_result(f)
         label = doc.get("label", "")
         k = (doc.get("provenance", {}).get("recipe_config") or {}).get("values", {}).get("NUM_SPECULATIVE_TOKENS")
-        o = off["by_k"].get(str(k)) if "k=" in label and not label.startswith("ngram") else None
+        off = docs.get(label.split(" k=")[0], docs.get(None)) if "k=" in label and not label.startswith("ngram") else None
+        o = off["by_k"].get(str(k)) if off else None
         lines.append(f"| {label} | {doc.get('max_concurrency')} | {k if doc.get('speculative') else '-'} | "
                      f"{o['mean_acceptance_length'] if o else '-'} | {doc.get('spec_decode_acceptance_length') or '-'} | "
                      f"{o['per_position'] if o else '-'} | {doc.get('spec_decode_per_position_acceptance_rates') or '-'} | "
@@ -135,16 +157,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1,
                    help="cycle through all variants this many times (files get -rN); compare averages the rounds")
     p.add_argument("--out", required=True, help="folder for result files, report.md and charts")
-    p.add_argument("--offline", type=Path, help="an eval.json / offline-acceptance.json to set beside online figures")
+    p.add_argument("--offline", action="append", default=[], metavar="[LABEL=]FILE",
+                   help="an eval.json / offline-acceptance.json to set beside online figures: LABEL=FILE for "
+                        "that --drafter's rows, FILE for every drafter (repeatable)")
     a = p.parse_args(argv)
     try:
+        offline = offline_files(a.offline, [d.partition("=")[0] for d in a.drafter])
         files = run_ab(a)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     base = "no speculation" if a.none else None
     compare([str(f) for f in files], baseline=base, markdown=Path(a.out) / "report.md", charts=Path(a.out) / "charts")
-    if a.offline:
-        print(offline_vs_online(files, a.offline, Path(a.out)))
+    if offline:
+        print(offline_vs_online(files, offline, Path(a.out)))
     return 0
 

@@ -46,6 +46,12 @@ def loss_curve_png(history: list[dict[str, float]], path: Path, title: str) -> P
     return path
 
 
+def autocast_meant(train_note: dict[str, Any]) -> str:
+    """What `auto` resolved to where the run trained, when the manifest says (runs from 2026-11-25)."""
+    on = train_note.get("bf16_autocast")
+    return "" if on is None else f" (= {'bf16' if on else 'fp32'} on the training machine)"
+
+
 def drafter_readme(cfg: TrainConfig, manifest: dict[str, Any], st: dict[str, Any], ev: dict[str, Any] | None) -> str:
     """A human summary written from the manifest and eval file only (no number typed by hand)."""
     origin = (manifest.get("target") or {}).get("origin") or {}
@@ -55,11 +61,11 @@ def drafter_readme(cfg: TrainConfig, manifest: dict[str, Any], st: dict[str, Any
              f"Target: `{(manifest.get('target') or {}).get('dir')}`" + (f" ({origin.get('note')})" if origin else ""),
              "", f"- drafter shape: `{Path(cfg.drafter_config or '').name}`, exported in vLLM's DFlash format",
              f"- data: {cap.get('train_records')} regenerated training records ({cap.get('train_response_tokens')} "
-             f"response tokens), {cap.get('heldout_records')} held out; prompts `{cfg.data.prompts}` "
+             f"response tokens), {cap.get('heldout_records')} held out; prompts `{(manifest.get('prompts') or {}).get('source', cfg.data.prompts)}` "
              f"(seed {cfg.seed}), regen sampling {manifest.get('regen', {}).get('sampling')}",
              f"- training: {st['step']} steps of batch {cfg.train.batch_size} x {cfg.train.anchors_per_seq} "
              f"anchors, block {cfg.train.block_size}, gamma {cfg.train.gamma}, lr {cfg.train.lr}, "
-             f"autocast {cfg.train.autocast}; loss curve `loss-curve.png`, history `loss-history.json`",
+             f"autocast {cfg.train.autocast}{autocast_meant(tr)}; loss curve `loss-curve.png`, history `loss-history.json`",
              f"- final mean loss over the last 50 steps: {tr.get('final_loss_mean_last50')}"]
     if ev:
         for k, r in ev["by_k"].items():

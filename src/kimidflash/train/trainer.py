@@ -309,7 +309,9 @@ def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None,
     m = Manifest.open(run)
     m.note("train", {"steps_done": res["step"], "steps_planned": tc.steps, "records": len(store),
                      "examples_seen": res["step"] * tc.batch_size,
-                     "final_loss_mean_last50": res["loss_mean_last50"], "config": tc.as_dict()})
+                     "final_loss_mean_last50": res["loss_mean_last50"], "config": tc.as_dict(),
+                     # what train.autocast "auto" meant on this machine (bf16 on a GPU or an AMX CPU)
+                     "bf16_autocast": dev.autocast_enabled(dev.resolve(tc.device), tc.autocast)})
     write_text_atomic(run / "loss-history.json", json.dumps(hist) + "\n")
     log(f"train: step {res['step']}/{tc.steps}, mean loss of the last {len(tail)} steps {res['loss_mean_last50']:.3f}")
     return res

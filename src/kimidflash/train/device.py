@@ -44,7 +44,7 @@ def native_bf16(device: torch.device) -> bool:
     """Whether `device` computes bf16 matmuls in hardware (a GPU; a CPU with AMX tiles)."""
     if device.type == "cuda":
         return True
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private, but what torch's own tests ask
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private, but what vLLM's CPU platform asks too
     return device.type == "cpu" and amx is not None and bool(amx())
 
 

@@ -43,7 +43,7 @@ def test_served_from_shards_the_outputs_are_the_originals(kind, tp, tmp_path):
     bind = "0|1" if tp == 2 else ""
     env = write_env(tmp_path / f"{kind}.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nMODEL_DIR={model}\n"
                     f"TARGET_ATTENTION={'mla' if kind == 'mla' else 'standard'}\nSPECULATIVE_METHOD=none\n"
-                        f"ATTENTION_BACKEND={'CPU_MLA' if kind == 'mla' else ''}\n"
+                    f"ATTENTION_BACKEND={'CPU_MLA' if kind == 'mla' else ''}\n"
                     f"PREPARE_MODELS=none\nDTYPE=float32\nSERVED_MODEL_NAME=tiny-{kind}\n"
                     f"TENSOR_PARALLEL_SIZE={tp}\nCPU_OMP_THREADS_BIND={bind}\n")
     shards = tmp_path / f"{kind}-tp{tp}"

@@ -7,8 +7,9 @@ Under torchrun each rank takes the GPU of its LOCAL_RANK. `train.autocast:
 "auto"` is bf16 autocast where the device computes bf16 natively: a GPU, or a
 CPU with AMX (measured on one: 1.37x the steps per second of fp32 and the same
 held-out acceptance, `benchmarks/drafter/training-changes-3/`). Elsewhere it is
-none: AVX2 CPUs have no native bf16, so torch would emulate it slowly. Checkpoints are always read
-onto the CPU first, so a run trained on a GPU evaluates and exports anywhere.
+none: AVX2 CPUs have no native bf16, so torch would emulate it slowly.
+Checkpoints are always read onto the CPU first, so a run trained on a GPU
+evaluates and exports anywhere.
 """
 
 from __future__ import annotations

@@ -57,11 +57,12 @@ def drafter_readme(cfg: TrainConfig, manifest: dict[str, Any], st: dict[str, Any
     origin = (manifest.get("target") or {}).get("origin") or {}
     cap = manifest.get("capture", {})
     tr = manifest.get("train", {})
+    prompts = (manifest.get("prompts") or {}).get("source", cfg.data.prompts)  # setup's, not this phase's config
     lines = [f"# {cfg.name}: a DFlash drafter trained by `./train-drafter.sh`", "",
              f"Target: `{(manifest.get('target') or {}).get('dir')}`" + (f" ({origin.get('note')})" if origin else ""),
              "", f"- drafter shape: `{Path(cfg.drafter_config or '').name}`, exported in vLLM's DFlash format",
              f"- data: {cap.get('train_records')} regenerated training records ({cap.get('train_response_tokens')} "
-             f"response tokens), {cap.get('heldout_records')} held out; prompts `{(manifest.get('prompts') or {}).get('source', cfg.data.prompts)}` "
+             f"response tokens), {cap.get('heldout_records')} held out; prompts `{prompts}` "
              f"(seed {cfg.seed}), regen sampling {manifest.get('regen', {}).get('sampling')}",
              f"- training: {st['step']} steps of batch {cfg.train.batch_size} x {cfg.train.anchors_per_seq} "
              f"anchors, block {cfg.train.block_size}, gamma {cfg.train.gamma}, lr {cfg.train.lr}, "

@@ -24,6 +24,12 @@ from .helpers import CONFIGS, ROOT
 OFFLINE = ROOT / "drafters" / "smollm2-135m-dflash" / "offline-acceptance.json"
 
 
+def shipped_offline() -> str:
+    """The shipped eval file's two offline cells: every anchor, and as a server walks ('-' in files before the walk)."""
+    k3 = json.loads(OFFLINE.read_text())["by_k"]["3"]
+    return f"{k3['mean_acceptance_length']} | {k3.get('walk', {}).get('mean_acceptance_length', '-')}"
+
+
 @pytest.fixture
 def fake_serving(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """Replace the real server with the fake one; record each launch's overrides."""
@@ -72,8 +78,7 @@ def test_rounds_interleave_variants_and_the_report_averages_them(fake_serving, d
         assert f_x(sum(tps["mine-k3"]) / sum(tps["no-speculation"])) in report.split(f"| {c} users |")[1].split("\n")[0]
     assert len(list((out / "charts").glob("*.png"))) == 3
     table = (out / "offline-vs-online.md").read_text()
-    offline = json.loads(OFFLINE.read_text())["by_k"]["3"]["mean_acceptance_length"]
-    assert f"| mine k=3 | 2 | 3 | {offline} | 2.5 |" in table
+    assert f"| mine k=3 | 2 | 3 | {shipped_offline()} | 2.5 |" in table
 
 
 def test_reuse_serves_only_what_is_missing(fake_serving, drafter, tmp_path):
@@ -87,13 +92,13 @@ def test_reuse_serves_only_what_is_missing(fake_serving, drafter, tmp_path):
 
 def test_each_drafter_sits_beside_its_own_offline_file(fake_serving, drafter, tmp_path):
     other = tmp_path / "other-eval.json"
-    other.write_text(json.dumps({"step": 7, "by_k": {"3": {"mean_acceptance_length": 1.25, "per_position": [0.25]}}}))
+    other.write_text(json.dumps({"step": 7, "by_k": {"3": {"mean_acceptance_length": 1.25, "per_position": [0.25],
+                                                          "walk": {"mean_acceptance_length": 1.2}}}}))
     out = tmp_path / "ab"
     assert ab.main(argv(out, drafter, "--drafter", f"theirs={drafter}", "--offline", f"theirs={other}")) == 0
     table = (out / "offline-vs-online.md").read_text()
-    mine = json.loads(OFFLINE.read_text())["by_k"]["3"]["mean_acceptance_length"]
-    assert f"| mine k=3 | 2 | 3 | {mine} | 2.5 |" in table  # the bare file: every drafter without its own
-    assert "| theirs k=3 | 2 | 3 | 1.25 | 2.5 |" in table and "Offline (theirs):" in table
+    assert f"| mine k=3 | 2 | 3 | {shipped_offline()} | 2.5 |" in table  # the bare file: every drafter without its own
+    assert "| theirs k=3 | 2 | 3 | 1.25 | 1.2 | 2.5 |" in table and "Offline (theirs):" in table
 
 
 @pytest.mark.parametrize("extra, message", [

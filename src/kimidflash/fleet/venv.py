@@ -8,15 +8,11 @@ last marks it complete.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from ..fsio import sibling_lock
 from ..paths import cache_dir
-
-STAMP = ".kimidflash-complete"
+from ..venvs import ensure_venv
 
 
 def router_venv(version: str) -> Path:
@@ -25,17 +21,8 @@ def router_venv(version: str) -> Path:
 
 def ensure_router(version: str, log=print) -> Path:
     """The vllm-router executable of this version, installed if needed."""
-    venv = router_venv(version)
-    exe = venv / "bin" / "vllm-router"
-    if (venv / STAMP).is_file():
-        return exe
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with sibling_lock(venv):
-        if not (venv / STAMP).is_file():
-            shutil.rmtree(venv, ignore_errors=True)
-            log(f"installing vllm-router=={version} into {venv} (once)")
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-            subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                            "--only-binary=:all:", f"vllm-router=={version}"], check=True)
-            (venv / STAMP).write_text(version + "\n")
-    return exe
+    def build(pip: list[str]) -> None:
+        subprocess.run([*pip, "install", "--only-binary=:all:", f"vllm-router=={version}"], check=True)
+
+    return ensure_venv(router_venv(version), version + "\n", f"vllm-router=={version}", build, log=log) \
+        / "bin" / "vllm-router"

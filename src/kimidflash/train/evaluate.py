@@ -10,6 +10,12 @@ run of matches (the bonus token always counts), as seed 001 and speculators'
 "eal" define it; `per_position[i]` is the fraction of drafts whose first i+1
 tokens all match, the same cumulative form as vLLM's
 `spec_decode_num_accepted_tokens_per_pos`.
+
+That average weighs every anchor once; a server does not. It drafts at the
+first response token, accepts n, and drafts next at the token after the
+bonus, so where the drafter fails it drafts more often. `walk` replays that
+walk over the same teacher-forced lengths: its mean is the acceptance length
+a server would report on the same text, the figure to compare with /metrics.
 """
 
 from __future__ import annotations
@@ -47,6 +53,19 @@ def summarize(lengths: torch.Tensor, k: int) -> dict[str, Any]:
             "per_position": [round(float((acc >= i + 1).float().mean()), 4) for i in range(k)]}
 
 
+def walk(anchors: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The lengths a server would see: from the first anchor, each draft of length L
+    moves the next draft L tokens on (L - 1 accepted plus the bonus), until an
+    anchor without k response tokens after it."""
+    at = {int(a): int(n) for a, n in zip(anchors, lengths)}
+    out: list[int] = []
+    a = int(anchors[0]) if len(anchors) else 0
+    while a in at:
+        out.append(at[a])
+        a += at[a]
+    return torch.tensor(out, dtype=torch.long)
+
+
 def eval_anchors(loss_mask: torch.Tensor, k: int) -> torch.Tensor:
     """Anchors whose next k positions exist and are all response tokens."""
     T = len(loss_mask)
@@ -62,12 +81,13 @@ def offline_acceptance(model, store, k: int, max_records: int | None = None, chu
     mask_id = model.shape.mask_token_id
     device = model.fc.weight.device
     B = k + 1
-    lengths = []
+    lengths, walked = [], []
     n = len(store) if max_records is None else min(max_records, len(store))
     with bar(f"eval k={k}", n) as advance:
         for i in range(n):
             ids, lm, f = store.get(i)
             anchors = eval_anchors(lm, k)
+            record = []
             for s in range(0, len(anchors), chunk):
                 a = anchors[s:s + chunk]
                 valid = torch.ones(len(a), dtype=torch.bool)
@@ -77,9 +97,14 @@ def offline_acceptance(model, store, k: int, max_records: int | None = None, chu
                     logits = model.logits(h[0].view(len(a), B, -1)[:, 1:])
                 pred = logits.argmax(-1)
                 truth = b.labels[0].view(len(a), B)[:, 1:]
-                lengths.append(acceptance_lengths(pred, truth).cpu())
+                record.append(acceptance_lengths(pred, truth).cpu())
+            if record:
+                lengths.append(torch.cat(record))
+                walked.append(walk(anchors, lengths[-1]))
             advance()
-    return summarize(torch.cat(lengths) if lengths else torch.zeros(0, dtype=torch.long), k)
+    empty = torch.zeros(0, dtype=torch.long)
+    return {**summarize(torch.cat(lengths) if lengths else empty, k),
+            "walk": summarize(torch.cat(walked) if walked else empty, k)}
 
 
 def load_checkpoint_model(run: Path, model_dir: str | Path) -> tuple[DFlashDrafter, dict[str, Any]]:
@@ -104,13 +129,14 @@ def evaluate_run(cfg: TrainConfig, run: Path, log=print) -> dict[str, Any]:
     if not len(store):
         raise TrainConfigError(f"{run}: no {split} records captured")
     res = {"step": st["step"], "split": split, "records": min(len(store), cfg.eval.max_records),
-           "definition": "teacher-forced against the target's greedy continuation; block = 1 + k", "by_k": {}}
+           "definition": "teacher-forced against the target's greedy continuation; block = 1 + k; "
+                         "walk: only the anchors a server would draft at", "by_k": {}}
     for k in cfg.eval.k:
         if k + 1 > cfg.train.block_size:
             raise TrainConfigError(f"eval.k {k}: needs a block of {k + 1} > the drafter's block size")
         r = offline_acceptance(model, store, k, cfg.eval.max_records, autocast=cfg.train.autocast)
         res["by_k"][str(k)] = r
         log(f"eval: k={k} offline mean acceptance length {r['mean_acceptance_length']} over {r['drafts']} drafts; "
-            f"per position {r['per_position']}")
+            f"per position {r['per_position']}; as a server walks {r['walk']['mean_acceptance_length']}")
     write_json_atomic(run / "eval.json", res)
     return res

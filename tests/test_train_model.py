@@ -118,3 +118,19 @@ def test_the_drafter_readme_names_the_setup_prompts_and_what_auto_autocast_meant
     assert "prompts `synthetic:15850`" in text and "autocast auto (= bf16 on the training machine)" in text
     old = drafter_readme(cfg, {"train": {}}, {"step": 12}, None)  # a manifest from before either was recorded
     assert f"prompts `{cfg.data.prompts}`" in old and "autocast auto;" in old
+
+
+def test_the_drafter_readme_gives_the_walk_and_says_when_the_run_folder_was_copied():
+    from kimidflash.paths import REPO_ROOT
+    from kimidflash.train.config import load
+    from kimidflash.train.export_run import drafter_readme
+
+    cfg = load(REPO_ROOT / "configs" / "train-cpu-reference.json")
+    inv = [{"argv": ["./train-drafter.sh", "C", "train", "--run-dir", d]} for d in ("R3", "R3", "R4")]
+    ev = {"split": "heldout", "by_k": {"3": {"drafts": 10, "mean_acceptance_length": 2.4, "per_position": [0.6],
+                                              "walk": {"mean_acceptance_length": 2.1}}}}
+    text = drafter_readme(cfg, {"train": {}, "invocations": inv}, {"step": 12}, ev)
+    assert "mean length 2.4, per position [0.6]; 2.1 as a server walks" in text
+    assert "the commands on `R3` made it, and those on `R4` continued a copy" in text
+    one = drafter_readme(cfg, {"train": {}, "invocations": inv[:2]}, {"step": 12}, None)
+    assert "copied" not in one and "./train-drafter.sh C train --run-dir R3" in one

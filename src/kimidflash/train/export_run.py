@@ -70,12 +70,18 @@ def drafter_readme(cfg: TrainConfig, manifest: dict[str, Any], st: dict[str, Any
              f"- final mean loss over the last 50 steps: {tr.get('final_loss_mean_last50')}"]
     if ev:
         for k, r in ev["by_k"].items():
+            walk = (r.get("walk") or {}).get("mean_acceptance_length")
             lines.append(f"- offline acceptance at k={k} ({ev.get('split', 'heldout')} split, {r['drafts']} drafts): "
-                         f"mean length {r['mean_acceptance_length']}, per position {r['per_position']}")
+                         f"mean length {r['mean_acceptance_length']}, per position {r['per_position']}"
+                         + (f"; {walk} as a server walks (the figure to compare with vLLM's)" if walk else ""))
+    argvs = [i["argv"] for i in manifest.get("invocations", [])]
     lines += ["", "Reproduce (every command run on the run folder, in order, is in `manifest.json` "
-              "under `invocations`):", "", "```bash"]
-    lines += [" ".join(i["argv"]) for i in manifest.get("invocations", [])]
-    lines += ["```", ""]
+              "under `invocations`):", "", "```bash", *(" ".join(a) for a in argvs), "```", ""]
+    folders = list(dict.fromkeys(a[a.index("--run-dir") + 1] for a in argvs if "--run-dir" in a[:-1]))
+    if len(folders) > 1:
+        lines += [f"The run folder was copied between commands: the commands on `{folders[0]}` made it, and "
+                  f"those on {', '.join(f'`{f}`' for f in folders[1:])} continued a copy (the manifest, "
+                  "checkpoint, data and captured shards came with it).", ""]
     return "\n".join(lines)
 
 

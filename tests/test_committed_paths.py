@@ -18,7 +18,7 @@ import pytest
 
 from kimidflash.bench.provenance import local_provenance, recipe_info
 from kimidflash.paths import CONFIGS_DIR, REPO_ROOT, cache_dir, portable, portable_argv
-from kimidflash.train.manifest import portable_config
+from kimidflash.train.manifest import portable_config, portable_train
 
 SCANNED_DIRS = ("drafters", "benchmarks")
 SCANNED_SUFFIXES = (".json", ".md")
@@ -151,3 +151,11 @@ def test_manifest_config_is_portable(dirs):
     assert out["drafter_config"] == "configs/smollm2-dflash-draft.json"
     assert out["data"]["prompts"] == "~/p.jsonl"
     assert out["export"] == {"out": "drafters/n", "dtype": "bfloat16"}
+
+
+def test_train_section_records_the_start_drafter_portably(dirs):
+    from kimidflash.train.config import TrainOptions
+
+    tc = TrainOptions.coerce({"init_from_drafter": str(dirs["cache"] / "drafters" / "v4")})
+    assert portable_train(tc)["init_from_drafter"] == "$KIMIDFLASH_CACHE/drafters/v4"
+    assert tc.init_from_drafter.startswith("/")  # the options in use keep the path they open

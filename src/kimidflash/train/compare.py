@@ -32,7 +32,7 @@ from . import config as tcfg
 from .cli import guarded
 from .errors import TrainConfigError
 from .evaluate import evaluate_run
-from .manifest import versions
+from .manifest import portable_train, versions
 from .trainer import train
 
 SCHEMA = "kimidflash-train-compare/1"
@@ -67,7 +67,7 @@ def run_variant(config: str, base: Path, name: str, sets: dict[str, Any], second
             "offline": {k: {"mean_acceptance_length": v["mean_acceptance_length"], "per_position": v["per_position"],
                             "drafts": v["drafts"]} for k, v in ev["by_k"].items()},
             "heldout_records": ev["records"], "config": portable(config), "base_run": portable(base),
-            "train": cfg.train.as_dict(), "versions": started, "utc": utc_now(), "command": portable_argv(argv)}
+            "train": portable_train(cfg.train), "versions": started, "utc": utc_now(), "command": portable_argv(argv)}
 
 
 def summary_markdown(results: list[dict[str, Any]]) -> str:

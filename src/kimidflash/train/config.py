@@ -102,6 +102,7 @@ class TrainOptions(_Section):
     init_std: float = 0.02
     vocab_subset: int | None = None
     init_from_target: list[int] | None = None
+    init_from_drafter: str | None = None  # an exported drafter to start from (warmstart.py); may grow its layers
     distill: bool = False  # CE against the captured top-k distribution (capture.topk) instead of the greedy token
 
     @classmethod
@@ -157,7 +158,7 @@ class TrainConfig(_Section):
 
 DEFAULTS: dict[str, Any] = {k: v for k, v in asdict(TrainConfig()).items() if k != "path"}
 PATH_KEYS = (("target", "serve_config"), ("target", "model_dir"), ("drafter_config",), ("run_dir",),
-             ("export", "out"))
+             ("export", "out"), ("train", "init_from_drafter"))
 _SECTION_CLASSES: dict[str, type] = {"target": TargetOptions, "data": DataOptions, "regen": RegenOptions,
                                      "capture": CaptureOptions, "train": TrainOptions, "eval": EvalOptions,
                                      "export": ExportOptions}

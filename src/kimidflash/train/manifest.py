@@ -48,6 +48,11 @@ def portable_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def portable_train(train: Any) -> dict[str, Any]:
+    """The train section (TrainOptions) as results record it: its path keys portable."""
+    return portable_config({"train": train.as_dict()})["train"]
+
+
 class Manifest:
     def __init__(self, path: Path, data: dict[str, Any]):
         self.path, self.data = path, data

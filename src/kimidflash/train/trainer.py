@@ -39,12 +39,12 @@ from .capture import ShardStore, StreamStore, make_source, training_records
 from .distill import soft_cross_entropy
 from .config import TrainConfig, TrainOptions
 from .errors import TrainConfigError
-from .manifest import Manifest
+from .manifest import Manifest, portable_train
 from .model import DFlashDrafter
 from .progress import bar
 from .shape import DrafterShape
 from .target import target_info
-from .warmstart import target_layer_tensors
+from .warmstart import drafter_tensors, target_layer_tensors
 
 
 def load_target_head(model_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,7 +182,7 @@ def _start(shape: DrafterShape, tc: TrainOptions, embed: torch.Tensor, head: tor
     if init:
         unexpected = model.load_state_dict(init, strict=False).unexpected_keys
         if unexpected:
-            raise TrainConfigError(f"train.init_from_target: the drafter has no parameter {unexpected[0]}")
+            raise TrainConfigError(f"train.init_from_*: the drafter has no parameter {unexpected[0]}")
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.95))
@@ -297,19 +297,22 @@ def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None,
     if not resume and (run / "checkpoints" / "last.pt").is_file():
         raise TrainConfigError(f"{run / 'checkpoints' / 'last.pt'} exists: pass --resume to continue it, or remove it")
     frequent = vocab.frequent_tokens(training_records(cfg, run)[0], tc.vocab_subset) if tc.vocab_subset else None
-    init = None
+    init: dict[str, torch.Tensor] = {}
     if tc.init_from_target and not resume:
-        init = target_layer_tensors(model_dir, tc.init_from_target, shape)
+        init.update(target_layer_tensors(model_dir, tc.init_from_target, shape))
         log(f"train: draft layers start from target layers {tc.init_from_target}")
+    if tc.init_from_drafter and not resume:
+        init.update(drafter_tensors(tc.init_from_drafter, shape))  # over the target's layers where both give one
+        log(f"train: starts from the drafter in {tc.init_from_drafter}")
     res = train_loop(shape, tc, store, embed, head, run / "checkpoints", cfg.seed, resume, stop_at, log=log,
-                     frequent=frequent, init=init, max_seconds=max_seconds)
+                     frequent=frequent, init=init or None, max_seconds=max_seconds)
     hist = res["history"]
     tail = hist[-50:]
     res["loss_mean_last50"] = sum(h["loss"] for h in tail) / max(1, len(tail))
     m = Manifest.open(run)
     m.note("train", {"steps_done": res["step"], "steps_planned": tc.steps, "records": len(store),
                      "examples_seen": res["step"] * tc.batch_size,
-                     "final_loss_mean_last50": res["loss_mean_last50"], "config": tc.as_dict(),
+                     "final_loss_mean_last50": res["loss_mean_last50"], "config": portable_train(tc),
                      # what train.autocast "auto" meant on this machine (bf16 on a GPU or an AMX CPU)
                      "bf16_autocast": dev.autocast_enabled(dev.resolve(tc.device), tc.autocast)})
     write_text_atomic(run / "loss-history.json", json.dumps(hist) + "\n")

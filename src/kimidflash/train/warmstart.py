@@ -1,4 +1,6 @@
-"""Start the draft layers from the target's own decoder layers (`train.init_from_target`).
+"""Start a drafter from weights that already work, instead of from noise.
+
+`train.init_from_target`: draft layers from the target's own decoder layers.
 
 A drafter whose layers have the target's shape (SmolLM2's drafter: hidden
 576, 9 heads, 3 KV heads, MLP 1536, exactly a SmolLM2 layer) can begin from
@@ -9,6 +11,16 @@ have no counterpart in a Llama layer and stay at one; `fc`, `hidden_norm` and
 the final norm stay as initialised. A target whose layers differ in shape (an
 MLA target such as Kimi, whose attention has no q/k/v projections) is
 refused with the tensor that does not fit.
+
+`train.init_from_drafter`: every tensor of a drafter this pipeline exported
+(a shipped one, say), so a new run goes on from what that one learned, with
+more data, another schedule or more layers. A drafter with more layers than
+its source grows: the source's layers come first, and each new layer starts
+with its output projections (`o_proj`, `down_proj`) at zero, so it adds
+nothing to the residual stream and the grown drafter computes exactly what
+its source did at step 0 (tested); its other weights come from
+`init_from_target` when that is set, else from noise, and training opens the
+new layers up. Only the optimizer state is new: an export keeps none.
 """
 
 from __future__ import annotations
@@ -18,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .errors import TrainConfigError
-from .shape import DrafterShape
+from .shape import DrafterShape, read_json_file
 
 # Drafter parameter (after "layers.N.") -> the target's name (after "model.layers.L.").
 COPIED = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
@@ -49,4 +61,56 @@ def target_layer_tensors(model_dir: str | Path, layer_ids: list[int], shape: Dra
         if tuple(t.shape) != expected[name]:
             raise TrainConfigError(f"train.init_from_target: target tensor for {name} is {list(t.shape)}, the "
                                    f"drafter's is {list(expected[name])}")
+    return out
+
+
+# A source drafter's config keys that must equal the new drafter's: its tensors mean something only
+# for the same features (target layers), the same mask token and the same layer geometry.
+SAME_AS_SOURCE = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size")
+SILENT_AT_START = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+
+
+def drafter_tensors(drafter_dir: str | Path, shape: DrafterShape) -> dict[str, torch.Tensor]:
+    """An exported drafter's tensors (float32) as this drafter's initial state, grown when it has more layers.
+
+    The source must describe the same features (target layers, mask token) and layer geometry and have
+    at most as many layers; every disagreement is refused naming the key or tensor."""
+    from safetensors.torch import load_file
+
+    d = Path(drafter_dir)
+    weights = d / "model.safetensors"
+    if not weights.is_file():
+        raise TrainConfigError(f"train.init_from_drafter: {d} has no model.safetensors (a drafter exported by "
+                               "the export phase is expected)")
+    src = DrafterShape.from_dict(read_json_file(d / "config.json", "train.init_from_drafter config"),
+                                 str(d / "config.json"))
+    for key in SAME_AS_SOURCE:
+        if getattr(src, key) != getattr(shape, key):
+            raise TrainConfigError(f"train.init_from_drafter: {key} is {getattr(src, key)} in {src.source}, "
+                                   f"{getattr(shape, key)} in {shape.source}")
+    for key in ("target_layer_ids", "mask_token_id"):
+        if getattr(src, key) != getattr(shape, key):
+            raise TrainConfigError(f"train.init_from_drafter: dflash_config.{key} is {getattr(src, key)} in "
+                                   f"{src.source}, {getattr(shape, key)} in {shape.source}")
+    if src.num_hidden_layers > shape.num_hidden_layers:
+        raise TrainConfigError(f"train.init_from_drafter: {src.source} has {src.num_hidden_layers} layers, the "
+                               f"drafter {shape.num_hidden_layers}; a drafter can grow from its source, not shrink")
+    out = {k: v.float() for k, v in load_file(str(weights)).items()}
+    want = src.expected_tensors()
+    for name, size in want.items():
+        if name not in out:
+            raise TrainConfigError(f"train.init_from_drafter: {weights} has no {name}")
+        if tuple(out[name].shape) != size:
+            raise TrainConfigError(f"train.init_from_drafter: {weights}: {name} is {list(out[name].shape)}, "
+                                   f"expected {list(size)}")
+    extra = sorted(set(out) - set(want))
+    if extra:
+        raise TrainConfigError(f"train.init_from_drafter: {weights} holds {extra[0]}, which a drafter of "
+                               f"{src.source}'s shape does not have")
+    H, I = shape.hidden_size, shape.intermediate_size
+    zeros = {"self_attn.o_proj.weight": (H, shape.num_attention_heads * shape.head_dim),
+             "mlp.down_proj.weight": (H, I)}
+    for i in range(src.num_hidden_layers, shape.num_hidden_layers):
+        for name in SILENT_AT_START:
+            out[f"layers.{i}.{name}"] = torch.zeros(zeros[name])
     return out

@@ -1,0 +1,91 @@
+"""train.init_from_drafter: start from an exported drafter, growing its layers without changing what it computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kimidflash.train.batch import collate
+from kimidflash.train.errors import TrainConfigError
+from kimidflash.train.export import export_model
+from kimidflash.train.shape import DrafterShape
+from kimidflash.train.trainer import build_model, train_loop
+from kimidflash.train.warmstart import drafter_tensors
+
+from .test_train_model import SHAPE, TRAIN, FakeStore, head
+
+DEEPER = {**SHAPE, "num_hidden_layers": 4}
+
+
+def _exported(tmp_path, shape=SHAPE, seed=0):
+    """A trained-looking drafter (random weights, std 0.1) exported as the export phase writes it, in float32."""
+    model = build_model(shape, *head(), seed=seed, std=0.1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(7)) * 0.1)
+    out = tmp_path / "src-drafter"
+    export_model(model.state_dict(), DrafterShape.coerce(shape), out, dtype="float32")
+    return model, out
+
+
+def _hidden(model):
+    ids, lm, f = FakeStore().get(0)
+    b = collate([(ids, lm, f, torch.tensor([6, 9]), torch.tensor([True, True]))], 4, 3)
+    return model.hidden(b.feats, b.block_ids, b.block_pos, b.mask)
+
+
+@pytest.mark.parametrize("shape", [SHAPE, DEEPER], ids=["same-depth", "grown-to-4"])
+def test_a_run_started_from_a_drafter_computes_what_it_did(tmp_path, shape):
+    src, out = _exported(tmp_path)
+    init = drafter_tensors(out, DrafterShape.coerce(shape))
+    res = train_loop(shape, dict(TRAIN, steps=0), FakeStore(), *head(), tmp_path / "ck", seed=3, resume=False,
+                     progress=False, init=init)
+    grown = res["model"].eval()
+    with torch.no_grad():
+        assert torch.allclose(_hidden(grown), _hidden(src.eval()), atol=1e-5)
+    state = grown.state_dict()
+    for name, t in src.state_dict().items():
+        assert torch.equal(state[name], t), name
+    if shape is DEEPER:  # the new layers say nothing yet, but are not all zero: they can learn
+        for i in (2, 3):
+            assert not state[f"layers.{i}.self_attn.o_proj.weight"].any()
+            assert not state[f"layers.{i}.mlp.down_proj.weight"].any()
+            assert state[f"layers.{i}.self_attn.q_proj.weight"].abs().sum() > 0
+
+
+def test_grown_layers_learn(tmp_path):
+    _, out = _exported(tmp_path)
+    init = drafter_tensors(out, DrafterShape.coerce(DEEPER))
+    res = train_loop(DEEPER, dict(TRAIN, steps=4, autocast="none"), FakeStore(), *head(), tmp_path / "ck", seed=3,
+                     resume=False, progress=False, init=init)
+    state = res["model"].state_dict()
+    assert state["layers.3.self_attn.o_proj.weight"].abs().sum() > 0
+    assert state["layers.3.mlp.down_proj.weight"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"num_hidden_layers": 1}, "has 2 layers, the drafter 1; a drafter can grow from its source, not shrink"),
+    ({"hidden_size": 32, "head_dim": 8}, "hidden_size is 64 in"),
+    ({"dflash_config": {"mask_token_id": 3, "target_layer_ids": [1, 2]}},
+     "dflash_config.target_layer_ids is (1, 3) in"),
+    ({"dflash_config": {"mask_token_id": 4, "target_layer_ids": [1, 3]}}, "dflash_config.mask_token_id is 3 in"),
+])
+def test_a_source_that_does_not_fit_is_refused_naming_the_key(tmp_path, change, words):
+    _, out = _exported(tmp_path)
+    with pytest.raises(TrainConfigError, match="init_from_drafter") as exc:
+        drafter_tensors(out, DrafterShape.coerce({**SHAPE, **change}))
+    assert words in str(exc.value)
+
+
+def test_a_folder_without_weights_or_with_a_wrong_tensor_is_refused(tmp_path):
+    with pytest.raises(TrainConfigError, match="has no model.safetensors"):
+        drafter_tensors(tmp_path, DrafterShape.coerce(SHAPE))
+    from safetensors.torch import load_file, save_file
+
+    _, out = _exported(tmp_path)
+    t = load_file(str(out / "model.safetensors"))
+    t["layers.1.mlp.up_proj.weight"] = t["layers.1.mlp.up_proj.weight"][:, :10].contiguous()
+    save_file(t, str(out / "model.safetensors"))
+    with pytest.raises(TrainConfigError, match=r"layers.1.mlp.up_proj.weight is \[96, 10\], expected \[96, 64\]"):
+        drafter_tensors(out, DrafterShape.coerce(SHAPE))

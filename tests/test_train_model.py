@@ -118,6 +118,10 @@ def test_the_drafter_readme_names_the_setup_prompts_and_what_auto_autocast_meant
     assert "prompts `synthetic:15850`" in text and "autocast auto (= bf16 on the training machine)" in text
     old = drafter_readme(cfg, {"train": {}}, {"step": 12}, None)  # a manifest from before either was recorded
     assert f"prompts `{cfg.data.prompts}`" in old and "autocast auto;" in old
+    assert "init_from_drafter" not in old
+    grown = drafter_readme(cfg, {"train": {"config": {"init_from_drafter": "$KIMIDFLASH_CACHE/drafters/v4"}}},
+                           {"step": 12}, None)
+    assert "started from the drafter in `$KIMIDFLASH_CACHE/drafters/v4` (`train.init_from_drafter`)" in grown
 
 
 def test_the_drafter_readme_gives_the_walk_and_says_when_the_run_folder_was_copied():

@@ -149,3 +149,13 @@ def test_train_compare_summary_tabulates_every_variant():
     md = summary_markdown(rows)
     assert "| baseline | (the config as is) | 10 | 1.000 | 5.000 | 1.2000 |" in md
     assert "| vocab | `train.vocab_subset=4096` | 30 | 3.000 | 5.000 | 1.5000 |" in md
+
+
+def test_train_compare_records_path_overrides_portably():
+    from kimidflash.paths import cache_dir
+    from kimidflash.train.compare import portable_overrides
+
+    got = portable_overrides({"train.init_from_drafter": str(cache_dir() / "drafters" / "v4"), "train.steps": 3,
+                              "drafter_config": "smollm2-dflash-draft-4l.json"})
+    assert got == {"train.init_from_drafter": "$KIMIDFLASH_CACHE/drafters/v4", "train.steps": 3,
+                   "drafter_config": "smollm2-dflash-draft-4l.json"}

@@ -52,6 +52,11 @@ def variant_run(base: Path, work: Path) -> Path:
     return work
 
 
+def portable_overrides(sets: dict[str, Any]) -> dict[str, Any]:
+    """Overrides as result files record them: a path value (train.init_from_drafter=/abs/...) made portable."""
+    return {k: portable(v) if isinstance(v, str) else v for k, v in sets.items()}
+
+
 def run_variant(config: str, base: Path, name: str, sets: dict[str, Any], seconds: float, work: Path,
                 argv: list[str], started: dict[str, Any]) -> dict[str, Any]:
     """Train and evaluate one variant; `started`: the versions (git commit included) when the command began."""
@@ -59,7 +64,7 @@ def run_variant(config: str, base: Path, name: str, sets: dict[str, Any], second
     cfg = tcfg.load(config, {**sets, "run_dir": str(run)})
     res = train(cfg, run, resume=False, max_seconds=seconds)
     ev = evaluate_run(cfg, run)
-    return {"schema": SCHEMA, "variant": name, "overrides": dict(sets),
+    return {"schema": SCHEMA, "variant": name, "overrides": portable_overrides(sets),
             "budget_seconds": seconds, "train_seconds": round(res["seconds"], 1), "steps": res["step"],
             "steps_per_second": round(res["step"] / res["seconds"], 4) if res["seconds"] else None,
             "loss_mean_last50": round(res["loss_mean_last50"], 4),

@@ -68,6 +68,10 @@ def drafter_readme(cfg: TrainConfig, manifest: dict[str, Any], st: dict[str, Any
              f"anchors, block {cfg.train.block_size}, gamma {cfg.train.gamma}, lr {cfg.train.lr}, "
              f"autocast {cfg.train.autocast}{autocast_meant(tr)}; loss curve `loss-curve.png`, history `loss-history.json`",
              f"- final mean loss over the last 50 steps: {tr.get('final_loss_mean_last50')}"]
+    start = (tr.get("config") or {}).get("init_from_drafter")
+    if start:  # its earlier training is that drafter's own (its README), not in these figures
+        lines.append(f"- started from the drafter in `{start}` (`train.init_from_drafter`), which brought its own "
+                     "training: the data and steps above are this run's only")
     if ev:
         for k, r in ev["by_k"].items():
             walk = (r.get("walk") or {}).get("mean_acceptance_length")

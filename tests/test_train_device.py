@@ -32,12 +32,14 @@ def test_asking_for_a_gpu_torch_does_not_see_is_refused(monkeypatch):
         dev.resolve("tpu")
 
 
-@pytest.mark.parametrize("device, amx, mode, on", [
-    ("cpu", False, "auto", False), ("cpu", True, "auto", True), ("cuda", False, "auto", True),
-    ("cpu", False, "bfloat16", True), ("cuda", False, "none", False), ("cpu", True, "none", False),
+@pytest.mark.parametrize("device, amx, avx512_bf16, mode, on", [
+    ("cpu", False, False, "auto", False), ("cpu", True, False, "auto", True), ("cpu", False, True, "auto", True),
+    ("cuda", False, False, "auto", True), ("cpu", False, False, "bfloat16", True), ("cuda", False, False, "none", False),
+    ("cpu", True, True, "none", False),
 ])
-def test_autocast_auto_means_bf16_where_it_is_native(monkeypatch, device, amx, mode, on):
+def test_autocast_auto_means_bf16_where_it_is_native(monkeypatch, device, amx, avx512_bf16, mode, on):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     assert dev.autocast_enabled(torch.device(device), mode) is on
 
 

@@ -5,9 +5,11 @@ on a CPU machine and on a GPU node unchanged (`train.device: "auto"`). ROCm
 builds of torch answer `torch.cuda` too, so "cuda" means an MI300X there.
 Under torchrun each rank takes the GPU of its LOCAL_RANK. `train.autocast:
 "auto"` is bf16 autocast where the device computes bf16 natively: a GPU, or a
-CPU with AMX (measured on one: 1.37x the steps per second of fp32 and the same
-held-out acceptance, `benchmarks/drafter/training-changes-3/`). Elsewhere it is
-none: AVX2 CPUs have no native bf16, so torch would emulate it slowly.
+CPU with AMX or AVX-512 BF16 (measured at equal wall time on each: 1.37x the
+steps per second of fp32 with AMX, `benchmarks/drafter/training-changes-3/`,
+1.52x with AVX-512 BF16, `training-changes-5/`, and no lower held-out
+acceptance on either). Elsewhere it is none: AVX2 CPUs have no native bf16,
+so torch would emulate it slowly.
 Checkpoints are always read onto the CPU first, so a run trained on a GPU
 evaluates and exports anywhere.
 """
@@ -42,11 +44,12 @@ def resolve(name: str) -> torch.device:
 
 
 def native_bf16(device: torch.device) -> bool:
-    """Whether `device` computes bf16 matmuls in hardware (a GPU; a CPU with AMX tiles)."""
+    """Whether `device` computes bf16 matmuls in hardware (a GPU; a CPU with AMX tiles or AVX-512 BF16)."""
     if device.type == "cuda":
         return True
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private, but what vLLM's CPU platform asks too
-    return device.type == "cpu" and amx is not None and bool(amx())
+    # private, but what vLLM's CPU platform asks too; absent from an older torch means no
+    probes = (getattr(torch.cpu, "_is_amx_tile_supported", None), getattr(torch.cpu, "_is_avx512_bf16_supported", None))
+    return device.type == "cpu" and any(p is not None and bool(p()) for p in probes)
 
 
 def autocast_enabled(device: torch.device, mode: str) -> bool:

@@ -313,7 +313,7 @@ def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None,
     m.note("train", {"steps_done": res["step"], "steps_planned": tc.steps, "records": len(store),
                      "examples_seen": res["step"] * tc.batch_size,
                      "final_loss_mean_last50": res["loss_mean_last50"], "config": portable_train(tc),
-                     # what train.autocast "auto" meant on this machine (bf16 on a GPU or an AMX CPU)
+                     # what train.autocast "auto" meant on this machine (device.native_bf16)
                      "bf16_autocast": dev.autocast_enabled(dev.resolve(tc.device), tc.autocast)})
     write_text_atomic(run / "loss-history.json", json.dumps(hist) + "\n")
     log(f"train: step {res['step']}/{tc.steps}, mean loss of the last {len(tail)} steps {res['loss_mean_last50']:.3f}")

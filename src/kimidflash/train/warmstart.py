@@ -107,10 +107,8 @@ def drafter_tensors(drafter_dir: str | Path, shape: DrafterShape) -> dict[str, t
     if extra:
         raise TrainConfigError(f"train.init_from_drafter: {weights} holds {extra[0]}, which a drafter of "
                                f"{src.source}'s shape does not have")
-    H, I = shape.hidden_size, shape.intermediate_size
-    zeros = {"self_attn.o_proj.weight": (H, shape.num_attention_heads * shape.head_dim),
-             "mlp.down_proj.weight": (H, I)}
+    sizes = shape.expected_tensors()
     for i in range(src.num_hidden_layers, shape.num_hidden_layers):
         for name in SILENT_AT_START:
-            out[f"layers.{i}.{name}"] = torch.zeros(zeros[name])
+            out[f"layers.{i}.{name}"] = torch.zeros(sizes[f"layers.{i}.{name}"])
     return out

@@ -305,7 +305,7 @@ def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None,
         init.update(drafter_tensors(tc.init_from_drafter, shape))  # over the target's layers where both give one
         log(f"train: starts from the drafter in {tc.init_from_drafter}")
     res = train_loop(shape, tc, store, embed, head, run / "checkpoints", cfg.seed, resume, stop_at, log=log,
-                     frequent=frequent, init=init or None, max_seconds=max_seconds)
+                     frequent=frequent, init=init, max_seconds=max_seconds)
     hist = res["history"]
     tail = hist[-50:]
     res["loss_mean_last50"] = sum(h["loss"] for h in tail) / max(1, len(tail))

@@ -36,6 +36,7 @@ from .distill import Captured, topk_table
 from .errors import TrainConfigError
 from .manifest import Manifest
 from .progress import bar
+from .regen_hf import float32_matmul
 from .shape import check_layer_ids
 from .target import capture_overrides, target_info
 
@@ -61,15 +62,29 @@ class HFCapture:
         check_layer_ids(layer_ids, self.model.config.num_hidden_layers, str(model_dir))
         self.layer_ids, self.dtype, self.topk = list(layer_ids), dtype, topk
 
-    @torch.no_grad()
     def capture(self, input_ids: Sequence[int]) -> Captured:
-        ids = torch.tensor([list(input_ids)], dtype=torch.long, device=self.device)
-        out = self.model.model(input_ids=ids, output_hidden_states=True)
-        hs = out.hidden_states
-        feats = torch.cat([hs[i + 1][0] for i in self.layer_ids], dim=-1).to(self.dtype).cpu()
-        if not self.topk:
-            return Captured(feats)
-        return Captured(feats, topk_table(self.model.lm_head(out.last_hidden_state[0]).cpu(), self.topk))
+        return self.capture_many([input_ids])[0]
+
+    @torch.no_grad()
+    def capture_many(self, seqs: Sequence[Sequence[int]]) -> list[Captured]:
+        """One forward over the sequences, right-padded (causal attention: a token never sees
+        the padding after it). On a GPU the matmuls may use TF32: the features are stored in
+        bfloat16, whose rounding is coarser, and a batch costs about a fifth of full float32."""
+        width = max(len(s) for s in seqs)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long)
+        att = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, :len(s)] = torch.tensor(list(s))
+            att[i, :len(s)] = 1
+        with float32_matmul("high" if self.device.type == "cuda" else "highest"):
+            out = self.model.model(input_ids=ids.to(self.device), attention_mask=att.to(self.device),
+                                   output_hidden_states=True)
+            hs = out.hidden_states
+            feats = torch.cat([hs[i + 1] for i in self.layer_ids], dim=-1).to(self.dtype).cpu()
+            logits = self.model.lm_head(out.last_hidden_state).cpu() if self.topk else None
+        return [Captured(feats[i, :len(s)].clone(),
+                         None if logits is None else topk_table(logits[i, :len(s)], self.topk))
+                for i, s in enumerate(seqs)]
 
     def features(self, input_ids: Sequence[int]) -> torch.Tensor:
         return self.capture(input_ids).feats
@@ -233,5 +248,12 @@ class StreamStore:
         return len(self.records)
 
     def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        r = self.records[i]
-        return torch.tensor(r.input_ids), torch.tensor(r.loss_mask), self.source.features(r.input_ids)
+        return self.get_many([i])[0]
+
+    def get_many(self, idx: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """get() for several sequences, their features from one batched forward where the source has one."""
+        recs = [self.records[i] for i in idx]
+        many = getattr(self.source, "capture_many", None)
+        feats = [c.feats for c in many([r.input_ids for r in recs])] if many else \
+            [self.source.features(r.input_ids) for r in recs]
+        return [(torch.tensor(r.input_ids), torch.tensor(r.loss_mask), f) for r, f in zip(recs, feats)]

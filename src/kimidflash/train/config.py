@@ -57,6 +57,9 @@ class DataOptions(_Section):
 
 @dataclass(frozen=True)
 class RegenOptions(_Section):
+    # "server": the served target answers (regen.base_url, or the recipe serves target.serve_config);
+    # "hf": a Hugging Face generate() on train.device, concurrency prompts per batch (regen_hf.py)
+    source: str = "server"
     base_url: str | None = None
     model: str | None = None
     concurrency: int = 8

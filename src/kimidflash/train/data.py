@@ -26,21 +26,25 @@ from typing import Iterable, Iterator
 
 from ..bench.prompts import PromptError, load_builtin, load_file
 from .errors import DataError
-from .prompt_sets import MORE_SUBJECTS, MORE_TEMPLATES, SUBJECTS, TEMPLATES
+from .prompt_sets import TIERS
 
 def synthetic_combos(seed: int) -> list[tuple[str, str]]:
-    """Every (template, subject) pair in id order: the first set's pairs shuffled, then the rest.
+    """Every (template, subject) pair in id order, tier by tier (`prompt_sets.TIERS`): each
+    tier's new pairs (those no earlier tier made) shuffled with one seeded generator.
 
-    The first set's order never changes, so `synthetic:N` keeps naming the same prompts
-    (and the regen data committed for them stays valid) as the sets grow."""
+    An earlier tier's order never changes when a tier is added, so `synthetic:N` keeps naming
+    the same prompts (and the regen data committed for them stays valid) as the sets grow."""
     rng = random.Random(seed)
-    first = [(t, s) for t in TEMPLATES for s in SUBJECTS]
-    rng.shuffle(first)
-    old_t, old_s = set(TEMPLATES), set(SUBJECTS)
-    rest = [(t, s) for t in TEMPLATES + MORE_TEMPLATES for s in SUBJECTS + MORE_SUBJECTS
-            if not (t in old_t and s in old_s)]
-    rng.shuffle(rest)
-    return first + rest
+    out: list[tuple[str, str]] = []
+    templates: tuple[str, ...] = ()
+    subjects: tuple[str, ...] = ()
+    for more_t, more_s in TIERS:
+        old_t, old_s = set(templates), set(subjects)
+        templates, subjects = templates + more_t, subjects + more_s
+        tier = [(t, s) for t in templates for s in subjects if not (t in old_t and s in old_s)]
+        rng.shuffle(tier)
+        out += tier
+    return out
 
 
 def synthetic_prompts(n: int, seed: int) -> list[dict[str, str]]:
@@ -118,7 +122,11 @@ class RecordWriter:
         self._f = open(path, "a")
 
     def write(self, rec: Record) -> None:
-        self._f.write(json.dumps(asdict(rec), separators=(",", ":")) + "\n")
+        self.write_many([rec])
+
+    def write_many(self, recs: Iterable[Record]) -> None:
+        """Whole lines, then one flush and fsync (a batch of records costs one sync)."""
+        self._f.write("".join(json.dumps(asdict(r), separators=(",", ":")) + "\n" for r in recs))
         self._f.flush()
         os.fsync(self._f.fileno())
 

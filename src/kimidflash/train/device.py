@@ -43,6 +43,13 @@ def resolve(name: str) -> torch.device:
     return torch.device("cuda", local_rank())
 
 
+def describe(device: torch.device) -> str:
+    """The device in words, for manifests: the GPU's name, or the CPU."""
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)}, torch {torch.__version__})"
+    return f"cpu (torch {torch.__version__})"
+
+
 def native_bf16(device: torch.device) -> bool:
     """Whether `device` computes bf16 matmuls in hardware (a GPU; a CPU with AMX tiles or AVX-512 BF16)."""
     if device.type == "cuda":

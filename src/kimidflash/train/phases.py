@@ -24,7 +24,9 @@ from .errors import TrainConfigError
 from .evaluate import evaluate_run
 from .export_run import export_run
 from .manifest import Manifest
+from . import device
 from .regen import regen
+from .regen_hf import regen_hf
 from .target import target_info
 from .trainer import train
 
@@ -73,7 +75,7 @@ def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
 
 
 def phase_regen(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
-    """The target's own answers to the prompts (served by the recipe, or at regen.base_url)."""
+    """The target's own answers to the prompts (served by the recipe or at regen.base_url, or regen.source=hf)."""
     prompts = [json.loads(l) for l in (run / "prompts.jsonl").read_text().splitlines() if l.strip()]
     r = cfg.regen
     if r.records:
@@ -82,16 +84,27 @@ def phase_regen(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
     kw = dict(concurrency=r.concurrency, max_tokens=r.max_tokens, temperature=r.temperature, seed=cfg.seed,
               limit=args.regen_limit)
     out = run / "regen.jsonl"
-    if len({x.id for x in read_records(out)} & {p["id"] for p in prompts}) == len(prompts):
+    have = {x.id for x in read_records(out)}
+    if len(have & {p["id"] for p in prompts}) == len(prompts):
         log("regen: every prompt already answered")
         return
-    if r.base_url:
+    where: dict[str, str] = {}
+    if r.source == "hf":
+        todo = [p for p in prompts if p["id"] not in have][: args.regen_limit]
+        dev = device.resolve(cfg.train.device)
+        where = {"device": device.describe(dev)}
+        log(f"regen: {len(todo)} prompts through a Hugging Face generate() on {dev}, {r.concurrency} per batch")
+        n = regen_hf(info.model_dir, todo, out, batch=r.concurrency, max_tokens=r.max_tokens,
+                     temperature=r.temperature, device=dev)
+    elif r.source != "server":
+        raise TrainConfigError(f"{cfg.path}: regen.source {r.source!r}: expected server or hf")
+    elif r.base_url:
         n = regen(r.base_url.rstrip("/").removesuffix("/v1"), info.served_name, prompts, out, **kw)
     else:
         log(f"regen: starting the target with {cfg.target.serve_config} {cfg.target.serve_overrides}")
         with served(cfg.target.serve_config, cfg.target.serve_overrides, run / "regen-server.log") as base:
             n = regen(base, info.served_name, prompts, out, **kw)
-    Manifest.open(run).note_regen(out, r.as_dict())
+    Manifest.open(run).note_regen(out, {**r.as_dict(), **where})
     log(f"regen: {n} new records in {out}")
 
 

@@ -2,8 +2,8 @@
 
 `data.synthetic_combos` numbers the pairs: first every TEMPLATES x SUBJECTS pair
 (shuffled with the seed), then every other pair of the two larger sets. Never edit
-or reorder the first two tuples: the ids of prompts already regenerated, and the
-held-out split built on them, depend on their order. Append to the MORE_ tuples only.
+or reorder a tier: the ids of prompts already regenerated, and the held-out split
+built on them, depend on their order. A larger set is a new tier appended to TIERS.
 """
 
 TEMPLATES: tuple[str, ...] = (
@@ -115,3 +115,81 @@ MORE_SUBJECTS: tuple[str, ...] = (
     "studying for exams", "online courses", "scholarships", "internships", "starting a business",
     "marketing", "customer service", "project management", "meetings", "feedback", "mentoring",
 )
+
+# Added with the fifth reference drafter (regenerated on a GPU): more answer shapes
+# (tables, code, outlines, step lists, role play, rewriting) and more subjects.
+EXTRA_TEMPLATES: tuple[str, ...] = (
+    "Write a numbered list of the first steps a beginner should take with {s}.",
+    "Explain {s} in two short paragraphs: first the basics, then one detail most people miss.",
+    "Write a Markdown table with three rows that compares kinds of {s}.",
+    "Answer like a patient librarian: where should I start reading about {s}?",
+    "Write a short Python script that prints three facts about {s}.",
+    "Give me an outline with headings for a talk about {s}.",
+    "Explain one cause and one effect related to {s}.",
+    "Write a two-line rhyme and a one-sentence explanation about {s}.",
+    "What does a good first week of studying {s} look like? Answer day by day.",
+    "Rewrite this sentence to be clearer and longer: '{s} is interesting.'",
+    "Write a short conversation between two friends who disagree about {s}.",
+    "What are the main parts or pieces of {s}? Describe each in one sentence.",
+    "Describe {s} in the style of a nature documentary narrator.",
+    "Give a short history timeline of {s} with four entries.",
+    "Write a classroom worksheet with three exercises about {s}.",
+    "Explain why some people love {s} and others do not.",
+    "Write a short blog post introduction about {s}.",
+    "Give me a mnemonic to remember something about {s}, and explain it.",
+    "What should a checklist for safety around {s} include?",
+    "Write a short SQL table definition that could store information about {s}.",
+    "Turn the topic of {s} into three interview questions with sample answers.",
+    "Explain {s} with a cooking metaphor.",
+    "Write an acrostic poem using the first letters of a word related to {s}.",
+    "Describe the most important tool or idea in {s} and why it matters.",
+    "Write a short review of an imaginary museum exhibit about {s}.",
+    "List four myths about {s} and correct each one.",
+    "Explain {s} in simple English for someone learning the language.",
+    "Write a short story for children where the hero learns about {s}.",
+    "Give a bash one-liner or shell tip that a person studying {s} might use, and explain it.",
+    "Plan a 30-minute lesson about {s} with timings.",
+)
+EXTRA_SUBJECTS: tuple[str, ...] = (
+    "volcanic islands", "caves", "waterfalls", "sand dunes", "the Arctic", "Antarctica", "the Amazon river",
+    "the Sahara", "the Himalayas", "lakes", "wetlands", "grasslands", "tundra", "icebergs", "geysers",
+    "minerals", "crystals", "fossils", "plate tectonics", "erosion", "the nitrogen cycle", "the carbon cycle",
+    "food chains", "pollination", "seeds", "roots", "leaves", "algae", "plankton", "jellyfish", "starfish",
+    "crabs", "salmon migration", "hummingbirds", "eagles", "crows", "bats", "squirrels", "foxes", "bears",
+    "tigers", "lions", "giraffes", "zebras", "kangaroos", "koalas", "pandas", "camels", "snakes", "turtles",
+    "lizards", "spiders", "earthworms", "snails", "dragonflies", "fireflies", "mosquitoes", "honey",
+    "milk", "cheese", "yogurt", "eggs", "apples", "bananas", "oranges", "potatoes", "beans", "lentils",
+    "noodles", "sushi", "tacos", "curry", "salads", "sandwiches", "pancakes", "ice cream", "cookies",
+    "smoothies", "herbal tea", "breakfast cereals", "school lunches", "meal planning", "grocery shopping",
+    "kitchen hygiene", "microwaves", "refrigerators", "washing machines", "vacuum cleaners", "light bulbs",
+    "LED lighting", "thermostats", "smart speakers", "headphones", "cameras", "printers", "3D printing",
+    "drones", "electric scooters", "motorcycles", "buses", "subways", "taxis", "car sharing", "parking",
+    "tires", "engines", "brakes", "gears", "levers", "pulleys", "wheels", "springs", "friction", "pressure",
+    "temperature", "heat", "ice", "steam", "boiling water", "evaporation", "condensation", "density",
+    "buoyancy", "magnifying glasses", "mirrors", "lenses", "lasers", "X-rays", "ultrasound", "radar",
+    "sonar", "GPS", "barcodes", "QR codes", "Wi-Fi", "Bluetooth", "fiber optics", "data centers",
+    "search engines", "social media", "online shopping", "video calls", "emoji", "password managers",
+    "two-factor authentication", "phishing emails", "backups", "file formats", "compression", "operating systems",
+    "compilers", "variables", "loops", "functions", "classes and objects", "arrays", "dictionaries",
+    "regular expressions", "error handling", "debugging", "code review", "documentation", "type systems",
+    "concurrency", "caching", "queues", "stacks", "trees in computer science", "graphs", "binary search",
+    "big O notation", "random numbers", "simulations", "machine learning", "neural networks",
+    "chatbots", "speech recognition", "image recognition", "self-driving cars", "spreadsheets formulas",
+    "pie charts", "bar charts", "maps and scale", "latitude and longitude", "time travel stories",
+    "science fiction", "fairy tales", "myths and legends", "mystery novels", "biographies", "diaries",
+    "letters", "postcards", "stamps", "coins", "museum curators", "archaeology", "ancient Rome's roads",
+    "castles", "knights", "samurai", "pirates", "explorers", "the Moon landing", "the Wright brothers",
+    "Marie Curie", "Isaac Newton", "Leonardo da Vinci", "Ada Lovelace", "Charles Darwin", "Albert Einstein",
+    "inventions", "patents", "factories", "farming", "tractors", "irrigation", "greenhouses", "orchards",
+    "vineyards", "fishing boats", "harbors", "markets", "bakeries", "restaurants", "hotels", "hospitals",
+    "nurses", "doctors", "dentists", "pharmacies", "firefighters", "police officers", "postal workers",
+    "teachers", "scientists", "engineers", "artists", "musicians", "athletes", "chefs", "pilots", "farmers",
+    "carpenters", "plumbers", "electricians", "librarians", "judges", "journalists", "photographers",
+    "volunteering abroad", "saving energy at school", "school uniforms", "homework", "recess", "summer camp",
+    "family dinners", "grandparents", "siblings", "neighbors", "community gardens", "street festivals",
+    "fireworks", "kites", "puzzles", "toys", "marbles", "yo-yos", "skateboarding", "roller skating", "bowling",
+    "golf", "baseball", "volleyball", "table tennis", "badminton", "martial arts", "boxing", "gymnastics",
+    "archery", "horse riding", "surfing", "kayaking", "scuba diving", "snowboarding", "ice skating",
+)
+TIERS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    (TEMPLATES, SUBJECTS), (MORE_TEMPLATES, MORE_SUBJECTS), (EXTRA_TEMPLATES, EXTRA_SUBJECTS))

@@ -129,9 +129,10 @@ def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
 def sample_batch(store, n: int, gen: torch.Generator, anchors_per_seq: int, block_size: int, mask_id: int,
                  distill: bool = False) -> Batch:
     idx = torch.randint(len(store), (n,), generator=gen).tolist()
+    many = getattr(store, "get_many", None)
+    seqs = many(idx) if many else [store.get(i) for i in idx]
     items = []
-    for i in idx:
-        ids, lm, f = store.get(i)
+    for ids, lm, f in seqs:
         a, v = obj.sample_anchors(lm, anchors_per_seq, gen)
         items.append((ids, lm, f, a, v))
     return collate(items, block_size, mask_id, [store.topk(i) for i in idx] if distill else None)
@@ -314,7 +315,8 @@ def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None,
                      "examples_seen": res["step"] * tc.batch_size,
                      "final_loss_mean_last50": res["loss_mean_last50"], "config": portable_train(tc),
                      # what train.autocast "auto" meant on this machine (device.native_bf16)
-                     "bf16_autocast": dev.autocast_enabled(dev.resolve(tc.device), tc.autocast)})
+                     "bf16_autocast": dev.autocast_enabled(dev.resolve(tc.device), tc.autocast),
+                     "device": dev.describe(dev.resolve(tc.device)), "chunk_seconds": round(res["seconds"], 1)})
     write_text_atomic(run / "loss-history.json", json.dumps(hist) + "\n")
     log(f"train: step {res['step']}/{tc.steps}, mean loss of the last {len(tail)} steps {res['loss_mean_last50']:.3f}")
     return res

@@ -1,0 +1,119 @@
+"""regen.source=hf: the target's greedy answers from a Hugging Face forward, batched on the train device.
+
+Why a second source: regenerating tens of thousands of prompts through the
+served target takes hours on a CPU, and a GPU training node may have no vLLM
+build at all. This path runs the same checkpoint with `generate()` in batches
+of `regen.concurrency` prompts on `train.device` (a GPU when torch sees one)
+and writes records of exactly the served path's shape: the chat template is
+the tokenizer's own (what vLLM applies for `/v1/chat/completions`), the
+response keeps its end-of-sequence token as vLLM's `token_ids` do, and
+`finish_reason` is `stop` or `length`.
+
+Greedy only (`regen.temperature` 0): sampled answers would need vLLM's
+sampler to be the same distribution. Matmuls run at full float32 precision
+(no TF32), so the answers are the target's greedy ones up to the rounding of
+batched kernels; where that rounding flips a near-tie the two paths diverge
+from that token on (tests/test_regen_hf_slow.py measures how often against
+the served path on CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+
+from .data import Record, RecordWriter, make_record
+from .errors import RegenError
+from .progress import bar
+
+
+@contextlib.contextmanager
+def float32_matmul(precision: str) -> Iterator[None]:
+    """torch's float32 matmul precision ("highest": no TF32) for a block, restored after."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def prompt_ids(tok, prompt: str) -> list[int]:
+    """The ids the served path sees: the chat template with the generation prompt, no extra BOS."""
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def stop_ids(model, tok) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if tok.eos_token_id is not None:
+        ids.add(tok.eos_token_id)
+    if not ids:
+        raise RegenError("the target names no end-of-sequence token (generation_config or tokenizer)")
+    return ids
+
+
+def split_response(row: Sequence[int], stops: set[int], max_tokens: int) -> tuple[list[int], str]:
+    """The generated ids up to and including the first stop token, and why generation ended."""
+    out: list[int] = []
+    for t in row[:max_tokens]:
+        out.append(int(t))
+        if t in stops:
+            return out, "stop"
+    return out, "length"
+
+
+@torch.no_grad()
+def generate_batch(model, pad_id: int, prompts: Sequence[list[int]], max_tokens: int, stops: set[int],
+                   device: torch.device) -> list[tuple[list[int], str]]:
+    """Greedy answers to token-id prompts, left-padded into one batch."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    att = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        att[i, width - len(p):] = 1
+    out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device), max_new_tokens=max_tokens,
+                         do_sample=False, eos_token_id=sorted(stops), pad_token_id=pad_id)
+    return [split_response(row[width:].tolist(), stops, max_tokens) for row in out.cpu()]
+
+
+def regen_hf(model_dir: str | Path, prompts: Sequence[dict], out: Path, *, batch: int, max_tokens: int,
+             temperature: float, device: torch.device) -> int:
+    """Answer `prompts`, `batch` at a time, appending to `out`; returns how many were written.
+
+    Prompts are grouped by length so a batch pads little; each finished batch is appended and
+    flushed, so an interrupted run keeps every whole batch."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if temperature != 0:
+        raise RegenError(f"regen.source=hf generates greedily; regen.temperature is {temperature} (set 0, "
+                         "or regenerate through the server for sampled answers)")
+    if batch < 1:
+        raise RegenError(f"regen.concurrency must be at least 1 (the batch size of regen.source=hf), got {batch}")
+    if not prompts:
+        return 0
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval().to(device)
+    stops = stop_ids(model, tok)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else min(stops)
+    encoded = sorted(((p, prompt_ids(tok, p["prompt"])) for p in prompts), key=lambda x: len(x[1]))
+    writer = RecordWriter(out)
+    done = 0
+    try:
+        with float32_matmul("highest"), bar("regen", len(encoded)) as advance:
+            for i in range(0, len(encoded), batch):
+                group = encoded[i:i + batch]
+                answers = generate_batch(model, pad, [ids for _, ids in group], max_tokens, stops, device)
+                recs: list[Record] = [make_record(p["id"], p["prompt"], ids, resp, why)
+                                      for (p, ids), (resp, why) in zip(group, answers)]
+                writer.write_many(recs)
+                done += len(recs)
+                advance(len(recs))
+    finally:
+        writer.close()
+    return done

@@ -1,0 +1,137 @@
+"""Batched target work: regen.source=hf, HF capture of many sequences at once, stream-mode batches.
+
+Each runs on the CPU here and, where torch sees a GPU, on it too (the same test,
+parametrized by device): the GPU path's code is the CPU path's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from kimidflash.train.capture import HFCapture, StreamStore  # noqa: E402
+from kimidflash.train.data import make_record, read_records  # noqa: E402
+from kimidflash.train.errors import RegenError  # noqa: E402
+from kimidflash.train.regen_hf import float32_matmul, regen_hf, split_response  # noqa: E402
+from kimidflash.train.trainer import train_loop  # noqa: E402
+
+from .test_train_model import SHAPE, TRAIN, head  # noqa: E402
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(scope="module")
+def llama64(tmp_path_factory):
+    """A random Llama whose width, vocabulary and depth fit test_train_model.SHAPE's drafter."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=50, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128)
+    path = tmp_path_factory.mktemp("llama64")
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    """The seeded tiny chat target (tokenizer with a chat template, an end-of-sequence token)."""
+    from kimidflash.cpu_reference import tiny
+
+    path = tmp_path_factory.mktemp("tiny-target")
+    tiny.build_target(path, seed=0)
+    return path
+
+
+def _seqs(n: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, 50, (int(torch.randint(5, 30, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_capturing_many_sequences_at_once_equals_one_at_a_time(llama64, device):
+    src = HFCapture(llama64, [1, 3], dtype=torch.float32, device=torch.device(device), topk=3)
+    seqs = _seqs(5)
+    many = src.capture_many(seqs)
+    # on a GPU the batched forward may use TF32 (capture_many's docstring); on the CPU it is float32 throughout
+    tol = 1e-5 if device == "cpu" else 2e-2
+    for s, c in zip(seqs, many):
+        one = src.capture_many([s])[0]
+        assert c.feats.shape == (len(s), 128) and c.feats.device.type == "cpu"
+        assert torch.allclose(c.feats, one.feats, atol=tol)
+        assert c.topk[0].shape == (len(s), 3)
+    assert torch.get_float32_matmul_precision() == "highest"  # restored after the forward
+
+
+def test_a_stream_store_batch_is_its_sequences_one_by_one(llama64):
+    recs = [make_record(f"r{i}", "p", s[:3], s[3:], "length") for i, s in enumerate(_seqs(4, seed=1))]
+    store = StreamStore(recs, HFCapture(llama64, [1, 3], dtype=torch.float32))
+    batch = store.get_many([2, 0, 2])
+    for got, i in zip(batch, [2, 0, 2]):
+        ids, lm, f = store.get(i)
+        assert torch.equal(got[0], ids) and torch.equal(got[1], lm) and torch.allclose(got[2], f, atol=1e-5)
+        assert lm.tolist() == [0, 0, 0] + [1] * (len(ids) - 3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_stream_mode_trains_with_batched_capture_on_the_device(tmp_path, llama64, device):
+    recs = [make_record(f"r{i}", "p", s[:4], s[4:], "length") for i, s in enumerate(_seqs(6, seed=2)) if len(s) > 8]
+    store = StreamStore(recs, HFCapture(llama64, [1, 3], dtype=torch.bfloat16, device=torch.device(device)))
+    res = train_loop(SHAPE, dict(TRAIN, steps=3, device=device, autocast="auto"), store, *head(), tmp_path, 0,
+                     False, progress=False)
+    assert res["step"] == 3 and all(torch.isfinite(torch.tensor(h["loss"])) for h in res["history"])
+
+
+def test_a_response_ends_at_its_first_stop_token_which_it_keeps():
+    assert split_response([5, 6, 2, 7, 2], {2}, 10) == ([5, 6, 2], "stop")
+    assert split_response([5, 6, 7], {2}, 3) == ([5, 6, 7], "length")
+    assert split_response([5, 6, 7, 8], {2, 9}, 2) == ([5, 6], "length")  # padding past max_tokens is dropped
+
+
+def test_float32_matmul_precision_is_restored_after_an_error():
+    with pytest.raises(KeyError):
+        with float32_matmul("high"):
+            assert torch.get_float32_matmul_precision() == "high"
+            raise KeyError("x")
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hf_regen_writes_served_shaped_records_and_batching_changes_no_token(tmp_path, tiny_target, device):
+    from transformers import AutoTokenizer
+
+    prompts = [{"id": f"p{i}", "prompt": t} for i, t in enumerate(
+        ["Tell me about the sea.", "Hi", "Write a long story about a cat and a dog who become friends.", "Why?"])]
+    one, four = tmp_path / "one.jsonl", tmp_path / "four.jsonl"
+    dev = torch.device(device)
+    assert regen_hf(tiny_target, prompts, one, batch=1, max_tokens=12, temperature=0.0, device=dev) == 4
+    assert regen_hf(tiny_target, prompts, four, batch=4, max_tokens=12, temperature=0.0, device=dev) == 4
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    recs = {r.id: r for r in read_records(four)}
+    for p in prompts:
+        r = recs[p["id"]]
+        n_prompt = r.loss_mask.count(0)
+        text = tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], tokenize=False,
+                                       add_generation_prompt=True)
+        assert r.input_ids[:n_prompt] == tok(text, add_special_tokens=False)["input_ids"]
+        assert r.loss_mask == [0] * n_prompt + [1] * (len(r.input_ids) - n_prompt)
+        response = r.input_ids[n_prompt:]
+        assert (r.finish_reason, len(response)) == ("length", 12) or \
+            (r.finish_reason == "stop" and response[-1] == tok.eos_token_id and tok.eos_token_id not in response[:-1])
+    if device == "cpu":  # float32 on the CPU: padding a batch changes no greedy token
+        assert read_records(one) and {r.id: r for r in read_records(one)} == recs
+    assert json.loads(four.read_text().splitlines()[0])["id"] in recs
+
+
+def test_hf_regen_refuses_sampling_and_an_empty_batch(tmp_path, tiny_target):
+    p = [{"id": "a", "prompt": "x"}]
+    with pytest.raises(RegenError, match="regen.temperature is 0.7"):
+        regen_hf(tiny_target, p, tmp_path / "o.jsonl", batch=2, max_tokens=4, temperature=0.7, device=torch.device("cpu"))
+    with pytest.raises(RegenError, match="regen.concurrency must be at least 1"):
+        regen_hf(tiny_target, p, tmp_path / "o.jsonl", batch=0, max_tokens=4, temperature=0.0, device=torch.device("cpu"))
+    assert not (tmp_path / "o.jsonl").exists()

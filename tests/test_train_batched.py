@@ -135,3 +135,56 @@ def test_hf_regen_refuses_sampling_and_an_empty_batch(tmp_path, tiny_target):
     with pytest.raises(RegenError, match="regen.concurrency must be at least 1"):
         regen_hf(tiny_target, p, tmp_path / "o.jsonl", batch=0, max_tokens=4, temperature=0.0, device=torch.device("cpu"))
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def _regen_run(tmp_path, tiny_target, source="hf"):
+    from kimidflash.train import config as tcfg
+
+    from .helpers import CONFIGS
+
+    cfg_file = tmp_path / "t.json"
+    cfg_file.write_text(json.dumps({
+        "drafter_config": str(CONFIGS / "smollm2-dflash-draft.json"),
+        "target": {"serve_config": None, "model_dir": str(tiny_target)},
+        "regen": {"source": source, "concurrency": 1, "max_tokens": 6}, "train": {"device": "cpu"}}))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Say {i}."}) + "\n"
+                                               for i in range(5)))
+    return tcfg.load(cfg_file), run
+
+
+def test_the_regen_phase_answers_through_hf_and_an_interrupted_run_keeps_and_counts_its_records(
+        tmp_path, tiny_target, monkeypatch):
+    from kimidflash.train import regen_hf as rh
+    from kimidflash.train.phases import PhaseArgs, phase_regen
+
+    cfg, run = _regen_run(tmp_path, tiny_target)
+    phase_regen(cfg, run, PhaseArgs(regen_limit=2), log=lambda _: None)
+    assert [r.id for r in read_records(run / "regen.jsonl")] == ["p0", "p1"]
+    note = json.loads((run / "manifest.json").read_text())["regen"]
+    assert note["records"] == 2 and note["sampling"]["source"] == "hf" and note["sampling"]["device"].startswith("cpu")
+
+    real, calls = rh.generate_batch, []
+
+    def second_batch_interrupted(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(rh, "generate_batch", second_batch_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        phase_regen(cfg, run, PhaseArgs(), log=lambda _: None)
+    assert [r.id for r in read_records(run / "regen.jsonl")] == ["p0", "p1", "p2"]  # resumed after p1, kept p2
+    assert json.loads((run / "manifest.json").read_text())["regen"]["records"] == 3
+
+
+def test_an_unknown_regen_source_is_refused_before_anything_is_written(tmp_path, tiny_target):
+    from kimidflash.train.errors import TrainConfigError
+    from kimidflash.train.phases import PhaseArgs, phase_regen
+
+    cfg, run = _regen_run(tmp_path, tiny_target, source="vllm")
+    with pytest.raises(TrainConfigError, match="regen.source 'vllm': expected server or hf"):
+        phase_regen(cfg, run, PhaseArgs(), log=lambda _: None)
+    assert not (run / "manifest.json").exists() and not (run / "regen.jsonl").exists()

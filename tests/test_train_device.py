@@ -68,3 +68,15 @@ def test_a_checkpoint_is_read_onto_the_cpu_and_evaluates_there(tmp_path):
     assert st["step"] == 2 and all(t.device.type == "cpu" for t in st["rng"]["data"])
     res = offline_acceptance(model, FakeStore(), k=2, autocast="auto")
     assert res["drafts"] > 0 and 1.0 <= res["mean_acceptance_length"] <= 3.0
+
+
+def test_the_drafter_forward_creates_every_tensor_on_its_inputs_device():
+    """A tensor made on the CPU inside the forward breaks a GPU run at its first step (as RoPE's
+    position table once did on an H100); the meta device finds it on any machine."""
+    from kimidflash.train.trainer import build_model
+
+    model = build_model(SHAPE, *head(), seed=0, std=0.02).to("meta")
+    b = _batch().to(torch.device("meta"))
+    h = model.hidden(b.feats.to(model.fc.weight.dtype), b.block_ids, b.block_pos, b.mask)
+    assert h.device.type == "meta" and h.shape == (*b.block_ids.shape, SHAPE["hidden_size"])
+    assert model.logits(h).shape == (*b.block_ids.shape, SHAPE["vocab_size"])

@@ -49,7 +49,7 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=pos.device) / head_dim))
     f = pos.float()[..., None] * inv  # [..., hd/2]
     emb = torch.cat([f, f], dim=-1)
     return emb.cos(), emb.sin()
@@ -161,7 +161,7 @@ class DFlashDrafter(nn.Module):
         """feats [N, T, n*H]; block_ids/pos [N, Q]; mask [N, Q, T+Q] -> final-normed hidden [N, Q, H]."""
         ctx = self.context(feats.to(self.fc.weight.dtype))  # captured in bf16; autocast decides compute
         T = feats.shape[1]
-        rope_c = rope_cos_sin(torch.arange(T).expand(feats.shape[0], T), self.head_dim, self.theta)
+        rope_c = rope_cos_sin(torch.arange(T, device=feats.device).expand(feats.shape[0], T), self.head_dim, self.theta)
         rope_q = rope_cos_sin(block_pos, self.head_dim, self.theta)
         x = F.embedding(block_ids, self.embed_tokens).to(ctx.dtype)
         for layer in self.layers:

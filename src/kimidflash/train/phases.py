@@ -88,23 +88,25 @@ def phase_regen(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
     if len(have & {p["id"] for p in prompts}) == len(prompts):
         log("regen: every prompt already answered")
         return
-    where: dict[str, str] = {}
-    if r.source == "hf":
-        todo = [p for p in prompts if p["id"] not in have][: args.regen_limit]
-        dev = device.resolve(cfg.train.device)
-        where = {"device": device.describe(dev)}
-        log(f"regen: {len(todo)} prompts through a Hugging Face generate() on {dev}, {r.concurrency} per batch")
-        n = regen_hf(info.model_dir, todo, out, batch=r.concurrency, max_tokens=r.max_tokens,
-                     temperature=r.temperature, device=dev)
-    elif r.source != "server":
+    if r.source not in ("server", "hf"):
         raise TrainConfigError(f"{cfg.path}: regen.source {r.source!r}: expected server or hf")
-    elif r.base_url:
-        n = regen(r.base_url.rstrip("/").removesuffix("/v1"), info.served_name, prompts, out, **kw)
-    else:
-        log(f"regen: starting the target with {cfg.target.serve_config} {cfg.target.serve_overrides}")
-        with served(cfg.target.serve_config, cfg.target.serve_overrides, run / "regen-server.log") as base:
-            n = regen(base, info.served_name, prompts, out, **kw)
-    Manifest.open(run).note_regen(out, {**r.as_dict(), **where})
+    where: dict[str, str] = {}
+    try:
+        if r.source == "hf":
+            todo = [p for p in prompts if p["id"] not in have][: args.regen_limit]
+            dev = device.resolve(cfg.train.device)
+            where = {"device": device.describe(dev)}
+            log(f"regen: {len(todo)} prompts through a Hugging Face generate() on {dev}, {r.concurrency} per batch")
+            n = regen_hf(info.model_dir, todo, out, batch=r.concurrency, max_tokens=r.max_tokens,
+                         temperature=r.temperature, device=dev)
+        elif r.base_url:
+            n = regen(r.base_url.rstrip("/").removesuffix("/v1"), info.served_name, prompts, out, **kw)
+        else:
+            log(f"regen: starting the target with {cfg.target.serve_config} {cfg.target.serve_overrides}")
+            with served(cfg.target.serve_config, cfg.target.serve_overrides, run / "regen-server.log") as base:
+                n = regen(base, info.served_name, prompts, out, **kw)
+    finally:  # an interrupted regen keeps its whole batches or records: the manifest counts them too
+        Manifest.open(run).note_regen(out, {**r.as_dict(), **where})
     log(f"regen: {n} new records in {out}")
 
 

@@ -86,8 +86,9 @@ def regen_hf(model_dir: str | Path, prompts: Sequence[dict], out: Path, *, batch
              temperature: float, device: torch.device) -> int:
     """Answer `prompts`, `batch` at a time, appending to `out`; returns how many were written.
 
-    Prompts are grouped by length so a batch pads little; each finished batch is appended and
-    flushed, so an interrupted run keeps every whole batch."""
+    Batches follow the prompts' order, so a run stopped early has answered a prefix of the set
+    (not, say, its shortest prompts); each finished batch is appended and flushed, so an
+    interrupted run keeps every whole batch."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if temperature != 0:
@@ -101,7 +102,7 @@ def regen_hf(model_dir: str | Path, prompts: Sequence[dict], out: Path, *, batch
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval().to(device)
     stops = stop_ids(model, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(stops)
-    encoded = sorted(((p, prompt_ids(tok, p["prompt"])) for p in prompts), key=lambda x: len(x[1]))
+    encoded = [(p, prompt_ids(tok, p["prompt"])) for p in prompts]
     writer = RecordWriter(out)
     done = 0
     try:

@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 
 from kimidflash.train.capture import HFCapture, StreamStore  # noqa: E402
 from kimidflash.train.data import make_record, read_records  # noqa: E402
-from kimidflash.train.errors import RegenError  # noqa: E402
+from kimidflash.train.errors import RegenError, TrainConfigError  # noqa: E402
 from kimidflash.train.regen_hf import float32_matmul, regen_hf, split_response  # noqa: E402
 from kimidflash.train.trainer import train_loop  # noqa: E402
 
@@ -181,10 +181,73 @@ def test_the_regen_phase_answers_through_hf_and_an_interrupted_run_keeps_and_cou
 
 
 def test_an_unknown_regen_source_is_refused_before_anything_is_written(tmp_path, tiny_target):
-    from kimidflash.train.errors import TrainConfigError
     from kimidflash.train.phases import PhaseArgs, phase_regen
 
     cfg, run = _regen_run(tmp_path, tiny_target, source="vllm")
     with pytest.raises(TrainConfigError, match="regen.source 'vllm': expected server or hf"):
         phase_regen(cfg, run, PhaseArgs(), log=lambda _: None)
     assert not (run / "manifest.json").exists() and not (run / "regen.jsonl").exists()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_memory_mode_holds_what_stream_mode_computes_and_trains_on_the_device(tmp_path, llama64, device):
+    from kimidflash.train.capture import MemoryStore
+
+    recs = [make_record(f"r{i}", "p", s[:4], s[4:], "length") for i, s in enumerate(_seqs(7, seed=3)) if len(s) > 8]
+    src = HFCapture(llama64, [1, 3], dtype=torch.bfloat16, device=torch.device(device))
+    mem = MemoryStore(recs, src, batch=3, log=lambda _: None)
+    stream = StreamStore(recs, src)
+    assert len(mem) == len(recs) and mem.feats.device.type == device
+    for i in range(len(recs)):
+        (ids, lm, f), (ids2, lm2, f2) = mem.get(i), stream.get(i)
+        assert torch.equal(ids, ids2) and torch.equal(lm, lm2)
+        assert f.device.type == device and torch.allclose(f.float().cpu(), f2.float(), atol=2e-2 if device == "cuda" else 1e-2)
+    res = train_loop(SHAPE, dict(TRAIN, steps=3, device=device, autocast="auto"), mem, *head(), tmp_path, 0,
+                     False, progress=False)
+    assert res["step"] == 3 and all(torch.isfinite(torch.tensor(h["loss"])) for h in res["history"])
+
+
+def test_memory_mode_refuses_features_that_do_not_fit_naming_the_sizes(llama64, monkeypatch):
+    from kimidflash.train import capture
+
+    recs = [make_record(f"r{i}", "p", s[:4], s[4:], "length") for i, s in enumerate(_seqs(3))]
+    monkeypatch.setattr(capture, "free_bytes", lambda device: 1000)
+    with pytest.raises(TrainConfigError, match=r"capture.mode=memory: 3 records' features need .* GiB, cpu has"):
+        capture.MemoryStore(recs, HFCapture(llama64, [1, 3]), batch=2, log=lambda _: None)
+
+
+def test_an_unknown_capture_mode_is_refused_by_name(tmp_path):
+    from kimidflash.train import config as tcfg
+    from kimidflash.train.capture import check_mode
+
+    from .helpers import CONFIGS
+
+    cfg = tcfg.load(CONFIGS / "train-cpu-reference.json", {"capture.mode": "disk"})
+    with pytest.raises(TrainConfigError, match="capture.mode 'disk': expected one of cache, stream, memory"):
+        check_mode(cfg)
+
+
+@pytest.mark.parametrize("mode", ["stream", "memory"])
+def test_a_run_without_shards_notes_its_data_in_the_manifest(tmp_path, llama64, mode):
+    """The export README quotes the capture note; stream and memory mode write it when training starts."""
+    from kimidflash.train import config as tcfg
+    from kimidflash.train.data import RecordWriter
+    from kimidflash.train.shape import DrafterShape
+    from kimidflash.train.trainer import _train_store
+
+    from .helpers import CONFIGS
+
+    run = tmp_path / "run"
+    w = RecordWriter(run / "regen.jsonl")
+    w.write_many([make_record(f"syn-0-{i:05d}", "p", s[:4], s[4:], "length") for i, s in enumerate(_seqs(40, 4))])
+    w.close()
+    cfg = tcfg.load(CONFIGS / "train-cpu-reference.json", {"capture.mode": mode, "train.device": "cpu"})
+    store = _train_store(cfg, run, DrafterShape.coerce(SHAPE), str(llama64), log=lambda _: None)
+    note = json.loads((run / "manifest.json").read_text())["capture"]
+    assert (note["mode"], note["train_records"], note["train_records"] + note["heldout_records"]) == (mode, len(store), 40)
+    assert note["train_response_tokens"] == sum(int(store.get(i)[1].sum()) for i in range(len(store)))
+
+    vllm = tcfg.load(CONFIGS / "train-cpu-reference.json", {"capture.mode": "memory", "capture.source": "vllm",
+                                                            "capture.base_url": "http://127.0.0.1:9"})
+    with pytest.raises(TrainConfigError, match="capture.mode=memory needs capture.source=hf"):
+        _train_store(vllm, run, DrafterShape.coerce(SHAPE), str(llama64), log=lambda _: None)

@@ -89,3 +89,25 @@ def test_a_folder_without_weights_or_with_a_wrong_tensor_is_refused(tmp_path):
     save_file(t, str(out / "model.safetensors"))
     with pytest.raises(TrainConfigError, match=r"layers.1.mlp.up_proj.weight is \[96, 10\], expected \[96, 64\]"):
         drafter_tensors(out, DrafterShape.coerce(SHAPE))
+
+
+def test_an_exported_drafter_is_measured_as_it_computes(tmp_path, monkeypatch):
+    """eval --drafter: the exported weights, with the target's embeddings and head, are the model measured."""
+    from kimidflash.train import evaluate as ev
+
+    src, out = _exported(tmp_path)
+    monkeypatch.setattr(ev, "load_target_head", lambda _: head())
+    loaded = ev.load_exported_model(out, "target-unused")
+    with torch.no_grad():
+        assert torch.allclose(_hidden(loaded), _hidden(src.eval()), atol=1e-5)
+    assert ev.offline_acceptance(loaded, FakeStore(), 3, 5) == ev.offline_acceptance(src.eval(), FakeStore(), 3, 5)
+
+
+def test_drafter_is_only_for_the_eval_phase_alone(tmp_path, capsys):
+    from kimidflash.train.cli import main
+
+    from .helpers import CONFIGS
+
+    assert main([str(CONFIGS / "train-cpu-reference.json"), "train", "eval", "--drafter", str(tmp_path),
+                 "--run-dir", str(tmp_path / "run")]) == 2
+    assert "--drafter measures an exported drafter: run the eval phase alone" in capsys.readouterr().err

@@ -39,7 +39,8 @@ def collate(items: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torc
     A = len(items[0][3])
     B = block_size
     nH = items[0][2].shape[-1]
-    feats = torch.zeros(N, T, nH, dtype=items[0][2].dtype)
+    # on the features' device: in memory mode they stay on the GPU, padded there, never copied through the CPU
+    feats = torch.zeros(N, T, nH, dtype=items[0][2].dtype, device=items[0][2].device)
     out = {k: [] for k in ("ids", "pos", "mask", "lab", "ok")}
     for n, (ids, lm, f, anchors, valid) in enumerate(items):
         L = len(ids)

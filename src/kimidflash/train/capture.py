@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Iterator, Protocol, Sequence
 
@@ -39,6 +40,16 @@ from .progress import bar
 from .regen_hf import float32_matmul
 from .shape import check_layer_ids
 from .target import capture_overrides, target_info
+
+
+MODES = ("cache", "stream", "memory")
+
+
+def check_mode(cfg: TrainConfig) -> str:
+    """capture.mode, refused by name when it is none of MODES."""
+    if cfg.capture.mode not in MODES:
+        raise TrainConfigError(f"{cfg.path}: capture.mode {cfg.capture.mode!r}: expected one of {', '.join(MODES)}")
+    return cfg.capture.mode
 
 
 class CaptureSource(Protocol):
@@ -66,10 +77,11 @@ class HFCapture:
         return self.capture_many([input_ids])[0]
 
     @torch.no_grad()
-    def capture_many(self, seqs: Sequence[Sequence[int]]) -> list[Captured]:
+    def capture_many(self, seqs: Sequence[Sequence[int]], on_device: bool = False) -> list[Captured]:
         """One forward over the sequences, right-padded (causal attention: a token never sees
         the padding after it). On a GPU the matmuls may use TF32: the features are stored in
-        bfloat16, whose rounding is coarser, and a batch costs about a fifth of full float32."""
+        bfloat16, whose rounding is coarser, and a batch costs about a fifth of full float32.
+        `on_device`: the features stay where they were computed (memory mode), else on the CPU."""
         width = max(len(s) for s in seqs)
         ids = torch.zeros((len(seqs), width), dtype=torch.long)
         att = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -80,7 +92,8 @@ class HFCapture:
             out = self.model.model(input_ids=ids.to(self.device), attention_mask=att.to(self.device),
                                    output_hidden_states=True)
             hs = out.hidden_states
-            feats = torch.cat([hs[i + 1] for i in self.layer_ids], dim=-1).to(self.dtype).cpu()
+            feats = torch.cat([hs[i + 1] for i in self.layer_ids], dim=-1).to(self.dtype)
+            feats = feats if on_device else feats.cpu()
             logits = self.model.lm_head(out.last_hidden_state).cpu() if self.topk else None
         return [Captured(feats[i, :len(s)].clone(),
                          None if logits is None else topk_table(logits[i, :len(s)], self.topk))
@@ -176,14 +189,17 @@ def capture_shards(cfg: TrainConfig, run: Path, log=print) -> int:
                 write_shard(_shard_path(folder, i), g, source)
                 advance()
     write_text_atomic(folder / "index.json", json.dumps(index) + "\n")
-    m = Manifest.open(run)
-    m.note_regen(run / "regen.jsonl", cfg.regen.as_dict())
-    m.note("capture", {"source": cfg.capture.source, "mode": "cache", "shards": len(groups),
-                       "train_records": len(train), "heldout_records": len(held),
-                       "train_tokens": sum(len(r.input_ids) for r in train),
-                       "train_response_tokens": sum(r.n_response for r in train),
-                       "heldout_ids": [r.id for r in held]})
+    Manifest.open(run).note_regen(run / "regen.jsonl", cfg.regen.as_dict())
+    note_capture(cfg, run, train, held, shards=len(groups))
     return len(groups)
+
+
+def note_capture(cfg: TrainConfig, run: Path, train: Sequence[Record], held: Sequence[Record], **extra) -> None:
+    """The data the drafter learns from, in the manifest (the export README quotes it), in every mode."""
+    Manifest.open(run).note("capture", {
+        "source": cfg.capture.source, "mode": cfg.capture.mode, **extra, "train_records": len(train),
+        "heldout_records": len(held), "train_tokens": sum(len(r.input_ids) for r in train),
+        "train_response_tokens": sum(r.n_response for r in train), "heldout_ids": [r.id for r in held]})
 
 
 def _stale(path: Path, recs: Sequence[Record], topk: int) -> bool:
@@ -257,3 +273,48 @@ class StreamStore:
         feats = [c.feats for c in many([r.input_ids for r in recs])] if many else \
             [self.source.features(r.input_ids) for r in recs]
         return [(torch.tensor(r.input_ids), torch.tensor(r.loss_mask), f) for r, f in zip(recs, feats)]
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory free on `device`: the GPU's, or the machine's available RAM."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+class MemoryStore:
+    """Every training sequence's features captured once, kept on the train device (memory mode).
+
+    For a GPU with room for them (SmolLM2: 5.8 KB per token, docs/drafter-training.md): stream mode
+    recomputes a batch's features every step and copies them through the CPU, which made the step
+    on an H100 several times slower than the drafter's own work. Refused up front, naming the
+    sizes, when the features would not fit in 90% of the device's free memory."""
+
+    def __init__(self, records: Sequence[Record], source: HFCapture, batch: int, log=print):
+        width = len(source.layer_ids) * source.model.config.hidden_size
+        tokens = sum(len(r.input_ids) for r in records)
+        need = tokens * width * torch.empty((), dtype=source.dtype).element_size()
+        free = free_bytes(source.device)
+        if need > 0.9 * free:
+            raise TrainConfigError(f"capture.mode=memory: {len(records)} records' features need "
+                                   f"{need / 2**30:.1f} GiB, {source.device} has {free / 2**30:.1f} GiB free; "
+                                   "use capture.mode=cache or stream, or fewer train.records")
+        self.records = list(records)
+        self.offsets = [0]
+        for r in self.records:
+            self.offsets.append(self.offsets[-1] + len(r.input_ids))
+        self.feats = torch.empty((tokens, width), dtype=source.dtype, device=source.device)
+        log(f"capture: {len(records)} records ({tokens} tokens, {need / 2**30:.1f} GiB) into {source.device} memory")
+        with bar("capture", len(self.records)) as advance:
+            for i in range(0, len(self.records), batch):
+                group = self.records[i:i + batch]
+                for j, c in enumerate(source.capture_many([r.input_ids for r in group], on_device=True)):
+                    self.feats[self.offsets[i + j]:self.offsets[i + j + 1]] = c.feats
+                advance(len(group))
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        r = self.records[i]
+        return torch.tensor(r.input_ids), torch.tensor(r.loss_mask), self.feats[self.offsets[i]:self.offsets[i + 1]]

@@ -45,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seconds", type=float,
                    help="stop training at the first step that ends after this many seconds (a wall-clock chunk)")
     p.add_argument("--regen-limit", type=int, help="answer at most this many new prompts (a chunk)")
+    p.add_argument("--drafter", help="eval: an exported drafter folder to measure on the run's records "
+                                     "instead of the run's checkpoint (written to eval-<folder>.json)")
     p.add_argument("--run-dir", help="override the run folder")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. train.steps=50")
@@ -66,13 +68,16 @@ def run(a: argparse.Namespace, argv: list[str]) -> None:
         over["run_dir"] = os.path.abspath(a.run_dir)
     cfg = tcfg.load(a.config, over)
     phases = _chosen(a)
+    if a.drafter and phases != ["eval"]:
+        raise TrainConfigError("--drafter measures an exported drafter: run the eval phase alone with it")
     run_dir = Path(cfg.run_dir or "")
     if phases and phases[0] != "setup" and not (run_dir / "manifest.json").is_file():
         raise TrainConfigError(f"{run_dir}: no manifest.json; run the setup phase first")
     invocation = {"argv": portable_argv(["./train-drafter.sh", *argv]), "phases": phases}
     if a.max_seconds is not None and not a.max_seconds > 0:
         raise TrainConfigError(f"--max-seconds must be positive, got {a.max_seconds}")
-    args = PhaseArgs(resume=a.resume, max_steps=a.max_steps, regen_limit=a.regen_limit, max_seconds=a.max_seconds)
+    args = PhaseArgs(resume=a.resume, max_steps=a.max_steps, regen_limit=a.regen_limit, max_seconds=a.max_seconds,
+                     drafter=a.drafter and os.path.abspath(a.drafter))
     for name in phases:
         if name != "setup" and name == phases[0]:
             _record_invocation(run_dir, invocation)

@@ -72,9 +72,9 @@ class RegenOptions(_Section):
 @dataclass(frozen=True)
 class CaptureOptions(_Section):
     source: str = "hf"
-    mode: str = "cache"
+    mode: str = "cache"  # cache (shards on disk), stream (every batch), memory (once, on the train device)
     dtype: str = "bfloat16"
-    shard_records: int = 64
+    shard_records: int = 64  # records per shard (cache) and per capture forward (memory)
     # source=vllm: a target already served with SPECULATIVE_METHOD=extract_hidden_states
     # (None: the capture phase serves target.serve_config itself) and how many
     # requests it keeps in flight.

@@ -26,15 +26,18 @@ from typing import Any
 import torch
 
 from ..fsio import write_json_atomic
+from ..paths import portable
 from . import device as dev
 from .batch import collate
-from .capture import ShardStore, StreamStore, make_source, training_records
+from .capture import ShardStore, StreamStore, check_mode, make_source, training_records
 from .config import TrainConfig
 from .errors import TrainConfigError
 from .model import DFlashDrafter
 from .progress import bar
+from .shape import DrafterShape, read_json_file
 from .target import target_info
 from .trainer import load_target_head
+from .warmstart import drafter_tensors
 
 
 def acceptance_lengths(pred: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
@@ -116,19 +119,36 @@ def load_checkpoint_model(run: Path, model_dir: str | Path) -> tuple[DFlashDraft
     return model.eval(), st
 
 
-def evaluate_run(cfg: TrainConfig, run: Path, log=print) -> dict[str, Any]:
+def load_exported_model(drafter_dir: str | Path, model_dir: str | Path) -> DFlashDrafter:
+    """An exported drafter (its config.json shape, its model.safetensors) with the target's embeddings
+    and head, on the CPU: the same checks as train.init_from_drafter, so a mismatch names its key."""
+    d = Path(drafter_dir)
+    shape = DrafterShape.from_dict(read_json_file(d / "config.json", "exported drafter config"), str(d / "config.json"))
+    model = DFlashDrafter(shape, *load_target_head(model_dir))
+    model.load_state_dict(drafter_tensors(d, shape), strict=True)
+    return model.eval()
+
+
+def evaluate_run(cfg: TrainConfig, run: Path, log=print, drafter: str | Path | None = None) -> dict[str, Any]:
+    """Offline acceptance of the run's last checkpoint, or of an exported `drafter`, on the run's records.
+
+    A drafter's result goes to `eval-<its folder name>.json` in the run, the checkpoint's to eval.json."""
     model_dir = target_info(cfg).model_dir
-    model, st = load_checkpoint_model(run, model_dir)
+    if drafter is None:
+        model, st = load_checkpoint_model(run, model_dir)
+    else:
+        model, st = load_exported_model(drafter, model_dir), {"step": None}
     model.to(dev.resolve(cfg.train.device))
     split = cfg.eval.split
-    if cfg.capture.mode == "cache":
+    if check_mode(cfg) == "cache":  # memory mode evaluates like stream: the held-out records are few
         store = ShardStore(run / "capture", "train" if split == "train" else "heldout")
     else:
         tr, held = training_records(cfg, run)
         store = StreamStore(tr if split == "train" else held, make_source(cfg, model_dir, model.shape.target_layer_ids))
     if not len(store):
         raise TrainConfigError(f"{run}: no {split} records captured")
-    res = {"step": st["step"], "split": split, "records": min(len(store), cfg.eval.max_records),
+    res = {"step": st["step"], **({"drafter": portable(drafter)} if drafter is not None else {}), "split": split,
+           "records": min(len(store), cfg.eval.max_records),
            "definition": "teacher-forced against the target's greedy continuation; block = 1 + k; "
                          "walk: only the anchors a server would draft at", "by_k": {}}
     for k in cfg.eval.k:
@@ -138,5 +158,5 @@ def evaluate_run(cfg: TrainConfig, run: Path, log=print) -> dict[str, Any]:
         res["by_k"][str(k)] = r
         log(f"eval: k={k} offline mean acceptance length {r['mean_acceptance_length']} over {r['drafts']} drafts; "
             f"per position {r['per_position']}; as a server walks {r['walk']['mean_acceptance_length']}")
-    write_json_atomic(run / "eval.json", res)
+    write_json_atomic(run / ("eval.json" if drafter is None else f"eval-{Path(drafter).resolve().name}.json"), res)
     return res

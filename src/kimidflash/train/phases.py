@@ -17,7 +17,7 @@ from typing import Callable
 from ..background import served
 from ..cpu_reference import smollm2
 from ..fsio import write_text_atomic
-from .capture import capture_shards
+from .capture import capture_shards, check_mode
 from .config import TrainConfig
 from .data import load_prompts, read_records
 from .errors import TrainConfigError
@@ -41,6 +41,7 @@ class PhaseArgs:
     max_steps: int | None = None
     max_seconds: float | None = None
     regen_limit: int | None = None
+    drafter: str | None = None  # eval: an exported drafter instead of the run's checkpoint
 
 
 def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
@@ -111,8 +112,10 @@ def phase_regen(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
 
 
 def phase_capture(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
-    if cfg.capture.mode == "stream":
-        log("capture: mode=stream, hidden states are computed during training (nothing cached)")
+    mode = check_mode(cfg)
+    if mode != "cache":
+        log(f"capture: mode={mode}, hidden states are computed when training starts "
+            f"({'every batch' if mode == 'stream' else 'once, into memory'}; nothing cached on disk)")
         return
     n = capture_shards(cfg, run, log=log)
     log(f"capture: {n} shards in {run / 'capture'}")
@@ -123,8 +126,10 @@ def phase_train(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
 
 
 def phase_eval(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
-    res = evaluate_run(cfg, run, log=log)
-    Manifest.open(run).note_eval(res)
+    """The checkpoint's offline acceptance (noted in the manifest), or an exported drafter's (--drafter)."""
+    res = evaluate_run(cfg, run, log=log, drafter=args.drafter)
+    if args.drafter is None:
+        Manifest.open(run).note_eval(res)
 
 
 def phase_export(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:

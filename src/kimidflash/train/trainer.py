@@ -35,7 +35,8 @@ from . import device as dev
 from . import objective as obj
 from . import vocab
 from .batch import Batch, collate
-from .capture import ShardStore, StreamStore, make_source, training_records
+from .capture import (HFCapture, MemoryStore, ShardStore, StreamStore, check_mode, make_source, note_capture,
+                      training_records)
 from .distill import soft_cross_entropy
 from .config import TrainConfig, TrainOptions
 from .errors import TrainConfigError
@@ -270,13 +271,23 @@ def train_loop(shape: DrafterShape | dict[str, Any], tc: TrainOptions | dict[str
     return {"model": r.model, "step": r.step, "history": r.history, "seconds": time.monotonic() - t0}
 
 
-def _train_store(cfg: TrainConfig, run: Path, shape: DrafterShape, model_dir: str):
-    """Captured shards (cache mode) or features computed per batch (stream mode)."""
-    if cfg.capture.mode == "cache":
-        store: ShardStore | StreamStore = ShardStore(run / "capture", "train")
+def _train_store(cfg: TrainConfig, run: Path, shape: DrafterShape, model_dir: str, log=print):
+    """Captured shards (cache mode), features computed per batch (stream mode) or captured once
+    into the train device's memory (memory mode)."""
+    mode = check_mode(cfg)
+    if mode == "cache":
+        store: ShardStore | StreamStore | MemoryStore = ShardStore(run / "capture", "train")
     else:
-        train_recs, _ = training_records(cfg, run)
-        store = StreamStore(train_recs, make_source(cfg, model_dir, shape.target_layer_ids))
+        train_recs, held = training_records(cfg, run)
+        note_capture(cfg, run, train_recs, held)
+        source = make_source(cfg, model_dir, shape.target_layer_ids)
+        if mode == "stream":
+            store = StreamStore(train_recs, source)
+        elif not isinstance(source, HFCapture):
+            raise TrainConfigError(f"{cfg.path}: capture.mode=memory needs capture.source=hf (the target on the "
+                                   "train device); with a served target use stream or cache")
+        else:
+            store = MemoryStore(train_recs, source, cfg.capture.shard_records, log=log)
     if not len(store):
         raise TrainConfigError(f"{run}: no captured training records; run the capture phase")
     if cfg.train.distill and not (isinstance(store, ShardStore) and store.has_topk):
@@ -293,7 +304,7 @@ def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None,
         raise TrainConfigError(f"train.block_size {tc.block_size} < the served block size {infer_block} "
                                "(set export.block_size to serve smaller blocks)")
     model_dir = target_info(cfg).model_dir
-    store = _train_store(cfg, run, shape, model_dir)
+    store = _train_store(cfg, run, shape, model_dir, log=log)
     embed, head = load_target_head(model_dir)
     if not resume and (run / "checkpoints" / "last.pt").is_file():
         raise TrainConfigError(f"{run / 'checkpoints' / 'last.pt'} exists: pass --resume to continue it, or remove it")

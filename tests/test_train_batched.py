@@ -15,8 +15,9 @@ pytest.importorskip("transformers")
 
 from kimidflash.train.capture import HFCapture, StreamStore  # noqa: E402
 from kimidflash.train.data import make_record, read_records  # noqa: E402
+from kimidflash.train.device import float32_matmul  # noqa: E402
 from kimidflash.train.errors import RegenError, TrainConfigError  # noqa: E402
-from kimidflash.train.regen_hf import float32_matmul, regen_hf, split_response  # noqa: E402
+from kimidflash.train.regen_hf import regen_hf, split_response  # noqa: E402
 from kimidflash.train.trainer import train_loop  # noqa: E402
 
 from .test_train_model import SHAPE, TRAIN, head  # noqa: E402

@@ -37,7 +37,6 @@ from .distill import Captured, topk_table
 from .errors import TrainConfigError
 from .manifest import Manifest
 from .progress import bar
-from .regen_hf import float32_matmul
 from .shape import check_layer_ids
 from .target import capture_overrides, target_info
 
@@ -88,7 +87,7 @@ class HFCapture:
         for i, s in enumerate(seqs):
             ids[i, :len(s)] = torch.tensor(list(s))
             att[i, :len(s)] = 1
-        with float32_matmul("high" if self.device.type == "cuda" else "highest"):
+        with device.float32_matmul("high" if self.device.type == "cuda" else "highest"):
             out = self.model.model(input_ids=ids.to(self.device), attention_mask=att.to(self.device),
                                    output_hidden_states=True)
             hs = out.hidden_states

@@ -16,7 +16,9 @@ evaluates and exports anywhere.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Iterator
 
 import torch
 
@@ -73,3 +75,14 @@ def autocast(device: torch.device, mode: str) -> torch.autocast:
 def load_to_cpu(path) -> dict:
     """A checkpoint, every tensor on the CPU (RNG states must be; the model moves later)."""
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+@contextlib.contextmanager
+def float32_matmul(precision: str) -> Iterator[None]:
+    """torch's float32 matmul precision ("highest": no TF32) for a block, restored after."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)

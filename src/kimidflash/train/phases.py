@@ -17,6 +17,7 @@ from typing import Callable
 from ..background import served
 from ..cpu_reference import smollm2
 from ..fsio import write_text_atomic
+from . import device
 from .capture import capture_shards, check_mode
 from .config import TrainConfig
 from .data import load_prompts, read_records
@@ -24,7 +25,6 @@ from .errors import TrainConfigError
 from .evaluate import evaluate_run
 from .export_run import export_run
 from .manifest import Manifest
-from . import device
 from .regen import regen
 from .regen_hf import regen_hf
 from .target import target_info

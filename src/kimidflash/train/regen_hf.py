@@ -13,32 +13,21 @@ Greedy only (`regen.temperature` 0): sampled answers would need vLLM's
 sampler to be the same distribution. Matmuls run at full float32 precision
 (no TF32), so the answers are the target's greedy ones up to the rounding of
 batched kernels; where that rounding flips a near-tie the two paths diverge
-from that token on (tests/test_regen_hf_slow.py measures how often against
-the served path on CPU).
+from that token on (tests/test_regen_hf_slow.py requires records the served
+path wrote on this CPU to come back token for token).
 """
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 
 from .data import Record, RecordWriter, make_record
+from .device import float32_matmul
 from .errors import RegenError
 from .progress import bar
-
-
-@contextlib.contextmanager
-def float32_matmul(precision: str) -> Iterator[None]:
-    """torch's float32 matmul precision ("highest": no TF32) for a block, restored after."""
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(precision)
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(before)
 
 
 def prompt_ids(tok, prompt: str) -> list[int]:

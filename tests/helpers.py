@@ -17,3 +17,13 @@ UPDATE_GOLDEN = os.environ.get("UPDATE_GOLDEN") == "1"
 def write_env(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def random_llama(path: Path, **config) -> Path:
+    """A seeded random Llama saved at `path` (a small HF target for capture tests); `config` sets LlamaConfig."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**config)).save_pretrained(path)
+    return path

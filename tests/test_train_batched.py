@@ -20,6 +20,7 @@ from kimidflash.train.errors import RegenError, TrainConfigError  # noqa: E402
 from kimidflash.train.regen_hf import regen_hf, split_response  # noqa: E402
 from kimidflash.train.trainer import train_loop  # noqa: E402
 
+from .helpers import random_llama  # noqa: E402
 from .test_train_model import SHAPE, TRAIN, head  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -28,14 +29,9 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 @pytest.fixture(scope="module")
 def llama64(tmp_path_factory):
     """A random Llama whose width, vocabulary and depth fit test_train_model.SHAPE's drafter."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=50, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128)
-    path = tmp_path_factory.mktemp("llama64")
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    return path
+    return random_llama(tmp_path_factory.mktemp("llama64"), vocab_size=50, hidden_size=64, intermediate_size=96,
+                        num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        max_position_embeddings=128)
 
 
 @pytest.fixture(scope="module")

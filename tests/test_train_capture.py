@@ -11,19 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from .helpers import random_llama
+
 transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64)
-    path = tmp_path_factory.mktemp("llama")
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    return path
+    return random_llama(tmp_path_factory.mktemp("llama"), vocab_size=64, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                        max_position_embeddings=64)
 
 
 def test_layer_id_is_the_output_of_that_decoder_layer(tiny_llama):

@@ -23,7 +23,11 @@ if [ "$what" = split ]; then
   m=${KIMIDFLASH_CACHE:-$HOME/.cache/kimidflash}/models/smollm2-135m-instruct
   cp "$m"/{config.json,generation_config.json,tokenizer.json,tokenizer_config.json,chat_template.jinja} .gpu/fake/
   grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || printf '/.gpu/\n/.whl/\n' >> .git/info/exclude
+  tree=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}')
   echo "carry .gpu/w1 (first call) and .gpu/w2 (second call); .gpu/fake and .whl for the rehearsal"
+  echo "tracked tree $(( tree / 1048576 )) MiB + a part $(( half / 1048576 )) MiB (a call takes 64 MiB in all)"
+  [ $(( tree + half )) -lt $(( 62 * 1048576 )) ] || echo "too big: move drafters/smollm2-135m-dflash/model.safetensors" \
+    "aside for the two calls (git checkout restores it)"
   exit 0
 fi
 export PYTHONUNBUFFERED=1 KIMIDFLASH_CACHE=/tmp/kc KIMIDFLASH_DOWNLOADS=/tmp/kd PYTHONPATH=/tmp/site:$PWD/src

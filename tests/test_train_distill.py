@@ -122,6 +122,9 @@ def test_shards_carry_the_table_and_distillation_refuses_shards_without_it(tmp_p
             table = (torch.zeros(t, self.k, dtype=torch.int32), torch.zeros(t, self.k, dtype=torch.float16))
             return Captured(torch.ones(t, 8), table if self.k else None)
 
+        def capture_many(self, seqs):
+            return [self.capture(ids) for ids in seqs]
+
     cap = tmp_path / "capture"
     cap.mkdir()
     write_shard(cap / "shard-00000.safetensors", recs, Source(0))

@@ -57,6 +57,9 @@ class CaptureSource(Protocol):
     def capture(self, input_ids: Sequence[int]) -> Captured:
         """The target's hidden states (and top-k table) for one sequence."""
 
+    def capture_many(self, seqs: Sequence[Sequence[int]]) -> list[Captured]:
+        """capture() for several sequences at once (one batched forward, or requests in flight)."""
+
     def features(self, input_ids: Sequence[int]) -> torch.Tensor:
         """[T, len(layer_ids) * H] hidden states of the target for one sequence."""
 
@@ -153,8 +156,7 @@ def _shard_path(folder: Path, i: int) -> Path:
 def write_shard(path: Path, recs: Sequence[Record], source: CaptureSource) -> None:
     from safetensors.torch import save
 
-    many = getattr(source, "capture_many", None)
-    caps = many([r.input_ids for r in recs]) if many else [source.capture(r.input_ids) for r in recs]
+    caps = source.capture_many([r.input_ids for r in recs])
     offsets = torch.tensor([0] + [len(r.input_ids) for r in recs]).cumsum(0)
     tensors = {"feats": torch.cat([c.feats for c in caps]).contiguous(), "offsets": offsets,
                "input_ids": torch.tensor([t for r in recs for t in r.input_ids], dtype=torch.int32),
@@ -266,12 +268,10 @@ class StreamStore:
         return self.get_many([i])[0]
 
     def get_many(self, idx: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """get() for several sequences, their features from one batched forward where the source has one."""
+        """get() for several sequences, their features from one capture_many() call."""
         recs = [self.records[i] for i in idx]
-        many = getattr(self.source, "capture_many", None)
-        feats = [c.feats for c in many([r.input_ids for r in recs])] if many else \
-            [self.source.features(r.input_ids) for r in recs]
-        return [(torch.tensor(r.input_ids), torch.tensor(r.loss_mask), f) for r, f in zip(recs, feats)]
+        caps = self.source.capture_many([r.input_ids for r in recs])
+        return [(torch.tensor(r.input_ids), torch.tensor(r.loss_mask), c.feats) for r, c in zip(recs, caps)]
 
 
 def free_bytes(device: torch.device) -> int:

@@ -321,13 +321,14 @@ def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None,
     hist = res["history"]
     tail = hist[-50:]
     res["loss_mean_last50"] = sum(h["loss"] for h in tail) / max(1, len(tail))
+    where = dev.resolve(tc.device)
     m = Manifest.open(run)
     m.note("train", {"steps_done": res["step"], "steps_planned": tc.steps, "records": len(store),
                      "examples_seen": res["step"] * tc.batch_size,
                      "final_loss_mean_last50": res["loss_mean_last50"], "config": portable_train(tc),
                      # what train.autocast "auto" meant on this machine (device.native_bf16)
-                     "bf16_autocast": dev.autocast_enabled(dev.resolve(tc.device), tc.autocast),
-                     "device": dev.describe(dev.resolve(tc.device)), "chunk_seconds": round(res["seconds"], 1)})
+                     "bf16_autocast": dev.autocast_enabled(where, tc.autocast),
+                     "device": dev.describe(where), "chunk_seconds": round(res["seconds"], 1)})
     write_text_atomic(run / "loss-history.json", json.dumps(hist) + "\n")
     log(f"train: step {res['step']}/{tc.steps}, mean loss of the last {len(tail)} steps {res['loss_mean_last50']:.3f}")
     return res

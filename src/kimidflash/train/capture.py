@@ -285,8 +285,8 @@ class MemoryStore:
     """Every training sequence's features captured once, kept on the train device (memory mode).
 
     For a GPU with room for them (SmolLM2: 5.8 KB per token, docs/drafter-training.md): stream mode
-    recomputes a batch's features every step and copies them through the CPU, which made the step
-    on an H100 several times slower than the drafter's own work. Refused up front, naming the
+    recomputes a batch's features every step and copies them through the CPU (7.6 steps/s at batch
+    32 on an H100, benchmarks/drafter/gpu-h100-1/). Refused up front, naming the
     sizes, when the features would not fit in 90% of the device's free memory."""
 
     def __init__(self, records: Sequence[Record], source: HFCapture, batch: int, log=print):

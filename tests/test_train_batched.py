@@ -51,8 +51,10 @@ def _seqs(n: int, seed: int = 0) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_capturing_many_sequences_at_once_equals_one_at_a_time(llama64, device):
-    src = HFCapture(llama64, [1, 3], dtype=torch.float32, device=torch.device(device), topk=3)
+@pytest.mark.parametrize("forward_tokens", [4096, 40])  # one forward; forwards of a few sequences each
+def test_capturing_many_sequences_at_once_equals_one_at_a_time(llama64, device, forward_tokens):
+    src = HFCapture(llama64, [1, 3], dtype=torch.float32, device=torch.device(device), topk=3,
+                    forward_tokens=forward_tokens)
     seqs = _seqs(5)
     many = src.capture_many(seqs)
     # on a GPU the batched forward may use TF32 (capture_many's docstring); on the CPU it is float32 throughout
@@ -63,6 +65,42 @@ def test_capturing_many_sequences_at_once_equals_one_at_a_time(llama64, device):
         assert torch.allclose(c.feats, one.feats, atol=tol)
         assert c.topk[0].shape == (len(s), 3)
     assert torch.get_float32_matmul_precision() == "highest"  # restored after the forward
+
+
+def test_length_groups_sort_by_length_and_keep_each_forward_within_the_budget():
+    from kimidflash.train.capture import length_groups
+
+    lengths = [30, 5, 12, 7, 90, 12, 6]
+    groups = length_groups(lengths, 40)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))  # every sequence once
+    flat = [lengths[i] for g in groups for i in g]
+    assert flat == sorted(lengths)
+    for g in groups:
+        assert len(g) == 1 or len(g) * max(lengths[i] for i in g) <= 40
+    assert [lengths[i] for i in groups[-1]] == [90]  # longer than the budget: a forward of its own
+    assert length_groups(lengths, 10_000) == [sorted(range(7), key=lambda i: lengths[i])]
+
+
+def test_capture_in_bfloat16_is_close_to_float32_and_other_precisions_are_refused(llama64, tmp_path):
+    from kimidflash.train import config as train_config
+    from kimidflash.train.capture import make_source
+    from kimidflash.train.errors import TrainConfigError
+
+    from .helpers import CONFIGS
+
+    seqs = _seqs(3, seed=2)
+    ref = HFCapture(llama64, [1, 3], dtype=torch.float32).capture_many(seqs)
+    half = HFCapture(llama64, [1, 3], dtype=torch.float32, compute_dtype=torch.bfloat16).capture_many(seqs)
+    for a, b in zip(ref, half):
+        assert a.feats.dtype == b.feats.dtype == torch.float32  # stored as asked, whatever the compute
+        rel = ((a.feats - b.feats).norm() / a.feats.norm()).item()
+        assert 0 < rel < 0.05
+    cfg = train_config.load(CONFIGS / "train-overfit-gate.json", {"capture.source": "hf", "capture.compute_dtype": "float16"})
+    with pytest.raises(TrainConfigError, match="capture.compute_dtype 'float16'"):
+        make_source(cfg, llama64, [1, 3])
+    cfg = train_config.load(CONFIGS / "train-overfit-gate.json", {"capture.source": "hf", "capture.forward_tokens": 0})
+    with pytest.raises(TrainConfigError, match="capture.forward_tokens 0"):
+        make_source(cfg, llama64, [1, 3])
 
 
 def test_a_stream_store_batch_is_its_sequences_one_by_one(llama64):

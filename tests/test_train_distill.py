@@ -127,16 +127,17 @@ def test_shards_carry_the_table_and_distillation_refuses_shards_without_it(tmp_p
 
     cap = tmp_path / "capture"
     cap.mkdir()
-    write_shard(cap / "shard-00000.safetensors", recs, Source(0))
+    write_shard(cap / "shard-00000.safetensors", recs, Source(0), "hf float32")
     (cap / "index.json").write_text(json.dumps({"layer_ids": [0], "topk": 0, "shards": [
         {"file": "shard-00000.safetensors", "kind": "train", "ids": ["a", "b"]}]}))
-    assert not _stale(cap / "shard-00000.safetensors", recs, 0)
-    assert _stale(cap / "shard-00000.safetensors", recs, 4)  # asked for a table it lacks: capture again
+    assert not _stale(cap / "shard-00000.safetensors", recs, 0, "hf float32")
+    assert _stale(cap / "shard-00000.safetensors", recs, 4, "hf float32")  # asked for a table it lacks: capture again
+    assert _stale(cap / "shard-00000.safetensors", recs, 0, "hf bfloat16")  # another precision: capture again
     cfg = train_config.load(CONFIGS / "train-overfit-gate.json", {"train.distill": True})
     with pytest.raises(TrainConfigError, match="capture.topk"):
         _train_store(cfg, tmp_path, cfg.shape(), "/nonexistent")
-    write_shard(cap / "shard-00000.safetensors", recs, Source(4))
+    write_shard(cap / "shard-00000.safetensors", recs, Source(4), "hf float32")
     store = _train_store(cfg, tmp_path, cfg.shape(), "/nonexistent")
     assert store.has_topk and store.topk(1)[0].shape == (3, 4)
-    assert not _stale(cap / "shard-00000.safetensors", recs, 4)
+    assert not _stale(cap / "shard-00000.safetensors", recs, 4, "hf float32")
     assert isinstance(store, ShardStore)

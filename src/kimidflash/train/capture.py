@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Iterator, Protocol, Sequence
 
@@ -42,6 +43,7 @@ from .target import capture_overrides, target_info
 
 
 MODES = ("cache", "stream", "memory")
+COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 def check_mode(cfg: TrainConfig) -> str:
@@ -64,26 +66,49 @@ class CaptureSource(Protocol):
         """[T, len(layer_ids) * H] hidden states of the target for one sequence."""
 
 
+def length_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Indices sorted by length, cut so that each group's count x longest stays within
+    `budget` padded tokens (a longer sequence alone makes its own group)."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if groups and (len(groups[-1]) + 1) * lengths[i] <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
 class HFCapture:
     def __init__(self, model_dir: str | Path, layer_ids: list[int], dtype: torch.dtype = torch.bfloat16,
                  compute_dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu"),
-                 topk: int = 0):
+                 topk: int = 0, forward_tokens: int = 4096):
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=compute_dtype).eval().to(device)
         self.device = device
         check_layer_ids(layer_ids, self.model.config.num_hidden_layers, str(model_dir))
         self.layer_ids, self.dtype, self.topk = list(layer_ids), dtype, topk
+        self.forward_tokens = forward_tokens
 
     def capture(self, input_ids: Sequence[int]) -> Captured:
         return self.capture_many([input_ids])[0]
 
-    @torch.no_grad()
     def capture_many(self, seqs: Sequence[Sequence[int]], on_device: bool = False) -> list[Captured]:
+        """The sequences sorted by length and cut into forwards of at most `forward_tokens`
+        padded tokens (one sequence at least), so little is spent on padding; results in the
+        given order. `on_device`: the features stay where they were computed (memory mode),
+        else on the CPU. Measured on 2 CPU cores: docs/drafter-training.md, capture speed."""
+        out: list[Captured | None] = [None] * len(seqs)
+        for group in length_groups([len(s) for s in seqs], self.forward_tokens):
+            for i, c in zip(group, self._forward([seqs[i] for i in group], on_device)):
+                out[i] = c
+        return out  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def _forward(self, seqs: Sequence[Sequence[int]], on_device: bool) -> list[Captured]:
         """One forward over the sequences, right-padded (causal attention: a token never sees
         the padding after it). On a GPU the matmuls may use TF32: the features are stored in
-        bfloat16, whose rounding is coarser, and a batch costs about a fifth of full float32.
-        `on_device`: the features stay where they were computed (memory mode), else on the CPU."""
+        bfloat16, whose rounding is coarser, and a batch costs about a fifth of full float32."""
         width = max(len(s) for s in seqs)
         ids = torch.zeros((len(seqs), width), dtype=torch.long)
         att = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -110,8 +135,14 @@ def make_source(cfg: TrainConfig, model_dir: str | Path, layer_ids: Sequence[int
     src = cfg.capture.source
     dtype = getattr(torch, cfg.capture.dtype)
     if src == "hf":
-        return HFCapture(model_dir, list(layer_ids), dtype, device=device.resolve(cfg.train.device),
-                         topk=cfg.capture.topk)
+        if cfg.capture.compute_dtype not in COMPUTE_DTYPES:
+            raise TrainConfigError(f"{cfg.path}: capture.compute_dtype {cfg.capture.compute_dtype!r}: expected "
+                                   f"one of {', '.join(COMPUTE_DTYPES)}")
+        if cfg.capture.forward_tokens < 1:
+            raise TrainConfigError(f"{cfg.path}: capture.forward_tokens {cfg.capture.forward_tokens}: expected >= 1")
+        return HFCapture(model_dir, list(layer_ids), dtype, compute_dtype=getattr(torch, cfg.capture.compute_dtype),
+                         device=device.resolve(cfg.train.device), topk=cfg.capture.topk,
+                         forward_tokens=cfg.capture.forward_tokens)
     if src == "vllm":
         base_url = base_url or cfg.capture.base_url
         if not base_url:
@@ -153,7 +184,13 @@ def _shard_path(folder: Path, i: int) -> Path:
     return folder / f"shard-{i:05d}.safetensors"
 
 
-def write_shard(path: Path, recs: Sequence[Record], source: CaptureSource) -> None:
+def source_label(cfg: TrainConfig) -> str:
+    """What computed a shard's features, kept in its metadata: a shard from another
+    source or precision is captured again instead of being mixed in."""
+    return f"hf {cfg.capture.compute_dtype}" if cfg.capture.source == "hf" else cfg.capture.source
+
+
+def write_shard(path: Path, recs: Sequence[Record], source: CaptureSource, label: str) -> None:
     from safetensors.torch import save
 
     caps = source.capture_many([r.input_ids for r in recs])
@@ -164,7 +201,7 @@ def write_shard(path: Path, recs: Sequence[Record], source: CaptureSource) -> No
     if caps and caps[0].topk is not None:
         tensors["topk_ids"] = torch.cat([c.topk[0] for c in caps]).contiguous()
         tensors["topk_logp"] = torch.cat([c.topk[1] for c in caps]).contiguous()
-    write_bytes_atomic(path, save(tensors, metadata={"ids": json.dumps([r.id for r in recs])}))
+    write_bytes_atomic(path, save(tensors, metadata={"ids": json.dumps([r.id for r in recs]), "source": label}))
 
 
 def capture_shards(cfg: TrainConfig, run: Path, log=print) -> int:
@@ -175,23 +212,32 @@ def capture_shards(cfg: TrainConfig, run: Path, log=print) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     per = cfg.capture.shard_records
     groups = [train[i:i + per] for i in range(0, len(train), per)] + [held[i:i + per] for i in range(0, len(held), per)]
-    index = {"layer_ids": list(shape.target_layer_ids), "topk": cfg.capture.topk, "shards": []}
+    label = source_label(cfg)
+    index = {"layer_ids": list(shape.target_layer_ids), "topk": cfg.capture.topk, "source": label, "shards": []}
     todo = []
     for i, g in enumerate(groups):
         kind = "train" if i < (len(train) + per - 1) // per else "heldout"
         index["shards"].append({"file": _shard_path(folder, i).name, "kind": kind, "ids": [r.id for r in g]})
-        if not _shard_path(folder, i).is_file() or _stale(_shard_path(folder, i), g, cfg.capture.topk):
+        if not _shard_path(folder, i).is_file() or _stale(_shard_path(folder, i), g, cfg.capture.topk, label):
             todo.append((i, g))
+    done = {"shards": 0, "records": 0, "tokens": 0, "seconds": 0.0}
     if todo:
         torch.set_num_threads(max(1, cfg.train.threads or torch.get_num_threads()))
         with opened_source(cfg, run, index["layer_ids"]) as source, \
                 bar("capture", len(groups), start=len(groups) - len(todo)) as advance:
+            start = time.monotonic()
             for i, g in todo:
-                write_shard(_shard_path(folder, i), g, source)
+                write_shard(_shard_path(folder, i), g, source, label)
+                done["shards"] += 1
+                done["records"] += len(g)
+                done["tokens"] += sum(len(r.input_ids) for r in g)
+                done["seconds"] = round(time.monotonic() - start, 1)
                 advance()
     write_text_atomic(folder / "index.json", json.dumps(index) + "\n")
     Manifest.open(run).note_regen(run / "regen.jsonl", cfg.regen.as_dict())
-    note_capture(cfg, run, train, held, shards=len(groups))
+    # this invocation's work and time (model loading excluded): the capture rate of the machine
+    note_capture(cfg, run, train, held, shards=len(groups), computed=label,
+                 forward_tokens=cfg.capture.forward_tokens, this_invocation=done)
     return len(groups)
 
 
@@ -203,13 +249,17 @@ def note_capture(cfg: TrainConfig, run: Path, train: Sequence[Record], held: Seq
         "train_response_tokens": sum(r.n_response for r in train), "heldout_ids": [r.id for r in held]})
 
 
-def _stale(path: Path, recs: Sequence[Record], topk: int) -> bool:
-    """Other records, or not the top-k the config asks for (a shard with more is kept)."""
+def _stale(path: Path, recs: Sequence[Record], topk: int, label: str) -> bool:
+    """Other records, not the top-k the config asks for (a shard with more is kept), or
+    features from another source or precision (shards from before labels were written,
+    all float32, are kept)."""
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as f:
         have = f.get_slice("topk_ids").get_shape()[1] if "topk_ids" in f.keys() else 0
-        return json.loads(f.metadata()["ids"]) != [r.id for r in recs] or have < topk
+        meta = f.metadata()
+        return (json.loads(meta["ids"]) != [r.id for r in recs] or have < topk
+                or meta.get("source", label) != label)
 
 
 class ShardStore:

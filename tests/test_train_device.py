@@ -43,6 +43,19 @@ def test_autocast_auto_means_bf16_where_it_is_native(monkeypatch, device, amx, a
     assert dev.autocast_enabled(torch.device(device), mode) is on
 
 
+def test_a_cpu_is_described_by_its_model_and_bf16_support(monkeypatch, tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9R14\nflags\t: fpu\n")
+    assert dev.cpu_model(str(info)) == "AMD EPYC 9R14"
+    assert dev.cpu_model(str(tmp_path / "absent")) == "unknown CPU"
+    monkeypatch.setattr(dev, "cpu_model", lambda: "AMD EPYC 9R14")
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert dev.describe(torch.device("cpu")) == f"cpu (AMD EPYC 9R14, native bf16, torch {torch.__version__})"
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    assert "no native bf16" in dev.describe(torch.device("cpu"))
+
+
 def test_an_unknown_autocast_is_refused():
     with pytest.raises(TrainConfigError, match="train.autocast 'fp8'"):
         dev.autocast_enabled(torch.device("cpu"), "fp8")

@@ -237,7 +237,8 @@ def capture_shards(cfg: TrainConfig, run: Path, log=print) -> int:
     Manifest.open(run).note_regen(run / "regen.jsonl", cfg.regen.as_dict())
     # this invocation's work and time (model loading excluded): the capture rate of the machine
     note_capture(cfg, run, train, held, shards=len(groups), computed=label,
-                 forward_tokens=cfg.capture.forward_tokens, this_invocation=done)
+                 forward_tokens=cfg.capture.forward_tokens, this_invocation=done,
+                 device=device.describe(device.resolve(cfg.train.device)))
     return len(groups)
 
 

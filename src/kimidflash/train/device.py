@@ -17,6 +17,7 @@ evaluates and exports anywhere.
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 import os
 from typing import Iterator
 
@@ -46,10 +47,23 @@ def resolve(name: str) -> torch.device:
 
 
 def describe(device: torch.device) -> str:
-    """The device in words, for manifests: the GPU's name, or the CPU."""
+    """The device in words, for manifests: the GPU's name, or the CPU's model and whether it
+    computes bf16 in hardware (what capture and training speed on a CPU depend on)."""
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)}, torch {torch.__version__})"
-    return f"cpu (torch {torch.__version__})"
+    bf16 = "native bf16" if native_bf16(device) else "no native bf16"
+    return f"cpu ({cpu_model()}, {bf16}, torch {torch.__version__})"
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name as the kernel reports it, or "unknown CPU"."""
+    try:
+        for line in Path(cpuinfo).read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
 
 
 def native_bf16(device: torch.device) -> bool:

@@ -122,6 +122,11 @@ def test_the_drafter_readme_names_the_setup_prompts_and_what_auto_autocast_meant
     grown = drafter_readme(cfg, {"train": {"config": {"init_from_drafter": "$KIMIDFLASH_CACHE/drafters/v4"}}},
                            {"step": 12}, None)
     assert "started from the drafter in `$KIMIDFLASH_CACHE/drafters/v4` (`train.init_from_drafter`)" in grown
+    # the train phase's options (its --set overrides), not the export invocation's config; the loss rounded
+    trained = drafter_readme(cfg, {"train": {"config": {"lr": 0.0005, "batch_size": 32},
+                                             "final_loss_mean_last50": 1.4357677999999996}}, {"step": 12}, None)
+    assert "batch 32 x" in trained and "lr 0.0005," in trained and f"lr {cfg.train.lr}" not in trained
+    assert "last 50 steps: 1.435768" in trained
 
 
 def test_the_drafter_readme_gives_the_walk_and_says_when_the_run_folder_was_copied():

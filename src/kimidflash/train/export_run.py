@@ -57,6 +57,9 @@ def drafter_readme(cfg: TrainConfig, manifest: dict[str, Any], st: dict[str, Any
     origin = (manifest.get("target") or {}).get("origin") or {}
     cap = manifest.get("capture", {})
     tr = manifest.get("train", {})
+    # what trained: the train phase's own options (its --set overrides included), not the export's
+    tc = {**cfg.train.as_dict(), **(tr.get("config") or {})}
+    loss = tr.get("final_loss_mean_last50")
     prompts = (manifest.get("prompts") or {}).get("source", cfg.data.prompts)  # setup's, not this phase's config
     lines = [f"# {cfg.name}: a DFlash drafter trained by `./train-drafter.sh`", "",
              f"Target: `{(manifest.get('target') or {}).get('dir')}`" + (f" ({origin.get('note')})" if origin else ""),
@@ -64,11 +67,11 @@ def drafter_readme(cfg: TrainConfig, manifest: dict[str, Any], st: dict[str, Any
              f"- data: {cap.get('train_records')} regenerated training records ({cap.get('train_response_tokens')} "
              f"response tokens), {cap.get('heldout_records')} held out; prompts `{prompts}` "
              f"(seed {cfg.seed}), regen sampling {manifest.get('regen', {}).get('sampling')}",
-             f"- training: {st['step']} steps of batch {cfg.train.batch_size} x {cfg.train.anchors_per_seq} "
-             f"anchors, block {cfg.train.block_size}, gamma {cfg.train.gamma}, lr {cfg.train.lr}, "
-             f"autocast {cfg.train.autocast}{autocast_meant(tr)}; loss curve `loss-curve.png`, history `loss-history.json`",
-             f"- final mean loss over the last 50 steps: {tr.get('final_loss_mean_last50')}"]
-    start = (tr.get("config") or {}).get("init_from_drafter")
+             f"- training: {st['step']} steps of batch {tc['batch_size']} x {tc['anchors_per_seq']} "
+             f"anchors, block {tc['block_size']}, gamma {tc['gamma']}, lr {tc['lr']}, "
+             f"autocast {tc['autocast']}{autocast_meant(tr)}; loss curve `loss-curve.png`, history `loss-history.json`",
+             f"- final mean loss over the last 50 steps: {loss if loss is None else round(loss, 6)}"]
+    start = tc.get("init_from_drafter")
     if start:  # its earlier training is that drafter's own (its README), not in these figures
         lines.append(f"- started from the drafter in `{start}` (`train.init_from_drafter`), which brought its own "
                      "training: the data and steps above are this run's only")

@@ -97,7 +97,7 @@ class HFCapture:
         """The sequences sorted by length and cut into forwards of at most `forward_tokens`
         padded tokens (one sequence at least), so little is spent on padding; results in the
         given order. `on_device`: the features stay where they were computed (memory mode),
-        else on the CPU. Measured on 2 CPU cores: docs/drafter-training.md, capture speed."""
+        else on the CPU. Measured on 2 CPU cores: benchmarks/drafter/capture-speed/."""
         out: list[Captured | None] = [None] * len(seqs)
         for group in length_groups([len(s) for s in seqs], self.forward_tokens):
             for i, c in zip(group, self._forward([seqs[i] for i in group], on_device)):

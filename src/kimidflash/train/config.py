@@ -75,8 +75,8 @@ class CaptureOptions(_Section):
     mode: str = "cache"  # cache (shards on disk), stream (every batch), memory (once, on the train device)
     dtype: str = "bfloat16"  # how features are stored
     # source=hf: the target's own precision in the forward ("float32", as the reference target
-    # is served, or "bfloat16": ~2.5x faster with grouping on a CPU with AVX-512 BF16, features ~1% apart) and
-    # the padded tokens per forward (sequences grouped by length)
+    # is served, or "bfloat16": faster on a CPU with native bf16, features slightly apart;
+    # benchmarks/drafter/capture-speed/) and the padded tokens per forward (grouped by length)
     compute_dtype: str = "float32"
     forward_tokens: int = 4096
     shard_records: int = 64  # records per shard (cache) and per capture call (memory)

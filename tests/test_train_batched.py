@@ -81,7 +81,7 @@ def test_length_groups_sort_by_length_and_keep_each_forward_within_the_budget():
     assert length_groups(lengths, 10_000) == [sorted(range(7), key=lambda i: lengths[i])]
 
 
-def test_capture_in_bfloat16_is_close_to_float32_and_other_precisions_are_refused(llama64, tmp_path):
+def test_capture_in_bfloat16_is_close_to_float32_and_other_precisions_are_refused(llama64):
     from kimidflash.train import config as train_config
     from kimidflash.train.capture import make_source
     from kimidflash.train.errors import TrainConfigError
@@ -95,10 +95,11 @@ def test_capture_in_bfloat16_is_close_to_float32_and_other_precisions_are_refuse
         assert a.feats.dtype == b.feats.dtype == torch.float32  # stored as asked, whatever the compute
         rel = ((a.feats - b.feats).norm() / a.feats.norm()).item()
         assert 0 < rel < 0.05
-    cfg = train_config.load(CONFIGS / "train-overfit-gate.json", {"capture.source": "hf", "capture.compute_dtype": "float16"})
+    gate = CONFIGS / "train-overfit-gate.json"
+    cfg = train_config.load(gate, {"capture.source": "hf", "capture.compute_dtype": "float16"})
     with pytest.raises(TrainConfigError, match="capture.compute_dtype 'float16'"):
         make_source(cfg, llama64, [1, 3])
-    cfg = train_config.load(CONFIGS / "train-overfit-gate.json", {"capture.source": "hf", "capture.forward_tokens": 0})
+    cfg = train_config.load(gate, {"capture.source": "hf", "capture.forward_tokens": 0})
     with pytest.raises(TrainConfigError, match="capture.forward_tokens 0"):
         make_source(cfg, llama64, [1, 3])
 

@@ -133,6 +133,12 @@ def test_shards_carry_the_table_and_distillation_refuses_shards_without_it(tmp_p
     assert not _stale(cap / "shard-00000.safetensors", recs, 0, "hf float32")
     assert _stale(cap / "shard-00000.safetensors", recs, 4, "hf float32")  # asked for a table it lacks: capture again
     assert _stale(cap / "shard-00000.safetensors", recs, 0, "hf bfloat16")  # another precision: capture again
+    from safetensors.torch import load_file, save_file
+
+    unlabelled = cap / "shard-old.safetensors"  # written before shards named their source: all float32, kept
+    save_file(load_file(cap / "shard-00000.safetensors"), unlabelled, metadata={"ids": json.dumps(["a", "b"])})
+    assert not _stale(unlabelled, recs, 0, "hf float32")
+    unlabelled.unlink()
     cfg = train_config.load(CONFIGS / "train-overfit-gate.json", {"train.distill": True})
     with pytest.raises(TrainConfigError, match="capture.topk"):
         _train_store(cfg, tmp_path, cfg.shape(), "/nonexistent")

@@ -17,8 +17,8 @@ evaluates and exports anywhere.
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 import os
+from pathlib import Path
 from typing import Iterator
 
 import torch

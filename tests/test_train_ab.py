@@ -101,14 +101,31 @@ def test_each_drafter_sits_beside_its_own_offline_file(fake_serving, drafter, tm
     assert "| theirs k=3 | 2 | 3 | 1.25 | 1.2 | 2.5 |" in table and "Offline (theirs):" in table
 
 
+def test_each_drafter_runs_only_the_k_its_blocks_serve(fake_serving, drafter, tmp_path, capsys):
+    (drafter / "config.json").write_text(json.dumps({"block_size": 4}))
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    (wide / "config.json").write_text(json.dumps({"block_size": 8}))
+    out = tmp_path / "ab"
+    assert ab.main(argv(out, drafter, "--drafter", f"wide={wide}", "--k", "3", "7")) == 0
+    served_k = [(o[1].split("=", 1)[1], o[2]) for o in fake_serving if o[0] == "SPECULATIVE_METHOD=dflash"]
+    assert served_k == [(str(drafter), "NUM_SPECULATIVE_TOKENS=3"), (str(wide), "NUM_SPECULATIVE_TOKENS=3"),
+                        (str(wide), "NUM_SPECULATIVE_TOKENS=7")]
+    assert "mine served at k=3 only: its blocks of 4 serve no more" in capsys.readouterr().err
+    assert {p.name for p in out.glob("*-c1.json")} == {"mine-k3-c1.json", "wide-k3-c1.json", "wide-k7-c1.json",
+                                                       "no-speculation-c1.json"}
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--rounds", "0"], "--rounds must be at least 1, got 0"),
     (["--offline", "nobody=x.json"], "--offline nobody=x.json: no --drafter is labelled 'nobody'"),
     (["--offline", "/nonexistent/eval.json"], "--offline /nonexistent/eval.json: not found"),
     (["--drafter", "nolabel"], "--drafter nolabel: expected LABEL=DIR"),
     (["--drafter", "b=/nonexistent"], "--drafter b: /nonexistent/config.json not found"),
+    (["--k", "9"], "--drafter mine: its blocks of 8 serve none of --k 9"),
 ])
 def test_bad_input_is_one_clear_error(fake_serving, drafter, tmp_path, capsys, extra, message):
+    (drafter / "config.json").write_text(json.dumps({"block_size": 8}))
     assert ab.main(argv(tmp_path / "ab", drafter, *extra)) == 2
     assert message in capsys.readouterr().err and not fake_serving
 

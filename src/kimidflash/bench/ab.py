@@ -23,10 +23,21 @@ import sys
 from pathlib import Path
 
 from ..background import served
+from ..config.rules import block_serves
 from ..paths import portable
 from .report import compare
 from .resultfile import load_result, write_result
 from .runner import BenchConfig, run_benchmark
+
+
+def drafter_block_size(label: str, path: Path) -> int | None:
+    """The block size in a drafter's config.json, so `--k 3 7` serves each drafter
+    only at the k its blocks allow (preflight would refuse the rest mid-run)."""
+    try:
+        block = json.loads((path / "config.json").read_text()).get("block_size")
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise ValueError(f"--drafter {label}: {path}/config.json is not a JSON object: {exc}") from None
+    return None if block is None else int(block)
 
 
 def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
@@ -38,7 +49,14 @@ def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
         path = Path(d).expanduser().resolve()
         if not (path / "config.json").is_file():
             raise ValueError(f"--drafter {label}: {path}/config.json not found")
-        for k in args.k:
+        block = drafter_block_size(label, path)
+        ks = [k for k in args.k if block is None or block_serves(block, k)]
+        if not ks:
+            raise ValueError(f"--drafter {label}: its blocks of {block} serve none of --k {' '.join(map(str, args.k))}")
+        if ks != args.k:
+            print(f"ab: {label} served at k={' '.join(map(str, ks))} only: its blocks of {block} serve no more",
+                  file=sys.stderr)
+        for k in ks:
             out.append((f"{label} k={k}", ["SPECULATIVE_METHOD=dflash", f"DRAFT_MODEL_DIR={path}",
                                            f"NUM_SPECULATIVE_TOKENS={k}"]))
     if args.none:
@@ -61,8 +79,9 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
+    todo = variants(args)
     for r in range(1, args.rounds + 1):
-        for label, sets in variants(args):
+        for label, sets in todo:
             files += _run_variant(args, out, label, sets + list(args.set), r if args.rounds > 1 else None)
     return files
 
@@ -145,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ngram", action="store_true")
     p.add_argument("--none", action="store_true", help="include the no-speculation baseline")
     p.add_argument("--ngram-k", type=int, nargs="+", help="num_speculative_tokens for ngram (default: --k)")
-    p.add_argument("--k", type=int, nargs="+", default=[7], help="num_speculative_tokens values")
+    p.add_argument("--k", type=int, nargs="+", default=[7], help="num_speculative_tokens values (each drafter runs those its block size serves)")
     p.add_argument("--prompts", default=None, help="builtin (default), a JSONL or a ShareGPT file")
     p.add_argument("--sessions", type=int, default=16)
     p.add_argument("--turns", type=int, default=1)

@@ -80,6 +80,12 @@ def draft_block_size(config: Config) -> tuple[int | None, str]:
     return None, ""
 
 
+def block_serves(block: int, k: int) -> bool:
+    """Whether a DFlash drafter trained on blocks of `block` may be served at
+    `num_speculative_tokens=k` (the one rule preflight and the A/B both apply)."""
+    return 1 <= k <= block
+
+
 def kv_cache_rules(v: dict[str, Any], fail: Fail) -> None:
     """FP8 KV cache: a scale policy that means what it says, and the draft's cache
     chosen per pin (docs/fp8-kv.md)."""
@@ -262,7 +268,7 @@ def check_checkpoints(config: Config) -> None:
     if v["SPECULATIVE_METHOD"] == "dflash":
         block, where = draft_block_size(config)
         k = v["NUM_SPECULATIVE_TOKENS"]
-        if block is not None and not 1 <= k <= block:
+        if block is not None and not block_serves(block, k):
             fail("NUM_SPECULATIVE_TOKENS", f"{k} is outside 1..{block}, the drafter's block size ({where})")
     try:
         target_cfg = read_json(Path(v["MODEL_DIR"]) / "config.json") if v["MODEL_DIR"] else None

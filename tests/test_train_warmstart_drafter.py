@@ -111,3 +111,34 @@ def test_drafter_is_only_for_the_eval_phase_alone(tmp_path, capsys):
     assert main([str(CONFIGS / "train-cpu-reference.json"), "train", "eval", "--drafter", str(tmp_path),
                  "--run-dir", str(tmp_path / "run")]) == 2
     assert "--drafter measures an exported drafter: run the eval phase alone" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("train_block, ks, refused", [(16, [3, 4], 4), (2, [3], None)],
+                         ids=["k-beyond-the-drafter", "run-trained-smaller-blocks"])
+def test_eval_k_is_checked_against_the_measured_drafters_blocks_before_any_work(tmp_path, monkeypatch, train_block,
+                                                                                  ks, refused):
+    """eval --drafter: k is bounded by the exported drafter's block size (4 here), not the run's train.block_size,
+    and a k it cannot serve is refused before the first k is scored (nothing measured is thrown away)."""
+    from kimidflash.train import config as tcfg
+    from kimidflash.train import evaluate as ev
+
+    from .helpers import CONFIGS
+
+    _, out = _exported(tmp_path)
+    cfg = tcfg.load(CONFIGS / "train-cpu-reference.json",
+                    tcfg.parse_set([f"train.block_size={train_block}", f"eval.k={ks}"]))
+    scored: list[int] = []
+    monkeypatch.setattr(ev, "load_target_head", lambda _: head())
+    monkeypatch.setattr(ev, "target_info", lambda _: type("T", (), {"model_dir": "target-unused"}))
+    monkeypatch.setattr(ev, "check_mode", lambda _: "cache")
+    monkeypatch.setattr(ev, "ShardStore", lambda *a: FakeStore())
+    monkeypatch.setattr(ev, "offline_acceptance", lambda m, s, k, *a, **kw: scored.append(k) or
+                        {"mean_acceptance_length": 1.0, "drafts": 1, "per_position": [], "walk": {"mean_acceptance_length": 1.0}})
+    if refused:
+        with pytest.raises(TrainConfigError, match=rf"eval.k {refused}: needs a block of 5 > the drafter's block size 4 "
+                                                   rf"\(.*src-drafter\)"):
+            ev.evaluate_run(cfg, tmp_path, log=lambda *_: None, drafter=out)
+        assert scored == []
+    else:
+        ev.evaluate_run(cfg, tmp_path, log=lambda *_: None, drafter=out)
+        assert scored == ks and (tmp_path / "eval-src-drafter.json").is_file()

@@ -138,6 +138,11 @@ def evaluate_run(cfg: TrainConfig, run: Path, log=print, drafter: str | Path | N
         model, st = load_checkpoint_model(run, model_dir)
     else:
         model, st = load_exported_model(drafter, model_dir), {"step": None}
+    block = cfg.train.block_size if drafter is None else model.shape.block_size  # what it was trained (exported) for
+    too_long = [k for k in cfg.eval.k if k + 1 > block]
+    if too_long:  # before any record is scored, so no k's result is computed and then lost
+        raise TrainConfigError(f"eval.k {too_long[0]}: needs a block of {too_long[0] + 1} > the drafter's block size "
+                               f"{block} ({drafter if drafter is not None else run / 'checkpoints' / 'last.pt'})")
     model.to(dev.resolve(cfg.train.device))
     split = cfg.eval.split
     if check_mode(cfg) == "cache":  # memory mode evaluates like stream: the held-out records are few
@@ -152,8 +157,6 @@ def evaluate_run(cfg: TrainConfig, run: Path, log=print, drafter: str | Path | N
            "definition": "teacher-forced against the target's greedy continuation; block = 1 + k; "
                          "walk: only the anchors a server would draft at", "by_k": {}}
     for k in cfg.eval.k:
-        if k + 1 > cfg.train.block_size:
-            raise TrainConfigError(f"eval.k {k}: needs a block of {k + 1} > the drafter's block size")
         r = offline_acceptance(model, store, k, cfg.eval.max_records, autocast=cfg.train.autocast)
         res["by_k"][str(k)] = r
         log(f"eval: k={k} offline mean acceptance length {r['mean_acceptance_length']} over {r['drafts']} drafts; "

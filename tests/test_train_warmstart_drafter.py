@@ -132,11 +132,11 @@ def test_eval_k_is_checked_against_the_measured_drafters_blocks_before_any_work(
     monkeypatch.setattr(ev, "target_info", lambda _: type("T", (), {"model_dir": "target-unused"}))
     monkeypatch.setattr(ev, "check_mode", lambda _: "cache")
     monkeypatch.setattr(ev, "ShardStore", lambda *a: FakeStore())
-    monkeypatch.setattr(ev, "offline_acceptance", lambda m, s, k, *a, **kw: scored.append(k) or
-                        {"mean_acceptance_length": 1.0, "drafts": 1, "per_position": [], "walk": {"mean_acceptance_length": 1.0}})
+    result = {"mean_acceptance_length": 1.0, "drafts": 1, "per_position": [], "walk": {"mean_acceptance_length": 1.0}}
+    monkeypatch.setattr(ev, "offline_acceptance", lambda m, s, k, *a, **kw: scored.append(k) or result)
     if refused:
-        with pytest.raises(TrainConfigError, match=rf"eval.k {refused}: needs a block of 5 > the drafter's block size 4 "
-                                                   rf"\(.*src-drafter\)"):
+        message = rf"eval.k {refused}: needs a block of 5 > the drafter's block size 4 \(.*src-drafter\)"
+        with pytest.raises(TrainConfigError, match=message):
             ev.evaluate_run(cfg, tmp_path, log=lambda *_: None, drafter=out)
         assert scored == []
     else:

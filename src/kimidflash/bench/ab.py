@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ngram", action="store_true")
     p.add_argument("--none", action="store_true", help="include the no-speculation baseline")
     p.add_argument("--ngram-k", type=int, nargs="+", help="num_speculative_tokens for ngram (default: --k)")
-    p.add_argument("--k", type=int, nargs="+", default=[7], help="num_speculative_tokens values (each drafter runs those its block size serves)")
+    p.add_argument("--k", type=int, nargs="+", default=[7],
+                   help="num_speculative_tokens values (each drafter runs those its block size serves)")
     p.add_argument("--prompts", default=None, help="builtin (default), a JSONL or a ShareGPT file")
     p.add_argument("--sessions", type=int, default=16)
     p.add_argument("--turns", type=int, default=1)

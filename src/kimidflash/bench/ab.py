@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from ..background import served
-from ..config.rules import block_serves
+from ..config.rules import block_serves, read_json
 from ..paths import portable
 from .report import compare
 from .resultfile import load_result, write_result
@@ -34,9 +34,12 @@ def drafter_block_size(label: str, path: Path) -> int | None:
     """The block size in a drafter's config.json, so `--k 3 7` serves each drafter
     only at the k its blocks allow (preflight would refuse the rest mid-run)."""
     try:
-        block = json.loads((path / "config.json").read_text()).get("block_size")
-    except (json.JSONDecodeError, AttributeError) as exc:
-        raise ValueError(f"--drafter {label}: {path}/config.json is not a JSON object: {exc}") from None
+        data = read_json(path / "config.json")
+    except ValueError as exc:  # read_json names the file and the parse error
+        raise ValueError(f"--drafter {label}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--drafter {label}: {path}/config.json is not a JSON object")
+    block = data.get("block_size")
     return None if block is None else int(block)
 
 

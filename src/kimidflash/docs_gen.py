@@ -119,7 +119,8 @@ def production_configs() -> list[Path]:
 
 
 def map_rows() -> list[dict]:
-    """One row per production config and pin: its plan and the patches that run."""
+    """One row per production config and pin, then the CPU configs and training captures a
+    patch runs on: its plan and the patches that run."""
     patches, _ = backends.load_patch_data()
     rows = []
     for path in production_configs():
@@ -127,10 +128,21 @@ def map_rows() -> list[dict]:
             values = load_config(path, {"VLLM_VERSION": pin}, environ={}).values
             rows.append({"config": path.name, "pin": pin, "plan": backends.attention_plan(values),
                          "values": values, "patches": backends.exercised(values, patches)})
-    for name, values in capture_paths():
+    for name, values in [*cpu_paths(), *capture_paths()]:
         rows.append({"config": name, "pin": values["VLLM_VERSION"], "plan": backends.attention_plan(values),
                      "values": values, "patches": backends.exercised(values, patches)})
     return rows
+
+
+def cpu_paths() -> list[tuple[str, dict]]:
+    """The CPU configs whose path a patch changes (C1: DFlash with an MLA target), each on its own pin."""
+    patches, _ = backends.load_patch_data()
+    out = []
+    for path in sorted(CONFIGS_DIR.glob("cpu-*.env")):
+        values = load_config(path, {}, environ={}).values
+        if backends.exercised(values, patches):
+            out.append((path.name, values))
+    return out
 
 
 def capture_paths() -> list[tuple[str, dict]]:

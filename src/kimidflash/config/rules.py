@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from .. import backends
+from ..checkpoint_layout import is_mla, model_field, text_field
 from ..fp8.checkpoint import MLA_LIMIT
 from ..fp8.scales import KvScales, ScaleFileError
 from ..paths import CONFIGS_DIR
@@ -30,7 +31,6 @@ DFLASH_MLA_BLOCK_SIZE = 16
 # vLLM flags the recipe renders itself; EXTRA_VLLM_ARGS may not repeat them.
 RENDERED_FLAGS = rendered_flags()
 CPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")  # "0-3,8": what vLLM parses per rank
-MLA_MODEL_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2", "kimi_k25")
 
 Fail = Callable[[str, str], NoReturn]
 
@@ -50,18 +50,6 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from exc
-
-
-def model_is_mla(cfg: dict[str, Any]) -> bool:
-    inner = cfg.get("text_config") or cfg
-    return "kv_lora_rank" in inner or inner.get("model_type") in MLA_MODEL_TYPES
-
-
-def model_field(cfg: dict[str, Any] | None, key: str) -> Any:
-    """A key of a model's config.json, top level first, then its text_config (Kimi
-    K2.5/K2.6 nest the language model's fields there)."""
-    cfg = cfg or {}
-    return cfg[key] if key in cfg else (cfg.get("text_config") or {}).get(key)
 
 
 def draft_block_size(config: Config) -> tuple[int | None, str]:
@@ -139,7 +127,7 @@ def target_kv_rules(v: dict[str, Any], fail: Fail, target_cfg: dict[str, Any] | 
         fail("KV_CACHE_DTYPE", f"{v['MODEL_DIR']} carries KV scales (quantization_config.kv_cache_scheme), which "
                                "makes vLLM store an FP8 cache whatever --kv-cache-dtype says; set KV_CACHE_DTYPE=fp8 "
                                "KV_SCALE_POLICY=checkpoint, or serve the checkpoint without the scale overlay")
-    layers = model_field(target_cfg, "num_hidden_layers")
+    layers = text_field(target_cfg, "num_hidden_layers")
     if v["KV_SCALES_FILE"] and layers is not None:
         scales = load_scales(v, fail)
         if len(scales.layers) != layers:
@@ -275,12 +263,12 @@ def check_checkpoints(config: Config) -> None:
     except ValueError as exc:
         fail("MODEL_DIR", f"unreadable target config: {exc}")
     if target_cfg is not None:
-        actual = "mla" if model_is_mla(target_cfg) else "standard"
+        actual = "mla" if is_mla(target_cfg) else "standard"
         if actual != v["TARGET_ATTENTION"]:
             fail("TARGET_ATTENTION", f"is {v['TARGET_ATTENTION']} but {v['MODEL_DIR']}/config.json describes "
                                      f"a {actual} model; set TARGET_ATTENTION={actual}")
     target_kv_rules(v, fail, target_cfg)
-    layers = model_field(target_cfg, "num_hidden_layers")
+    layers = text_field(target_cfg, "num_hidden_layers")
     if v["SPECULATIVE_METHOD"] == "extract_hidden_states" and layers is not None:
         too_deep = [i for i in hidden_states_layers(v["HIDDEN_STATES_LAYERS"]) if i > layers - 2]
         if too_deep:

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import checkpoint_layout as layout
 from ..fsio import atomic_dir, write_json_atomic
 from .errors import CheckpointError, SafetensorsError
 from .safetensors_io import read_header, read_scalar, write_f32_scalars
@@ -77,18 +78,14 @@ MLA_LIMIT = ("stock vLLM (0.20.2-0.33.0) creates no KV scale parameters for MLA 
 
 
 # ---------------------------------------------------------------- model facts
-def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's config: multimodal wrappers (Kimi K2.5/K2.6) nest it."""
-    tc = config.get("text_config")
-    return tc if isinstance(tc, dict) and "num_hidden_layers" in tc else config
-
-
-def is_mla(config: dict[str, Any]) -> bool:
-    return bool(text_config(config).get("kv_lora_rank"))
+# The config and tensor-name readers are checkpoint_layout's (one reader for every caller);
+# text_config and is_mla stay importable from here for calibrate.
+text_config = layout.text_config
+is_mla = layout.is_mla
 
 
 def num_layers(config: dict[str, Any], source: str) -> int:
-    n = text_config(config).get("num_hidden_layers")
+    n = layout.text_field(config, "num_hidden_layers")
     if not isinstance(n, int) or n <= 0:
         raise CheckpointError(f"{source}: no positive num_hidden_layers")
     return n
@@ -110,38 +107,20 @@ def load_config(model_dir: Path) -> dict[str, Any]:
 def weight_map(model_dir: Path) -> dict[str, str]:
     """Tensor name -> shard file, from the index, or from every shard's header when
     there is no index (a single-file checkpoint)."""
-    index = model_dir / INDEX
-    if index.exists():
-        try:
-            wm = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index}: not a safetensors index: {exc!r}") from None
-        if not isinstance(wm, dict):
-            raise CheckpointError(f"{index}: weight_map is not an object")
-        return dict(wm)
-    files = sorted(p for p in model_dir.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{model_dir}: no *.safetensors files and no {INDEX}")
-    out: dict[str, str] = {}
-    for f in files:
-        try:
-            for name in read_header(f):
-                if name != "__metadata__":
-                    out[name] = f.name
-        except SafetensorsError as exc:
-            raise CheckpointError(str(exc)) from None
-    return out
+    try:
+        return layout.weight_map(model_dir)
+    except layout.LayoutError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def layer_prefix(names: list[str] | dict[str, str], source: str) -> str:
-    """What comes before ``layers.0.self_attn.`` in the checkpoint's names
-    (``model.`` for Llama/DeepSeek, ``language_model.model.`` for Kimi K2.5/K2.6)."""
-    pat = re.compile(r"^(.*?)layers\.0\.self_attn\.")
-    prefixes = sorted({m.group(1) for n in names if (m := pat.match(n))})
-    if len(prefixes) != 1:
-        raise CheckpointError(f"{source}: cannot tell the decoder layers' name prefix "
-                              f"(found {prefixes or 'no layers.0.self_attn.* tensor'})")
-    return prefixes[0]
+    """What comes before ``layers.0.self_attn.`` in the checkpoint's names (``model.`` for
+    Llama/DeepSeek, ``language_model.model.`` for Kimi K2.5/K2.6): checkpoint_layout's answer,
+    so a vision tower's own ``layers.0.self_attn.`` does not confuse it."""
+    try:
+        return layout.decoder_prefix(names, source)
+    except layout.LayoutError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def scale_names(prefix: str, layer: int, mla: bool) -> tuple[str, str]:

@@ -39,7 +39,7 @@ from .errors import TrainConfigError
 from .manifest import Manifest
 from .progress import bar
 from .shape import check_layer_ids
-from .target import capture_overrides, target_info
+from .target import capture_overrides, remote_code, target_info
 
 
 MODES = ("cache", "stream", "memory")
@@ -81,12 +81,14 @@ def length_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
 class HFCapture:
     def __init__(self, model_dir: str | Path, layer_ids: list[int], dtype: torch.dtype = torch.bfloat16,
                  compute_dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu"),
-                 topk: int = 0, forward_tokens: int = 4096):
+                 topk: int = 0, forward_tokens: int = 4096, trust_remote_code: bool = False):
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=compute_dtype).eval().to(device)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=compute_dtype,
+                                                          trust_remote_code=trust_remote_code).eval().to(device)
         self.device = device
-        check_layer_ids(layer_ids, self.model.config.num_hidden_layers, str(model_dir))
+        # the text model's layer count (a multimodal wrapper nests it under text_config)
+        check_layer_ids(layer_ids, self.model.config.get_text_config().num_hidden_layers, str(model_dir))
         self.layer_ids, self.dtype, self.topk = list(layer_ids), dtype, topk
         self.forward_tokens = forward_tokens
 
@@ -142,7 +144,8 @@ def make_source(cfg: TrainConfig, model_dir: str | Path, layer_ids: Sequence[int
             raise TrainConfigError(f"{cfg.path}: capture.forward_tokens {cfg.capture.forward_tokens}: expected >= 1")
         return HFCapture(model_dir, list(layer_ids), dtype, compute_dtype=getattr(torch, cfg.capture.compute_dtype),
                          device=device.resolve(cfg.train.device), topk=cfg.capture.topk,
-                         forward_tokens=cfg.capture.forward_tokens)
+                         forward_tokens=cfg.capture.forward_tokens,
+                         trust_remote_code=remote_code(cfg, str(model_dir)))
     if src == "vllm":
         base_url = base_url or cfg.capture.base_url
         if not base_url:

@@ -36,7 +36,7 @@ from .model import DFlashDrafter
 from .progress import bar
 from .shape import DrafterShape, read_json_file
 from .target import target_info
-from .trainer import load_target_head
+from .target_weights import load_target_head
 from .warmstart import drafter_tensors
 
 

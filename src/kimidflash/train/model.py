@@ -13,6 +13,12 @@ What vLLM 0.32 (`qwen3_dflash.py`) computes, and so what we train:
   masked set of context + block keys; final norm, then the target's frozen
   LM head.
 
+RoPE is the one the drafter config declares (shape.Rope): plain, or YaRN as
+vLLM's get_rope builds it for `rope_type: yarn` (the Kimi K2.6 drafter:
+factor 64 over 4096 positions). YaRN changes every position, short ones
+included (slow dims are interpolated, cos/sin scaled by 0.1 ln(factor) + 1),
+so a drafter trained with plain RoPE is served other attention than it learned.
+
 Parameter names are vLLM's checkpoint names (fc.weight, hidden_norm.weight,
 layers.N.self_attn.q_proj.weight, ..., norm.weight); the frozen embedding
 and LM head are buffers, never exported.
@@ -20,11 +26,13 @@ and LM head are buffers, never exported.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .shape import DrafterShape
+from .shape import DrafterShape, Rope
 
 
 # With a tied-embedding target (SmolLM2) a fresh drafter's residual stream is
@@ -48,11 +56,43 @@ class RMSNorm(nn.Module):
         return (self.weight.float() * x).to(dt)
 
 
-def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=pos.device) / head_dim))
-    f = pos.float()[..., None] * inv  # [..., hd/2]
+def yarn_correction_range(rope: Rope, dim: int) -> tuple[float, float]:
+    """The rotary dims between which YaRN blends interpolation into extrapolation: the dims that turn
+    `beta_fast` and `beta_slow` times over the original context (vLLM's yarn_find_correction_range)."""
+    orig, base = rope.get("original_max_position_embeddings"), rope.theta
+
+    def at(rotations: float) -> float:
+        return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = at(rope.get("beta_fast", 32)), at(rope.get("beta_slow", 1))
+    if rope.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, dim - 1)
+
+
+def rope_inv_freq(head_dim: int, rope: Rope, device: torch.device | None = None) -> torch.Tensor:
+    """[head_dim/2] angular speeds. YaRN: dims that turn fast keep theta's speed (extrapolation), slow
+    ones are divided by `factor` (interpolation), with a linear ramp between (computed as vLLM does,
+    so the float32 values agree to the last bit or nearly)."""
+    pos_freqs = rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    if rope.rope_type != "yarn":
+        return 1.0 / pos_freqs
+    low, high = yarn_correction_range(rope, head_dim)
+    if low == high:
+        high += 0.001  # as vLLM: no zero-width ramp
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32, device=device) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (theta's own speed), 0: interpolate
+    return (1.0 / (rope.factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+
+
+def rope_cos_sin(pos: torch.Tensor, head_dim: int, rope: Rope | float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [..., head_dim] at `pos`, scaled by YaRN's magnitude (1 for plain RoPE).
+    A bare float is a plain rope of that theta."""
+    rope = rope if isinstance(rope, Rope) else Rope("default", float(rope))
+    f = pos.float()[..., None] * rope_inv_freq(head_dim, rope, pos.device)  # [..., hd/2]
     emb = torch.cat([f, f], dim=-1)
-    return emb.cos(), emb.sin()
+    m = rope.magnitude
+    return (emb.cos() * m, emb.sin() * m) if m != 1.0 else (emb.cos(), emb.sin())
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -140,6 +180,7 @@ class DFlashDrafter(nn.Module):
         self.register_buffer("embed_tokens", embed, persistent=False)
         self.register_buffer("lm_head", lm_head, persistent=False)
         self.theta = shape.rope_theta
+        self.rope = shape.rope
         self.head_dim = shape.head_dim
 
     def init_weights(self, std: float, gen: torch.Generator) -> None:
@@ -161,8 +202,8 @@ class DFlashDrafter(nn.Module):
         """feats [N, T, n*H]; block_ids/pos [N, Q]; mask [N, Q, T+Q] -> final-normed hidden [N, Q, H]."""
         ctx = self.context(feats.to(self.fc.weight.dtype))  # captured in bf16; autocast decides compute
         T = feats.shape[1]
-        rope_c = rope_cos_sin(torch.arange(T, device=feats.device).expand(feats.shape[0], T), self.head_dim, self.theta)
-        rope_q = rope_cos_sin(block_pos, self.head_dim, self.theta)
+        rope_c = rope_cos_sin(torch.arange(T, device=feats.device).expand(feats.shape[0], T), self.head_dim, self.rope)
+        rope_q = rope_cos_sin(block_pos, self.head_dim, self.rope)
         x = F.embedding(block_ids, self.embed_tokens).to(ctx.dtype)
         for layer in self.layers:
             x = layer(x, ctx, rope_q, rope_c, mask)

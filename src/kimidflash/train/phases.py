@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..background import served
+from ..checkpoint_layout import text_field
 from ..cpu_reference import smollm2
 from ..fsio import write_text_atomic
 from . import device
@@ -27,7 +28,7 @@ from .export_run import export_run
 from .manifest import Manifest
 from .regen import regen
 from .regen_hf import regen_hf
-from .target import target_info
+from .target import load_tokenizer, target_info
 from .trainer import train
 
 Log = Callable[[str], None]
@@ -45,9 +46,10 @@ class PhaseArgs:
 
 
 def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
-    """Check the target against the drafter shape, write the prompt list and start the manifest."""
-    from transformers import AutoTokenizer
+    """Check the target against the drafter shape, write the prompt list and start the manifest.
 
+    The target's numbers are its text model's (checkpoint_layout.text_field: Kimi K2.6 nests them
+    under text_config), and its tokenizer is loaded as the serve config says (target.load_tokenizer)."""
     shape = cfg.shape()
     info = target_info(cfg)
     target = Path(info.model_dir)
@@ -56,14 +58,18 @@ def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
     if not (target / "config.json").is_file():
         raise TrainConfigError(f"target checkpoint not found: {target}/config.json")
     tconf = json.loads((target / "config.json").read_text())
-    tok = AutoTokenizer.from_pretrained(target)
+    vocab, hidden, layers = (text_field(tconf, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers"))
+    if not all(isinstance(v, int) for v in (vocab, hidden, layers)):
+        raise TrainConfigError(f"{target}/config.json: no vocab_size, hidden_size and num_hidden_layers at the top "
+                               "level or under text_config")
+    tok = load_tokenizer(info)
     mask = shape.mask_token_id
-    if not 0 <= mask < tconf["vocab_size"]:
+    if not 0 <= mask < vocab:
         raise TrainConfigError(f"{cfg.drafter_config}: mask_token_id {mask} outside the target's vocab")
-    if shape.vocab_size != tconf["vocab_size"] or shape.hidden_size != tconf["hidden_size"]:
+    if shape.vocab_size != vocab or shape.hidden_size != hidden:
         raise TrainConfigError(f"{cfg.drafter_config}: vocab/hidden {shape.vocab_size}/{shape.hidden_size}"
-                               f" differ from the target's {tconf['vocab_size']}/{tconf['hidden_size']}")
-    shape.check_target(tconf["num_hidden_layers"])
+                               f" differ from the target's {vocab}/{hidden}")
+    shape.check_target(layers)
     prompts = load_prompts(cfg.data.prompts, cfg.seed)
     run.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(run).free / 2**30
@@ -99,7 +105,7 @@ def phase_regen(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
             where = {"device": device.describe(dev)}
             log(f"regen: {len(todo)} prompts through a Hugging Face generate() on {dev}, {r.concurrency} per batch")
             n = regen_hf(info.model_dir, todo, out, batch=r.concurrency, max_tokens=r.max_tokens,
-                         temperature=r.temperature, device=dev)
+                         temperature=r.temperature, device=dev, trust_remote_code=info.trust_remote_code)
         elif r.base_url:
             n = regen(r.base_url.rstrip("/").removesuffix("/v1"), info.served_name, prompts, out, **kw)
         else:

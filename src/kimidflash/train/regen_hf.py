@@ -72,12 +72,13 @@ def generate_batch(model, pad_id: int, prompts: Sequence[list[int]], max_tokens:
 
 
 def regen_hf(model_dir: str | Path, prompts: Sequence[dict], out: Path, *, batch: int, max_tokens: int,
-             temperature: float, device: torch.device) -> int:
+             temperature: float, device: torch.device, trust_remote_code: bool = False) -> int:
     """Answer `prompts`, `batch` at a time, appending to `out`; returns how many were written.
 
     Batches follow the prompts' order, so a run stopped early has answered a prefix of the set
     (not, say, its shortest prompts); each finished batch is appended and flushed, so an
-    interrupted run keeps every whole batch."""
+    interrupted run keeps every whole batch. `trust_remote_code`: as the serve config says
+    (target.TargetInfo); Kimi's tokenizer needs it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if temperature != 0:
@@ -87,8 +88,9 @@ def regen_hf(model_dir: str | Path, prompts: Sequence[dict], out: Path, *, batch
         raise RegenError(f"regen.concurrency must be at least 1 (the batch size of regen.source=hf), got {batch}")
     if not prompts:
         return 0
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval().to(device)
+    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                 trust_remote_code=trust_remote_code).eval().to(device)
     stops = stop_ids(model, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(stops)
     encoded = [(p, prompt_ids(tok, p["prompt"])) for p in prompts]

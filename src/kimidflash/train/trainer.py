@@ -45,27 +45,8 @@ from .model import DFlashDrafter
 from .progress import bar
 from .shape import DrafterShape
 from .target import target_info
+from .target_weights import load_target_head
 from .warmstart import drafter_tensors, target_layer_tensors
-
-
-def load_target_head(model_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's embedding and LM head (tied or not) from its safetensors, float32."""
-    from safetensors import safe_open
-
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{model_dir}: no *.safetensors")
-    embed = head = None
-    for p in files:
-        with safe_open(str(p), "pt") as f:
-            for k in f.keys():
-                if k.endswith("embed_tokens.weight"):
-                    embed = f.get_tensor(k).float()
-                elif k == "lm_head.weight":
-                    head = f.get_tensor(k).float()
-    if embed is None:
-        raise ValueError(f"{model_dir}: no embed_tokens.weight")
-    return embed, (head if head is not None else embed)
 
 
 def build_model(shape: DrafterShape | dict[str, Any], embed: torch.Tensor, head: torch.Tensor, seed: int, std: float) -> DFlashDrafter:

@@ -31,31 +31,30 @@ import torch
 
 from .errors import TrainConfigError
 from .shape import DrafterShape, read_json_file
+from .target_weights import read_tensors, target_layout
 
-# Drafter parameter (after "layers.N.") -> the target's name (after "model.layers.L.").
+# Drafter parameter (after "layers.N.") -> the target's name (after its "<prefix>layers.L.").
 COPIED = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
           "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
           "input_layernorm.weight", "post_attention_layernorm.weight")
 
 
 def target_layer_tensors(model_dir: str | Path, layer_ids: list[int], shape: DrafterShape) -> dict[str, torch.Tensor]:
-    """The drafter state-dict entries copied from the target, float32, each checked against the shape's own."""
-    from safetensors import safe_open
+    """The drafter state-dict entries copied from the target, float32, each checked against the shape's own.
 
+    The target's layers are found where checkpoint_layout puts its text model (`model.layers.L.` for
+    Llama, `language_model.model.layers.L.` for Kimi K2.6)."""
     if len(layer_ids) != shape.num_hidden_layers:
         raise TrainConfigError(f"train.init_from_target lists {len(layer_ids)} target layers; the drafter has "
                                f"{shape.num_hidden_layers} (one target layer per draft layer)")
-    wanted = {f"model.layers.{L}.{name}": f"layers.{i}.{name}" for i, L in enumerate(layer_ids) for name in COPIED}
-    out: dict[str, torch.Tensor] = {}
-    for path in sorted(Path(model_dir).glob("*.safetensors")):
-        with safe_open(str(path), "pt") as f:
-            for key in set(f.keys()) & wanted.keys():
-                out[wanted[key]] = f.get_tensor(key).float()
-    expected = shape.expected_tensors()
-    missing = [k for k, v in wanted.items() if v not in out]
+    lay, wm = target_layout(model_dir)
+    wanted = {f"{lay.layer(L)}{name}": f"layers.{i}.{name}" for i, L in enumerate(layer_ids) for name in COPIED}
+    missing = [k for k in wanted if k not in wm]
     if missing:
         raise TrainConfigError(f"train.init_from_target: the target at {model_dir} has no {missing[0]} "
                                "(only a target whose layers have the drafter's shape can seed it)")
+    out = {wanted[k]: t for k, t in read_tensors(model_dir, wm, wanted).items()}
+    expected = shape.expected_tensors()
     for name in wanted.values():  # in layer, then COPIED order: the first misfit is named
         t = out[name]
         if tuple(t.shape) != expected[name]:

@@ -42,7 +42,7 @@ from ..train.export import export_model
 from ..train.shape import DrafterShape
 from . import tiny
 
-GENERATOR_VERSION = "kimi-1"
+GENERATOR_VERSION = "kimi-2"  # 2: the drafter exports one consistent YaRN description
 DRAFT_JSON = CONFIGS_DIR / "tiny-kimi-k2.6-dflash-draft.json"
 
 # Ids 0.. in this order (BPE special tokens come first). `<|reserved_mask|>` is the

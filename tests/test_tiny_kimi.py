@@ -92,3 +92,18 @@ def test_config_json_is_k26s_file_form_and_transformers_reads_it_as_kimi_k25(tmp
     assert cfg.model_type == "kimi_k25" and cfg.text_config.vocab_size == tiny_kimi.VOCAB_SIZE
     assert cfg.text_config.rope_parameters["rope_type"] == "yarn"
     assert cfg.text_config.rope_parameters["factor"] == 64.0
+
+
+def test_a_drafter_the_generator_did_not_write_is_never_generated_over(tmp_path):
+    """DRAFT_MODEL_DIR may name a trained drafter (an A/B's variant, say) while PREPARE_MODELS
+    generates the pair: the target is made, the trained drafter is left byte for byte."""
+    target, trained = tmp_path / "target", tmp_path / "trained"
+    trained.mkdir()
+    (trained / "model.safetensors").write_bytes(b"trained weights")
+    assert tiny.foreign(trained) and not tiny.foreign(tmp_path / "absent")
+    assert not generated.pair_is_current("tiny-kimi", target, trained)  # the target is still to make
+    tiny_kimi.generate(target, trained)
+    assert tiny_kimi.is_current(target) and (trained / "model.safetensors").read_bytes() == b"trained weights"
+    assert generated.pair_is_current("tiny-kimi", target, trained)
+    tiny_kimi.generate(target, tmp_path / "random")  # an absent drafter is generated as before
+    assert tiny_kimi.is_current(tmp_path / "random")

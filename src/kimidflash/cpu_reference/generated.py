@@ -18,9 +18,10 @@ PREPARE_KIND = {"tiny": "qwen3", "tiny-kimi": "kimi-k2.6"}
 
 
 def pair_is_current(prepare_value: str, target: Path, draft: Path) -> bool:
-    """Whether PREPARE_MODELS=prepare_value's pair is already generated at target/draft."""
+    """Whether PREPARE_MODELS=prepare_value has nothing to generate: the target is current, and the
+    drafter is current or is one the generator did not write (a trained drafter, which it leaves alone)."""
     gen = KINDS[PREPARE_KIND[prepare_value]]
-    return gen.is_current(target) and gen.is_current(draft)
+    return gen.is_current(target) and (gen.is_current(draft) or tiny.foreign(draft))
 
 
 def main(argv: list[str] | None = None) -> int:

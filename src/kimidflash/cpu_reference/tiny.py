@@ -134,6 +134,12 @@ def is_current(path: Path) -> bool:
     return stamp_is(path, GENERATOR_VERSION)
 
 
+def foreign(path: Path) -> bool:
+    """A folder that holds something this generator did not write (a trained drafter named by
+    DRAFT_MODEL_DIR, say): never generated over, so nothing a user made is lost."""
+    return path.exists() and not (path / STAMP).is_file()
+
+
 def generate(target_dir: Path, draft_dir: Path, seed: int = 0) -> None:
     """Create both checkpoints (each published atomically) unless already current."""
     if not is_current(target_dir):
@@ -141,7 +147,7 @@ def generate(target_dir: Path, draft_dir: Path, seed: int = 0) -> None:
             build_target(tmp, seed)
             (tmp / STAMP).write_text(GENERATOR_VERSION + "\n")
             os.chmod(tmp, 0o755)
-    if not is_current(draft_dir):
+    if not (is_current(draft_dir) or foreign(draft_dir)):
         from transformers import AutoTokenizer
 
         mask = AutoTokenizer.from_pretrained(target_dir).convert_tokens_to_ids("<|mask|>")

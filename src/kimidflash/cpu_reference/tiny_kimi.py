@@ -42,7 +42,7 @@ from ..train.export import export_model
 from ..train.shape import DrafterShape
 from . import tiny
 
-GENERATOR_VERSION = "kimi-2"  # 2: the drafter exports one consistent YaRN description
+GENERATOR_VERSION = "kimi-3"  # 2: one consistent YaRN description in the drafter; 3: a learnable target
 DRAFT_JSON = CONFIGS_DIR / "tiny-kimi-k2.6-dflash-draft.json"
 
 # Ids 0.. in this order (BPE special tokens come first). `<|reserved_mask|>` is the
@@ -102,9 +102,16 @@ VISION = dict(patch_size=14, pos_emb_height=8, pos_emb_width=8, pos_emb_time=4, 
 MEDIA_PROC = dict(patch_size=14, merge_kernel_size=2, temporal_merge_kernel_size=4, in_patch_limit=256,
                   in_patch_limit_each_frame=256, in_patch_limit_video=256, patch_limit_on_one_side=32,
                   fixed_output_tokens=None, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
-# Matrices are drawn with this std; the head with HEAD_STD so greedy logits sit far
-# apart (no near-ties: float32 outputs stay independent of batch shape).
+# A random target whose greedy continuations a drafter can learn from its hidden states:
+# the token embedding (EMBED_STD) dominates the residual stream and each attention and
+# MLP output projection (OUT_STD) writes a small, context-dependent perturbation, so the
+# next token is mostly a function of the current one, bent by the context. (With every
+# matrix at INIT_STD the 4 layers compose to a chaotic function: a drafter trained on
+# 1,200 answers learned nothing, loss at ln(vocab).) The head is drawn with HEAD_STD so
+# greedy logits sit far apart (no near-ties: float32 outputs stay independent of batch shape).
 INIT_STD = 0.1
+EMBED_STD = 1.0
+OUT_STD = 0.002
 HEAD_STD = 0.25
 
 
@@ -178,7 +185,14 @@ def init_tensor(name: str, shape: tuple[int, ...], gen) -> "object":
         return torch.ones(shape) if name.endswith("weight") else torch.zeros(shape)
     if name.endswith(".bias") or name.endswith("e_score_correction_bias"):
         return torch.zeros(shape)
-    std = HEAD_STD if name == "language_model.lm_head.weight" else INIT_STD
+    if name == "language_model.lm_head.weight":
+        std = HEAD_STD
+    elif name == "language_model.model.embed_tokens.weight":
+        std = EMBED_STD
+    elif name.startswith("language_model.") and name.endswith(("o_proj.weight", "down_proj.weight")):
+        std = OUT_STD
+    else:
+        std = INIT_STD
     return torch.randn(shape, generator=gen) * std
 
 
@@ -256,5 +270,5 @@ def generate(target_dir: Path, draft_dir: Path, seed: int = 0) -> None:
             os.chmod(tmp, 0o755)
             for p in tmp.iterdir():
                 os.chmod(p, 0o644)
-    if not is_current(draft_dir):
+    if not (is_current(draft_dir) or tiny.foreign(draft_dir)):
         build_drafter(draft_dir, seed)

@@ -71,4 +71,4 @@ def test_preflight_only_checks_the_host_and_starts_nothing(tmp_path, monkeypatch
     for words in ("/dev/kfd", "0 render nodes for TENSOR_PARALLEL_SIZE=8", "MODEL_DIR", "download the checkpoint"):
         assert words in err, words
     assert serve_mod.main([str(env), "--preflight-only", "--set", "PLATFORM=cpu", "--set", "MOE_BACKEND=auto",
-                           "--set", "TENSOR_PARALLEL_SIZE=1"]) == 1  # the models are still missing
+                           "--set", "TENSOR_PARALLEL_SIZE=1", "--set", "VLLM_VERSION=0.32.0"]) == 1  # models missing

@@ -107,3 +107,16 @@ def test_a_drafter_the_generator_did_not_write_is_never_generated_over(tmp_path)
     assert generated.pair_is_current("tiny-kimi", target, trained)
     tiny_kimi.generate(target, tmp_path / "random")  # an absent drafter is generated as before
     assert tiny_kimi.is_current(tmp_path / "random")
+
+
+def test_a_cpu_pin_without_patch_c1_is_refused_for_dflash_on_an_mla_target():
+    import pytest
+
+    from kimidflash.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_config(CONFIGS_DIR / "cpu-kimi-tiny.env", {"VLLM_VERSION": "0.31.0"}, environ={})
+    assert info.value.key == "VLLM_VERSION" and "patch C1" in str(info.value) and "0.32.0" in str(info.value)
+    # ngram needs no shared block size with a draft model: the same pin is fine there.
+    load_config(CONFIGS_DIR / "cpu-kimi-tiny.env", {"VLLM_VERSION": "0.31.0", "SPECULATIVE_METHOD": "ngram"},
+                environ={})

@@ -102,7 +102,10 @@ def test_wrapper_fields_come_from_the_top_level_first_as_vllm_reads_them():
 
 
 def test_fp8_and_rules_use_the_same_reader():
-    assert fp8ck.text_config is layout.text_config and fp8ck.is_mla is layout.is_mla
+    from kimidflash.fp8 import calibrate
+
+    assert calibrate.text_config is layout.text_config and calibrate.is_mla is layout.is_mla
+    assert not hasattr(fp8ck, "text_config") and not hasattr(fp8ck, "is_mla")  # no second copy to drift
     assert fp8ck.num_layers(K26_CONFIG, "c") == fp8ck.num_layers(TEXT, "c") == 4
 
 

@@ -167,12 +167,15 @@ def covers(patch: Mapping[str, Any], version: str) -> bool:
     return any(release(lo) <= v < release(hi) for var in patch["variants"] for lo, hi in var["versions"])
 
 
-def runs(patch: Mapping[str, Any], values: Mapping[str, Any]) -> bool:
-    """Whether the patched code changes what vLLM does for this config on its pin."""
-    if not covers(patch, values["VLLM_VERSION"]):
-        return False
+def on_path(patch: Mapping[str, Any], values: Mapping[str, Any]) -> bool:
+    """Whether the config takes the path the patch changes (its `runs_when`), whatever the pin."""
     return all(any(fnmatch.fnmatchcase(str(values[key]), pat) for pat in pats)
                for key, pats in patch.get("runs_when", {}).items())
+
+
+def runs(patch: Mapping[str, Any], values: Mapping[str, Any]) -> bool:
+    """Whether the patched code changes what vLLM does for this config on its pin."""
+    return covers(patch, values["VLLM_VERSION"]) and on_path(patch, values)
 
 
 def exercised(values: Mapping[str, Any], patches: list[dict] | None = None) -> list[str]:

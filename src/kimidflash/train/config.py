@@ -112,6 +112,9 @@ class TrainOptions(_Section):
     init_from_target: list[int] | None = None
     init_from_drafter: str | None = None  # an exported drafter to start from (warmstart.py); may grow its layers
     distill: bool = False  # CE against the captured top-k distribution (capture.topk) instead of the greedy token
+    # "ours" (this package's trainer: CPU and one device) or "speculators" (vllm-project/speculators under
+    # torchrun with FSDP2: Kimi scale; train/speculators/). Both read the same records and export the same drafter.
+    engine: str = "ours"
 
     @classmethod
     def coerce(cls, tc: "TrainOptions | dict[str, Any]") -> "TrainOptions":
@@ -119,6 +122,30 @@ class TrainOptions(_Section):
         if isinstance(tc, TrainOptions):
             return tc
         return _build(cls, _merge(asdict(cls()), dict(tc), "train options"), "train options", "train")
+
+
+@dataclass(frozen=True)
+class ClusterOptions(_Section):
+    """The machines a run trains on: what `--plan` sizes memory, disk and time against, and what
+    the speculators engine's torchrun is given. Defaults describe the machine the command runs on."""
+
+    nodes: int = 1
+    gpus_per_node: int = 0  # 0: no accelerator (our trainer on the CPU; speculators only --dry-run)
+    gpu_memory_gb: float = 0.0  # per GPU
+    gpu_tflops: float = 0.0  # dense bf16 peak per GPU, for the time estimate
+    mfu: float = 0.3  # the fraction of that peak training reaches (an assumption the plan states)
+    disk_gb: float | None = None  # for captured hidden states; None: what the run folder's disk has free
+
+
+@dataclass(frozen=True)
+class SpeculatorsOptions(_Section):
+    """train.engine=speculators: what its commands are given beyond the shared sections."""
+
+    max_length: int = 4096  # prepare-data --seq-length; longer records are cut
+    epochs: int = 1
+    dry_run: bool = False  # build the drafter and save a checkpoint without training (CPU, CI)
+    fsdp_shard: bool = True
+    extra_args: list[str] = field(default_factory=list)  # appended to `speculators train` as given
 
 
 @dataclass(frozen=True)
@@ -149,6 +176,8 @@ class TrainConfig(_Section):
     train: TrainOptions = field(default_factory=TrainOptions)
     eval: EvalOptions = field(default_factory=EvalOptions)
     export: ExportOptions = field(default_factory=ExportOptions)
+    cluster: ClusterOptions = field(default_factory=ClusterOptions)
+    speculators: SpeculatorsOptions = field(default_factory=SpeculatorsOptions)
     path: str = ""  # the config file, absolute
 
     def __getitem__(self, key: str) -> Any:
@@ -169,7 +198,9 @@ PATH_KEYS = (("target", "serve_config"), ("target", "model_dir"), ("drafter_conf
              ("export", "out"), ("train", "init_from_drafter"))
 _SECTION_CLASSES: dict[str, type] = {"target": TargetOptions, "data": DataOptions, "regen": RegenOptions,
                                      "capture": CaptureOptions, "train": TrainOptions, "eval": EvalOptions,
-                                     "export": ExportOptions}
+                                     "export": ExportOptions, "cluster": ClusterOptions,
+                                     "speculators": SpeculatorsOptions}
+ENGINES = ("ours", "speculators")
 _TYPES = {"int": ((int,), "an integer"), "float": ((int, float), "a number"), "str": ((str,), "a string"),
           "bool": ((bool,), "true or false")}
 
@@ -257,6 +288,8 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConf
         node[keys[-1]] = _resolve(node[keys[-1]], folder)
     if not cfg["drafter_config"]:
         raise TrainConfigError(f"{path}: 'drafter_config' is required")
+    if cfg["train"]["engine"] not in ENGINES:
+        raise TrainConfigError(f"{path}: train.engine {cfg['train']['engine']!r}: expected one of {', '.join(ENGINES)}")
     if cfg["run_dir"] is None:
         _check(TrainConfig, "name", cfg["name"], f"{path}: name")
         cfg["run_dir"] = str(cache_dir() / "train-runs" / cfg["name"])

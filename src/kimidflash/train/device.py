@@ -66,6 +66,16 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     return "unknown CPU"
 
 
+def memory_bytes(device: torch.device, meminfo: str = "/proc/meminfo") -> float:
+    """What a run may hold on `device`: a GPU's total memory, or the host's MemAvailable."""
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    for line in Path(meminfo).read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return float(line.split()[1]) * 1024
+    raise TrainConfigError(f"{meminfo}: no MemAvailable line")
+
+
 def native_bf16(device: torch.device) -> bool:
     """Whether `device` computes bf16 matmuls in hardware (a GPU; a CPU with AMX tiles or AVX-512 BF16)."""
     if device.type == "cuda":

@@ -25,3 +25,7 @@ class RegenError(RecipeError, RuntimeError):
 
 class CaptureError(RecipeError, RuntimeError):
     """The served target gave no usable hidden states (capture.source=vllm)."""
+
+
+class SpeculatorsError(RecipeError, RuntimeError):
+    """A speculators command (train.engine=speculators) failed: names the command and its log."""

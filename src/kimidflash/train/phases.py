@@ -29,6 +29,7 @@ from .errors import TrainConfigError
 from .evaluate import evaluate_run
 from .export_run import export_run
 from .manifest import Manifest
+from .plan import check_ours
 from .regen import regen
 from .regen_hf import regen_hf
 from .target import load_tokenizer, target_info
@@ -75,6 +76,9 @@ def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
         raise TrainConfigError(f"{cfg.drafter_config}: vocab/hidden {shape.vocab_size}/{shape.hidden_size}"
                                f" differ from the target's {vocab}/{hidden}")
     shape.check_target(layers)
+    if cfg.train.engine == "ours":  # refused before hours of regen, not at the first step
+        dev = device.resolve(cfg.train.device)
+        check_ours(cfg, dev, device.describe(dev))
     prompts = load_prompts(cfg.data.prompts, cfg.seed)
     run.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(run).free / 2**30
@@ -133,6 +137,8 @@ def phase_capture(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print
 
 
 def phase_train(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
+    dev = device.resolve(cfg.train.device)
+    check_ours(cfg, dev, device.describe(dev))
     train(cfg, run, resume=args.resume, stop_at=args.max_steps, log=log, max_seconds=args.max_seconds)
 
 

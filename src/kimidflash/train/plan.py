@@ -1,0 +1,254 @@
+"""`./train-drafter.sh CONFIG --plan`: will this run fit, and how long will it take, before it starts.
+
+The arithmetic is stated, not hidden: every figure is a sum of named lines,
+each with the assumption it rests on, so a user can check it against their
+own profiler. Two engines, two memory models:
+
+* ours (train.engine=ours): one replica per device holds the fp32 drafter,
+  its gradients and AdamW moments, the frozen fp32 embedding and LM head, and
+  fp32 logits over the whole (or subset) vocabulary for every query position.
+  That is what stops it at Kimi scale, and why a shape that does not fit is
+  refused with the speculators engine named (`check_ours`).
+* speculators (train.engine=speculators): FSDP2 full sharding over every GPU
+  (fp32 master weights, gradients and moments divided by the world size),
+  bf16 compute copies gathered per layer, the frozen vocabulary matrices
+  (embedding, draft and verifier LM heads) sharded but gathered whole at the
+  root, and a fused vocabulary loss that never holds more than the logits.
+
+Disk is the offline hidden states speculators' generate-offline-data writes:
+per token, every captured layer (the drafter's target layers plus the final
+one) at hidden_size in bf16, and the token id. Time is FLOPs over the
+cluster's bf16 peak at an assumed utilisation (cluster.mfu).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import TrainConfig
+from .device import memory_bytes
+from .data import read_records, split
+from .errors import TrainConfigError
+from .shape import DrafterShape
+
+GiB = 2**30
+PROMPT_TOKENS = 256  # a prompt's length where none is counted yet (chat template included)
+HEADROOM = 0.9  # of a device's memory the plan lets a run use: allocator caches, fragmentation, the runtime
+
+
+@dataclass(frozen=True)
+class Line:
+    what: str
+    bytes: float
+    why: str
+
+
+@dataclass(frozen=True)
+class Data:
+    samples: int
+    tokens: int
+    source: str
+
+
+def drafter_params(shape: DrafterShape) -> tuple[int, int]:
+    """(trainable, one vocabulary matrix): the trainable count is every tensor a served drafter has."""
+    trainable = sum(_numel(s) for s in shape.expected_tensors().values())
+    return trainable, shape.vocab_size * shape.hidden_size
+
+
+def _numel(dims: tuple[int, ...]) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+def _layer_params(shape: DrafterShape) -> int:
+    return sum(_numel(s) for k, s in shape.expected_tensors().items() if k.startswith("layers.0."))
+
+
+def captured_layers(shape: DrafterShape) -> int:
+    """Layers generate-offline-data stores per token: the drafter's target layers and the final one."""
+    return len(shape.target_layer_ids) + 1
+
+
+def capture_bytes_per_token(shape: DrafterShape) -> int:
+    return captured_layers(shape) * shape.hidden_size * 2 + 8
+
+
+def ours_memory(shape: DrafterShape, cfg: TrainConfig, seq_len: int) -> list[Line]:
+    tc = cfg.train
+    P, VH = drafter_params(shape)
+    head_rows = tc.vocab_subset or shape.vocab_size
+    Q = tc.batch_size * tc.anchors_per_seq * tc.block_size
+    H, n = shape.hidden_size, len(shape.target_layer_ids)
+    return [
+        Line("drafter, gradients, AdamW", 16 * P, f"{P / 1e9:.2f}B trainable parameters x (4 weight + 4 gradient "
+                                                  "+ 8 moments) bytes, fp32, one replica per device"),
+        Line("frozen embedding and LM head", 4 * (VH + head_rows * H), "fp32 copies of the target's"),
+        Line("logits", 3 * 4 * Q * head_rows, f"{Q} query positions (batch x anchors x block) x {head_rows} "
+                                              "vocabulary, fp32: logits, softmax and gradient"),
+        Line("attention masks", Q * (seq_len + Q // tc.batch_size), "dense boolean masks, one byte per "
+                                                                   "query and key"),
+        Line("target features", 4 * tc.batch_size * seq_len * n * H, f"{n} layers x hidden, fp32, per sequence"),
+        Line("activations", 2 * 34 * shape.num_hidden_layers * Q * H, "about 34 values per hidden unit per "
+                                                                      "query per layer, kept for backward"),
+    ]
+
+
+def speculators_memory(shape: DrafterShape, cfg: TrainConfig) -> list[Line]:
+    P, VH = drafter_params(shape)
+    world = max(1, cfg.cluster.nodes * cfg.cluster.gpus_per_node)
+    T, Q = cfg.speculators.max_length, cfg.train.anchors_per_seq * cfg.train.block_size
+    H, fc = shape.hidden_size, len(shape.target_layer_ids) * shape.hidden_size ** 2
+    return [
+        Line("drafter, gradients, AdamW (sharded)", 16 * P / world,
+             f"{P / 1e9:.2f}B parameters x 16 bytes fp32 over {world} ranks (FSDP2 full shard)"),
+        Line("frozen vocabulary matrices (sharded)", 3 * 4 * VH / world,
+             "embedding, draft LM head, verifier LM head: fp32, sharded"),
+        Line("gathered root weights", 2 * (3 * VH + fc),
+             "bf16 copies of the root module's weights (the vocabulary matrices and fc) while it computes"),
+        Line("gathered layer weights", 2 * 2 * _layer_params(shape), "bf16, the current layer and the prefetched one"),
+        Line("target hidden states", 2 * T * captured_layers(shape) * H,
+             f"one packed sequence of {T} tokens x {captured_layers(shape)} layers, bf16"),
+        Line("logits", 3 * 2 * Q * shape.vocab_size, f"{Q} queries (anchors x block) x vocabulary, bf16: draft "
+                                                     "and target logits and the gradient (the fused loss keeps no more)"),
+        Line("activations", 34 * 2 * shape.num_hidden_layers * Q * H,
+             "about 34 bf16 values per hidden unit per query per layer"),
+    ]
+
+
+def training_flops_per_step(shape: DrafterShape, cfg: TrainConfig) -> float:
+    """One rank's step of the speculators engine: a packed sequence, its anchors' blocks."""
+    P, VH = drafter_params(shape)
+    T, Q = cfg.speculators.max_length, cfg.train.anchors_per_seq * cfg.train.block_size
+    fc = len(shape.target_layer_ids) * shape.hidden_size ** 2
+    layers = P - fc
+    attn = 4 * Q * (T / 2) * shape.num_attention_heads * shape.head_dim * shape.num_hidden_layers * 3
+    return 6 * layers * Q + 6 * fc * T + attn + 4 * VH * Q + 2 * VH * Q
+
+
+def count_data(cfg: TrainConfig, run: Path, samples: int | None = None, tokens_per_sample: int | None = None) -> Data:
+    """The training split's size: given, or the run's regen records, or the prompts at their longest answer."""
+    if samples is not None:
+        if not tokens_per_sample:
+            raise TrainConfigError("--samples needs --tokens-per-sample (the mean record length in tokens)")
+        return Data(samples, samples * tokens_per_sample, f"given: {samples} samples x {tokens_per_sample} tokens")
+    regen = run / "regen.jsonl"
+    if regen.is_file():
+        train, _ = split(read_records(regen), cfg.data.heldout_fraction)
+        return Data(len(train), sum(len(r.input_ids) for r in train), f"{regen} (training split)")
+    prompts = Path(cfg.data.prompts)
+    if cfg.data.prompts.startswith("synthetic:"):
+        n = int(cfg.data.prompts.split(":", 1)[1])
+    elif prompts.is_file():
+        n = sum(1 for line in prompts.open() if line.strip())
+    else:
+        raise TrainConfigError(f"--plan: no records in {run} and the prompts file {prompts} is not here; "
+                               "give --samples and --tokens-per-sample")
+    per = tokens_per_sample or PROMPT_TOKENS + cfg.regen.max_tokens
+    n = int(n * (1 - cfg.data.heldout_fraction))
+    return Data(n, n * per, f"{cfg.data.prompts}: {n} training prompts x {per} tokens (256 for the prompt "
+                            "+ regen.max_tokens: an upper bound until regen has run)")
+
+
+def free_disk(path: Path) -> float:
+    """Bytes free on the disk that holds `path` (or its nearest existing parent)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return float(os.statvfs(path).f_bavail * os.statvfs(path).f_frsize)
+
+
+@dataclass(frozen=True)
+class Plan:
+    engine: str
+    memory: list[Line]
+    per_rank_budget: float
+    budget_source: str
+    data: Data
+    disk_need: float
+    disk_have: float
+    disk_source: str
+    steps: int
+    seconds: float | None
+    time_source: str
+    refusals: list[str]
+
+    @property
+    def per_rank(self) -> float:
+        return sum(x.bytes for x in self.memory)
+
+    def text(self) -> str:
+        out = [f"plan: train.engine={self.engine}; data: {self.data.samples} samples, {self.data.tokens} tokens "
+               f"({self.data.source})", "memory per rank:"]
+        out += [f"  {x.bytes / GiB:10.1f} GiB  {x.what}: {x.why}" for x in self.memory]
+        out.append(f"  {self.per_rank / GiB:10.1f} GiB  total, against {self.per_rank_budget / GiB:.1f} GiB "
+                   f"({self.budget_source})")
+        if self.engine == "speculators":
+            out.append(f"disk for captured hidden states: {self.disk_need / GiB:.1f} GiB, "
+                       f"{self.disk_have / GiB:.1f} GiB available ({self.disk_source})")
+            when = f"{self.seconds / 3600:.1f} h" if self.seconds is not None else "no estimate"
+            out.append(f"training: {self.steps} steps, {when} ({self.time_source})")
+        out += [f"REFUSED: {r}" for r in self.refusals] or ["fits"]
+        return "\n".join(out)
+
+
+def make_plan(cfg: TrainConfig, run: Path, data: Data) -> Plan:
+    shape, cl, engine = cfg.shape(), cfg.cluster, cfg.train.engine
+    refusals: list[str] = []
+    if cl.gpus_per_node:
+        budget, bsrc = HEADROOM * cl.gpu_memory_gb * GiB, (f"{HEADROOM:.0%} of cluster.gpu_memory_gb="
+                                                           f"{cl.gpu_memory_gb:g}")
+        if not cl.gpu_memory_gb:
+            refusals.append("cluster.gpus_per_node is set but cluster.gpu_memory_gb is 0")
+    else:
+        budget = HEADROOM * memory_bytes(torch.device("cpu"))
+        bsrc = f"{HEADROOM:.0%} of this host's available memory (no GPU)"
+    disk_have = (cl.disk_gb * GiB if cl.disk_gb is not None else free_disk(run)) - cfg.data.min_free_disk_gb * GiB
+    dsrc = ("cluster.disk_gb" if cl.disk_gb is not None else f"free at {run}") + \
+        f", less data.min_free_disk_gb={cfg.data.min_free_disk_gb:g}"
+    if engine == "speculators":
+        memory = speculators_memory(shape, cfg)
+        world, T = max(1, cl.nodes * cl.gpus_per_node), cfg.speculators.max_length
+        steps = cfg.speculators.epochs * -(-data.tokens // (world * T))
+        disk_need = float(data.tokens * capture_bytes_per_token(shape))
+        if cl.gpu_tflops and cl.gpus_per_node:
+            seconds = steps * training_flops_per_step(shape, cfg) / (cl.gpu_tflops * 1e12 * cl.mfu)
+            tsrc = (f"{training_flops_per_step(shape, cfg) / 1e12:.0f} TFLOP per rank-step at {cl.mfu:.0%} of "
+                    f"{cl.gpu_tflops:g} TFLOPS; {cfg.speculators.epochs} epochs of packed {T}-token sequences "
+                    f"over {world} ranks")
+        else:
+            seconds, tsrc = None, "cluster.gpu_tflops unset"
+        if not cl.gpus_per_node and not cfg.speculators.dry_run:
+            refusals.append("speculators trains on GPUs (torchrun); cluster.gpus_per_node is 0. Set it, or "
+                            "speculators.dry_run=true to build and save the drafter without training")
+        if disk_need > disk_have:
+            fit = int(max(disk_have, 0) // capture_bytes_per_token(shape))
+            refusals.append(f"captured hidden states need {disk_need / GiB:.0f} GiB, {disk_have / GiB:.0f} GiB "
+                            f"available: about {fit} tokens fit ({capture_bytes_per_token(shape)} bytes each); "
+                            "cap regen.records or use a larger disk")
+    else:
+        memory = ours_memory(shape, cfg, PROMPT_TOKENS + cfg.regen.max_tokens)
+        steps, seconds, tsrc, disk_need = cfg.train.steps, None, "our trainer: measured, not estimated", 0.0
+    total = sum(x.bytes for x in memory)
+    if total > budget:
+        hint = " Set train.engine=speculators (FSDP2 over GPUs)." if engine == "ours" else \
+            " Add GPUs (cluster.nodes, cluster.gpus_per_node) or shorten speculators.max_length."
+        refusals.append(f"{total / GiB:.1f} GiB per rank does not fit {budget / GiB:.1f} GiB ({bsrc}).{hint}")
+    return Plan(engine, memory, budget, bsrc, data, disk_need, disk_have, dsrc, steps, seconds, tsrc, refusals)
+
+
+def check_ours(cfg: TrainConfig, device: torch.device, where: str) -> None:
+    """Refuse, before a step, a shape our trainer cannot hold on its device, naming the speculators engine."""
+    memory = ours_memory(cfg.shape(), cfg, PROMPT_TOKENS + cfg.regen.max_tokens)
+    need, device_memory = sum(x.bytes for x in memory), memory_bytes(device)
+    if need > HEADROOM * device_memory:
+        top = max(memory, key=lambda x: x.bytes)
+        raise TrainConfigError(
+            f"{cfg.path}: our trainer would need about {need / GiB:.0f} GiB on {where}, which has "
+            f"{device_memory / GiB:.0f} GiB (largest: {top.what}, {top.bytes / GiB:.0f} GiB). Train this shape with "
+            "train.engine=speculators (FSDP2 across GPUs); ./train-drafter.sh CONFIG --plan sizes it first")

@@ -1,0 +1,128 @@
+"""`./train-drafter.sh CONFIG --plan`: the arithmetic, and the refusals (memory, disk, no GPU, our trainer)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kimidflash.train import config as tcfg
+from kimidflash.train import plan as tplan
+from kimidflash.train.errors import TrainConfigError
+
+from .helpers import CONFIGS, ROOT
+
+K26 = CONFIGS / "train-kimi-k2.6.json"
+MI300X = {"cluster.nodes": 1, "cluster.gpus_per_node": 8, "cluster.gpu_memory_gb": 192, "cluster.gpu_tflops": 1307,
+          "cluster.disk_gb": 14000}
+
+
+def _k26(**over):
+    return tcfg.load(K26, {**MI300X, "train.engine": "speculators", **over})
+
+
+def test_k26_drafter_has_the_parameter_count_the_review_found():
+    trainable, vocab_matrix = tplan.drafter_params(_k26().shape())
+    assert 3.4e9 < trainable < 3.6e9  # "about 3.5B parameters"
+    assert vocab_matrix == 163840 * 7168
+
+
+def test_k26_on_8_mi300x_fits_with_fsdp_and_each_line_is_its_arithmetic(tmp_path):
+    cfg = _k26()
+    data = tplan.count_data(cfg, tmp_path, samples=90_000, tokens_per_sample=1500)
+    plan = tplan.make_plan(cfg, tmp_path, data)
+    assert plan.refusals == [], plan.text()
+    P, VH = tplan.drafter_params(cfg.shape())
+    lines = {x.what: x.bytes for x in plan.memory}
+    assert lines["drafter, gradients, AdamW (sharded)"] == 16 * P / 8
+    assert lines["frozen vocabulary matrices (sharded)"] == 12 * VH / 8
+    assert plan.per_rank == sum(lines.values()) < 0.9 * 192 * 2**30
+    per_token = 7 * 7168 * 2 + 8  # six target layers and the final one, bf16, plus the token id
+    assert tplan.capture_bytes_per_token(cfg.shape()) == per_token
+    assert plan.disk_need == 90_000 * 1500 * per_token
+    T = cfg.speculators.max_length
+    assert plan.steps == cfg.speculators.epochs * -(-(90_000 * 1500) // (8 * T))
+    assert plan.seconds == pytest.approx(plan.steps * tplan.training_flops_per_step(cfg.shape(), cfg)
+                                         / (1307e12 * cfg.cluster.mfu))
+    half = tplan.make_plan(_k26(**{"cluster.mfu": cfg.cluster.mfu / 2}), tmp_path, data)
+    assert half.seconds == pytest.approx(2 * plan.seconds)
+    assert "fits" in plan.text()
+
+
+def test_more_ranks_shard_the_optimizer_state_thinner(tmp_path):
+    one = {x.what: x.bytes for x in tplan.speculators_memory(_k26().shape(), _k26(**{"cluster.nodes": 1}))}
+    two = {x.what: x.bytes for x in tplan.speculators_memory(_k26().shape(), _k26(**{"cluster.nodes": 2}))}
+    assert two["drafter, gradients, AdamW (sharded)"] == one["drafter, gradients, AdamW (sharded)"] / 2
+    assert two["gathered root weights"] == one["gathered root weights"]  # gathered whole on every rank
+
+
+def test_capture_that_cannot_fit_the_disk_is_refused_with_what_fits(tmp_path):
+    cfg = _k26()
+    plan = tplan.make_plan(cfg, tmp_path, tplan.count_data(cfg, tmp_path, samples=1_160_000, tokens_per_sample=1500))
+    assert len(plan.refusals) == 1 and "captured hidden states need" in plan.refusals[0]
+    fit = int((14000 - cfg.data.min_free_disk_gb) * 2**30 // tplan.capture_bytes_per_token(cfg.shape()))
+    assert f"about {fit} tokens fit" in plan.refusals[0]
+
+
+def test_too_little_gpu_memory_is_refused_naming_what_to_change(tmp_path):
+    cfg = _k26(**{"cluster.gpu_memory_gb": 24})
+    plan = tplan.make_plan(cfg, tmp_path, tplan.count_data(cfg, tmp_path, samples=10, tokens_per_sample=100))
+    assert any("does not fit" in r and "cluster.gpus_per_node" in r for r in plan.refusals), plan.refusals
+
+
+def test_speculators_without_gpus_is_refused_unless_a_dry_run(tmp_path):
+    cfg = tcfg.load(CONFIGS / "train-cpu-reference.json", {"train.engine": "speculators"})
+    data = tplan.count_data(cfg, tmp_path, samples=10, tokens_per_sample=100)
+    assert any("speculators trains on GPUs" in r for r in tplan.make_plan(cfg, tmp_path, data).refusals)
+    cfg = tcfg.load(CONFIGS / "train-cpu-reference.json", {"train.engine": "speculators", "speculators.dry_run": True})
+    assert tplan.make_plan(cfg, tmp_path, data).refusals == []
+
+
+def test_our_trainer_is_refused_for_k26_naming_the_speculators_engine(tmp_path, monkeypatch):
+    cfg = _k26(**{"train.engine": "ours"})
+    plan = tplan.make_plan(cfg, tmp_path, tplan.count_data(cfg, tmp_path, samples=10, tokens_per_sample=100))
+    assert any("train.engine=speculators" in r for r in plan.refusals), plan.text()
+    monkeypatch.setattr(tplan, "memory_bytes", lambda device: 192 * 2**30)
+    with pytest.raises(TrainConfigError, match="train.engine=speculators") as exc:
+        tplan.check_ours(cfg, None, "cuda (an MI300X)")
+    assert "cuda (an MI300X)" in str(exc.value)
+    small = tcfg.load(CONFIGS / "train-cpu-reference.json")
+    tplan.check_ours(small, None, "the CPU")  # the reference drafter fits 192 GiB
+
+
+def test_count_data_reads_the_runs_training_split(tmp_path):
+    cfg = tcfg.load(CONFIGS / "train-cpu-reference.json", {"data.heldout_fraction": 0.5})
+    recs = [{"id": f"r{i}", "prompt": "p", "input_ids": [1] * (i + 2), "loss_mask": [0] + [1] * (i + 1),
+             "finish_reason": "stop"} for i in range(20)]
+    (tmp_path / "regen.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    data = tplan.count_data(cfg, tmp_path)
+    from kimidflash.train.data import is_heldout
+    kept = [r for r in recs if not is_heldout(r["id"], 0.5)]
+    assert 0 < data.samples == len(kept) < 20
+    assert data.tokens == sum(len(r["input_ids"]) for r in kept)
+
+
+def test_plan_command_prints_the_plan_and_exits_2_when_refused(tmp_path):
+    def plan(*extra: str) -> subprocess.CompletedProcess:
+        sets = [a for k, v in MI300X.items() for a in ("--set", f"{k}={v}")]
+        return subprocess.run([sys.executable, "-m", "kimidflash", "train", str(K26), "--plan", *sets,
+                               "--set", "train.engine=speculators", "--run-dir", str(tmp_path), *extra],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+    ok = plan("--samples", "90000", "--tokens-per-sample", "1500")
+    assert ok.returncode == 0, ok.stderr
+    assert "memory per rank" in ok.stdout and "fits" in ok.stdout
+    assert not (tmp_path / "manifest.json").exists()  # a plan runs nothing
+    bad = plan("--samples", "1160000", "--tokens-per-sample", "1500")
+    assert bad.returncode == 2
+    assert "REFUSED" in bad.stdout and "the plan does not fit" in bad.stderr
+    missing = plan("--samples", "10")
+    assert missing.returncode == 2 and "--tokens-per-sample" in missing.stderr
+
+
+def test_unknown_engine_is_refused():
+    with pytest.raises(TrainConfigError, match="train.engine 'deepspeed'"):
+        tcfg.load(K26, {"train.engine": "deepspeed"})

@@ -318,13 +318,36 @@ def test_extra_args_may_not_repeat_a_schema_flag(tmp_path, flag):
     assert err.key == "EXTRA_VLLM_ARGS" and f"repeats {flag}" in str(err)
 
 
-def test_hidden_states_layers_must_leave_the_last_layer(tmp_path):
+def hidden_states_config(tmp_path, env: str, layers: str, text: dict, **more: str):
     model = tmp_path / "m"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 4}))
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps({"text_config": text}))
     over = {"SPECULATIVE_METHOD": "extract_hidden_states", "HIDDEN_STATES_DIR": str(tmp_path / "hs"),
-            "MODEL_DIR": str(model)}
-    check_checkpoints(load_config(CONFIGS / "cpu-tiny.env", {**over, "HIDDEN_STATES_LAYERS": "0,2"}, environ={}))
-    with pytest.raises(ConfigError, match=r"\[3\] not below 3") as exc:
-        check_checkpoints(load_config(CONFIGS / "cpu-tiny.env", {**over, "HIDDEN_STATES_LAYERS": "0,3"}, environ={}))
+            "MODEL_DIR": str(model), "HIDDEN_STATES_LAYERS": layers, **more}
+    return load_config(CONFIGS / env, over, environ={})
+
+
+def test_hidden_states_layers_may_name_the_last_layer_of_a_standard_target(tmp_path):
+    """L-1 (the last layer's output, vLLM aux id L) is what speculators' DFlash reads as the
+    verifier state; llama and qwen backbones capture it on every pin. Past it is refused."""
+    text = {"num_hidden_layers": 4}
+    for version in ("0.20.2", "0.32.0"):
+        check_checkpoints(hidden_states_config(tmp_path, "cpu-tiny.env", "0,2,3", text, VLLM_VERSION=version))
+    with pytest.raises(ConfigError, match=r"\[4\] beyond 3") as exc:
+        check_checkpoints(hidden_states_config(tmp_path, "cpu-tiny.env", "0,4", text))
     assert exc.value.key == "HIDDEN_STATES_LAYERS"
+
+
+MLA_TEXT = {"num_hidden_layers": 4, "kv_lora_rank": 512, "qk_rope_head_dim": 64}
+
+
+@pytest.mark.parametrize("version", ["0.20.2", "0.21.0"])
+def test_an_mla_target_names_its_last_layer_only_from_vllm_0_32(tmp_path, version):
+    """deepseek_v2 (Kimi) drops the final-layer hidden state before vLLM PR 46973."""
+    with pytest.raises(ConfigError) as exc:
+        check_checkpoints(hidden_states_config(tmp_path, "cpu-kimi-tiny.env", "0,3", MLA_TEXT, VLLM_VERSION=version))
+    assert exc.value.key == "HIDDEN_STATES_LAYERS"
+    assert all(s in str(exc.value) for s in ("VLLM_VERSION", version, "PR 46973", "0.32.0"))
+    check_checkpoints(hidden_states_config(tmp_path, "cpu-kimi-tiny.env", "0,2", MLA_TEXT, VLLM_VERSION=version))
+    for ok in ("0.32.0", "0.33.0"):
+        check_checkpoints(hidden_states_config(tmp_path, "cpu-kimi-tiny.env", "0,3", MLA_TEXT, VLLM_VERSION=ok))

@@ -43,7 +43,7 @@ def test_k26_on_8_mi300x_fits_with_fsdp_and_each_line_is_its_arithmetic(tmp_path
     per_token = 7 * 7168 * 2 + 8  # six target layers and the final one, bf16, plus the token id
     assert tplan.capture_bytes_per_token(cfg.shape()) == per_token
     assert plan.disk_need == 90_000 * 1500 * per_token
-    T = cfg.speculators.max_length
+    T = tplan.packed(cfg)[0]
     assert plan.steps == cfg.speculators.epochs * -(-(90_000 * 1500) // (8 * T))
     assert plan.seconds == pytest.approx(plan.steps * tplan.training_flops_per_step(cfg.shape(), cfg)
                                          / (1307e12 * cfg.cluster.mfu))

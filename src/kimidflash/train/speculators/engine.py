@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +31,7 @@ from ..manifest import Manifest
 from ..target import target_info
 from .cli import run_logged, speculators_argv, torchrun_argv
 from .commands import options_from, train_args, write_draft_config
-from .export import checkpoint_dir, to_recipe_drafter, to_speculators
+from .export import check_config, checkpoint_dir, to_recipe_drafter, to_speculators
 
 Log = Callable[[str], None]
 RDZV_ENV = "KIMIDFLASH_RDZV_ENDPOINT"  # host:port of the first node, for torchrun across nodes
@@ -64,6 +65,9 @@ def train_speculators(cfg: TrainConfig, run: Path, resume: bool, max_steps: int 
     if cfg.train.init_from_drafter:  # warm start: the served drafter in speculators' format, at the training block
         start = to_speculators(cfg.train.init_from_drafter, info.model_dir, spec / "warm-start",
                                spec / "convert.log", block_size=cfg.train.block_size, echo=log)
+        # speculators takes the shape from the checkpoint: one unlike ours would train, then fail export
+        check_config(json.loads((start / "config.json").read_text()), shape,
+                     f"train.init_from_drafter {cfg.train.init_from_drafter}")
         model = {"from_pretrained": start}
     else:
         model = {"draft_config_path": write_draft_config(shape, spec / "draft-config.json")}

@@ -78,7 +78,7 @@ def run(a: argparse.Namespace, argv: list[str]) -> None:
                                                                    a.tokens_per_sample))
         print(plan.text())
         if plan.refusals:
-            raise TrainConfigError(f"{cfg.path}: the plan does not fit: {plan.refusals[0]}")
+            raise TrainConfigError(f"the plan for {Path(cfg.path).name} does not fit: {plan.refusals[0]}")
         return
     phases = _chosen(a)
     if a.drafter and phases != ["eval"]:

@@ -213,7 +213,8 @@ class Plan:
         if self.engine == "speculators":
             out.append(f"disk for captured hidden states: {self.disk_need / GiB:.1f} GiB, "
                        f"{self.disk_have / GiB:.1f} GiB available ({self.disk_source})")
-            when = f"{self.seconds / 3600:.1f} h" if self.seconds is not None else "no estimate"
+            when = "no estimate" if self.seconds is None else \
+                f"{self.seconds / 3600:.1f} h" if self.seconds >= 3600 else f"{self.seconds / 60:.1f} min"
             out.append(f"training: {self.steps} steps, {when} ({self.time_source})")
         out += [f"REFUSED: {r}" for r in self.refusals] or ["fits"]
         return "\n".join(out)
@@ -236,7 +237,7 @@ def make_plan(cfg: TrainConfig, run: Path, data: Data) -> Plan:
     if engine == "speculators":
         memory = speculators_memory(shape, cfg)
         world, T = max(1, cl.nodes * cl.gpus_per_node), packed(cfg)[0]
-        steps = cfg.speculators.epochs * -(-data.tokens // (world * T))
+        steps = min(cfg.train.steps, cfg.speculators.epochs * -(-data.tokens // (world * T)))  # --max-steps
         per_token = capture_bytes_per_token(shape, target_info(cfg).dtype)
         disk_need = float(data.tokens * per_token)
         if cl.gpu_tflops and cl.gpus_per_node:

@@ -126,3 +126,13 @@ def test_plan_command_prints_the_plan_and_exits_2_when_refused(tmp_path):
 def test_unknown_engine_is_refused():
     with pytest.raises(TrainConfigError, match="train.engine 'deepspeed'"):
         tcfg.load(K26, {"train.engine": "deepspeed"})
+
+
+def test_without_records_the_prompts_count_at_their_longest_answer_capped_by_regen_records(tmp_path):
+    cfg = tcfg.load(CONFIGS / "train-cpu-reference.json", {"data.prompts": "synthetic:1000",
+                                                            "data.heldout_fraction": 0.1, "regen.max_tokens": 100})
+    data = tplan.count_data(cfg, tmp_path)
+    assert (data.samples, data.tokens) == (900, 900 * (tplan.PROMPT_TOKENS + 100))
+    capped = tplan.count_data(tcfg.load(CONFIGS / "train-cpu-reference.json", {"regen.records": 200,
+                                                                              "data.heldout_fraction": 0.0}), tmp_path)
+    assert capped.samples == 200

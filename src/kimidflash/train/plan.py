@@ -17,7 +17,7 @@ own profiler. Two engines, two memory models:
 
 Disk is the offline hidden states speculators' generate-offline-data writes:
 per token, every captured layer (the drafter's target layers plus the final
-one) at hidden_size in bf16, and the token id. Time is FLOPs over the
+one) at hidden_size in the served dtype, and the token id. Time is FLOPs over the
 cluster's bf16 peak at an assumed utilisation (cluster.mfu).
 """
 
@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from .config import TrainConfig
-from .device import memory_bytes
 from .data import read_records, split
+from .device import memory_bytes
 from .errors import TrainConfigError
 from .shape import DrafterShape
 from .speculators.commands import options_from
@@ -39,6 +39,7 @@ from .target import target_info
 
 GiB = 2**30
 PROMPT_TOKENS = 256  # a prompt's length where none is counted yet (chat template included)
+TOKEN_ID_BYTES = 8  # the connector stores token_ids as int64
 HEADROOM = 0.9  # of a device's memory the plan lets a run use: allocator caches, fragmentation, the runtime
 
 
@@ -71,9 +72,6 @@ def _numel(dims: tuple[int, ...]) -> int:
 
 def _layer_params(shape: DrafterShape) -> int:
     return sum(_numel(s) for k, s in shape.expected_tensors().items() if k.startswith("layers.0."))
-
-
-TOKEN_ID_BYTES = 8  # the connector stores token_ids as int64
 
 
 def captured_layers(shape: DrafterShape) -> int:
@@ -168,14 +166,17 @@ def count_data(cfg: TrainConfig, run: Path, samples: int | None = None, tokens_p
     if cfg.data.prompts.startswith("synthetic:"):
         n = int(cfg.data.prompts.split(":", 1)[1])
     elif prompts.is_file():
-        n = sum(1 for line in prompts.open() if line.strip())
+        with open(prompts) as f:
+            n = sum(1 for line in f if line.strip())
     else:
         raise TrainConfigError(f"--plan: no records in {run} and the prompts file {prompts} is not here; "
                                "give --samples and --tokens-per-sample")
+    if cfg.regen.records:  # regen answers only the first regen.records prompts
+        n = min(n, cfg.regen.records)
     per = tokens_per_sample or PROMPT_TOKENS + cfg.regen.max_tokens
     n = int(n * (1 - cfg.data.heldout_fraction))
-    return Data(n, n * per, f"{cfg.data.prompts}: {n} training prompts x {per} tokens (256 for the prompt "
-                            "+ regen.max_tokens: an upper bound until regen has run)")
+    return Data(n, n * per, f"{cfg.data.prompts}: {n} training prompts x {per} tokens ({PROMPT_TOKENS} for the "
+                            "prompt + regen.max_tokens: an upper bound until regen has run)")
 
 
 def free_disk(path: Path) -> float:

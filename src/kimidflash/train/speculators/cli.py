@@ -24,10 +24,12 @@ def speculators_argv(*args: str) -> list[str]:
     return [str(ensure_speculators()), *args]
 
 
-def torchrun_argv(nproc_per_node: int, nnodes: int = 1, *args: str) -> list[str]:
-    """`torchrun ... -m speculators.train ARGS...` from the managed venv: the multi-GPU training step."""
+def torchrun_argv(nproc_per_node: int, nnodes: int, *args: str, rdzv_endpoint: str | None = None) -> list[str]:
+    """`torchrun ... -m speculators.train ARGS...` from the managed venv: the multi-GPU training step
+    (across nodes, every node runs it with the first node's `rdzv_endpoint`, host:port)."""
     venv_bin = ensure_speculators().parent
-    return [str(venv_bin / "torchrun"), f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
+    rdzv = ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"] if rdzv_endpoint else []
+    return [str(venv_bin / "torchrun"), *rdzv, f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
             "-m", "speculators.train", *args]
 
 

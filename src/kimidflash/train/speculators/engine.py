@@ -53,7 +53,6 @@ def train_speculators(cfg: TrainConfig, run: Path, resume: bool, max_steps: int 
         raise TrainConfigError(f"{cfg.path}: speculators trains on GPUs under torchrun and cluster.gpus_per_node is "
                                "0; set it (./train-drafter.sh CONFIG --plan sizes the run), or "
                                "speculators.dry_run=true to build and save the drafter without training")
-    hidden = spec / "hidden_states"
     if not sp.dry_run and not (spec / "captured.txt").is_file():
         raise TrainConfigError(f"{run}: no complete capture for the speculators engine; run the capture phase")
     save = spec / ("dry-run" if sp.dry_run else "checkpoints")
@@ -71,20 +70,17 @@ def train_speculators(cfg: TrainConfig, run: Path, resume: bool, max_steps: int 
         model = {"from_pretrained": start}
     else:
         model = {"draft_config_path": write_draft_config(shape, spec / "draft-config.json")}
-    tail = [*train_args(shape, info.model_dir, spec / "data", hidden, save, opts, dry_run=sp.dry_run,
+    tail = [*train_args(shape, info.model_dir, spec / "data", spec / "hidden_states", save, opts, dry_run=sp.dry_run,
                         resume=resume, log_dir=spec / "logs", trust_remote_code=info.trust_remote_code, **model),
             *sp.extra_args]
     if sp.dry_run:
         argv = speculators_argv("train", *tail)
     else:
-        rdzv = []
-        if cl.nodes > 1:
-            if not os.environ.get(RDZV_ENV):
-                raise TrainConfigError(f"cluster.nodes={cl.nodes}: set {RDZV_ENV}=HOST:PORT (the first node) and "
-                                       "run the same command on every node")
-            rdzv = ["--rdzv-backend=c10d", f"--rdzv-endpoint={os.environ[RDZV_ENV]}"]
-        argv = torchrun_argv(cl.gpus_per_node, cl.nodes, *tail)
-        argv[1:1] = rdzv
+        endpoint = os.environ.get(RDZV_ENV) if cl.nodes > 1 else None
+        if cl.nodes > 1 and not endpoint:
+            raise TrainConfigError(f"cluster.nodes={cl.nodes}: set {RDZV_ENV}=HOST:PORT (the first node) and "
+                                   "run the same command on every node")
+        argv = torchrun_argv(cl.gpus_per_node, cl.nodes, *tail, rdzv_endpoint=endpoint)
     log(f"train: speculators {'dry run' if sp.dry_run else f'on {world} GPUs'} into {save}")
     Manifest.open(run).note("train", {"engine": "speculators", "dry_run": sp.dry_run, "save_path": portable(save),
                                       "command": portable_argv(argv), "options": opts.as_dict(),

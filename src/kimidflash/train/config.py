@@ -6,7 +6,7 @@ back to a default; a value of the wrong type (in the file or from `--set
 train.steps=abc`) is refused with the key and the expected type, so it cannot
 travel as a string into the phase that first does arithmetic with it. The
 options are typed, frozen sections (target, data, regen, capture, train,
-eval, export), like the env schema; indexing (`cfg["train"]["steps"]`) reads
+eval, export, cluster, speculators), like the env schema; indexing (`cfg["train"]["steps"]`) reads
 them too, and `as_dict()` is the JSON form the manifest and checkpoints record.
 The drafter's shape lives in its own JSON (shape.py) so serving and training
 share it.

@@ -28,8 +28,10 @@ def target_layout(model_dir: str | Path) -> tuple[TextLayout, dict[str, str]]:
         raise TrainConfigError(f"target checkpoint: {exc}") from None
 
 
-def read_tensors(model_dir: str | Path, weight_map: dict[str, str], names: Iterable[str]) -> dict[str, torch.Tensor]:
-    """The named tensors as float32, each read from the shard the weight map gives it."""
+def read_tensors(model_dir: str | Path, weight_map: dict[str, str], names: Iterable[str],
+                 float32: bool = True) -> dict[str, torch.Tensor]:
+    """The named tensors, each read from the shard the weight map gives it: as float32, or with
+    `float32=False` as stored (what a bit-for-bit comparison or a dtype-keeping export needs)."""
     from safetensors import safe_open
 
     by_file: dict[str, list[str]] = defaultdict(list)
@@ -39,7 +41,8 @@ def read_tensors(model_dir: str | Path, weight_map: dict[str, str], names: Itera
     for fname, wanted in sorted(by_file.items()):
         with safe_open(str(Path(model_dir) / fname), "pt") as f:
             for name in wanted:
-                out[name] = f.get_tensor(name).float()
+                t = f.get_tensor(name)
+                out[name] = t.float() if float32 else t
     return out
 
 

@@ -28,13 +28,16 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
+from ...checkpoint_layout import LayoutError, weight_map
+from ...fp8.safetensors_io import read_header
 from ...fsio import atomic_dir, sha256_file, utc_now, write_json_atomic
 from ...paths import portable, portable_argv
 from ..errors import TrainConfigError
 from ..export import export_model
 from ..shape import DrafterShape, Rope
+from ..target_weights import read_tensors
 from .cli import run_logged, speculators_argv
 from .commands import aux_layer_ids, convert_args, target_layer_ids
 from .venv import VERSION
@@ -76,39 +79,25 @@ def checkpoint_dir(path: str | Path) -> Path:
                                      "or numbered epoch folders holding them)")
 
 
-def tensor_files(ckpt: Path) -> dict[str, Path]:
-    """Every tensor name of a checkpoint folder and the file holding it (one file or an index of shards)."""
-    from safetensors import safe_open
-
-    index = ckpt / INDEX_FILE
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: ckpt / f for name, f in weight_map.items()}
-    with safe_open(str(ckpt / MODEL_FILE), framework="pt") as f:
-        return {name: ckpt / MODEL_FILE for name in f.keys()}
+def tensor_files(ckpt: Path) -> dict[str, str]:
+    """Every tensor name of a checkpoint folder and the file holding it (checkpoint_layout's reader:
+    an index of shards, else the files' headers)."""
+    try:
+        return weight_map(ckpt)
+    except LayoutError as exc:
+        raise SpeculatorsCheckpointError(str(exc)) from None
 
 
-def _load(files: dict[str, Path], names: list[str]) -> Iterator[tuple[str, "torch.Tensor"]]:
-    """The named tensors, one file opened at a time."""
-    from safetensors import safe_open
-
-    by_file: dict[Path, list[str]] = {}
-    for n in names:
-        by_file.setdefault(files[n], []).append(n)
-    for path, group in by_file.items():
-        with safe_open(str(path), framework="pt") as f:
-            for n in group:
-                yield n, f.get_tensor(n)
+def _load(ckpt: Path, files: dict[str, str], names: list[str]) -> "dict[str, torch.Tensor]":
+    """The named tensors as stored (dtype kept)."""
+    return read_tensors(ckpt, files, names, float32=False)
 
 
-def _tensor_shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
-    from safetensors import safe_open
-
+def _tensor_shapes(ckpt: Path, files: dict[str, str]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape, from the safetensors headers alone."""
     out: dict[str, tuple[int, ...]] = {}
-    for path in set(files.values()):
-        with safe_open(str(path), framework="pt") as f:
-            for n in f.keys():
-                out[n] = tuple(f.get_slice(n).get_shape())
+    for f in set(files.values()):
+        out.update((n, tuple(h["shape"])) for n, h in read_header(ckpt / f).items() if n != "__metadata__")
     return out
 
 
@@ -167,10 +156,10 @@ def check_config(cfg: dict[str, Any], shape: DrafterShape, where: str) -> None:
         raise bad("target_hidden_size", cfg.get("target_hidden_size"), shape.hidden_size)
 
 
-def body_names(files: dict[str, Path], shape: DrafterShape, where: str) -> tuple[list[str], list[str]]:
+def body_names(ckpt: Path, files: dict[str, str], shape: DrafterShape, where: str) -> tuple[list[str], list[str]]:
     """(our tensor names, the target-owned names to leave out), after checking every name and shape."""
     want = shape.expected_tensors()
-    got = _tensor_shapes(files)
+    got = _tensor_shapes(ckpt, files)
     for name in VOCAB_MAPS:
         if name in got:
             raise SpeculatorsCheckpointError(
@@ -202,8 +191,10 @@ def body_names(files: dict[str, Path], shape: DrafterShape, where: str) -> tuple
 
 
 def read_checkpoint(spec_ckpt_dir: str | Path, shape: DrafterShape) -> tuple[Path, dict[str, Any],
-                                                                             "dict[str, torch.Tensor]", list[str]]:
-    """(checkpoint folder, its config.json, our tensors by name, target-owned names left out), all checked."""
+                                                                             "dict[str, torch.Tensor]", list[str],
+                                                                             list[Path]]:
+    """(checkpoint folder, its config.json, our tensors by name, target-owned names left out, its
+    tensor files), all checked."""
     import torch
 
     ckpt = checkpoint_dir(spec_ckpt_dir)
@@ -214,12 +205,12 @@ def read_checkpoint(spec_ckpt_dir: str | Path, shape: DrafterShape) -> tuple[Pat
         raise SpeculatorsCheckpointError(f"{where}/config.json: not JSON ({e.msg})") from None
     check_config(cfg, shape, where)
     files = tensor_files(ckpt)
-    names, dropped = body_names(files, shape, where)
-    state = dict(_load(files, names))
+    names, dropped = body_names(ckpt, files, shape, where)
+    state = _load(ckpt, files, names)
     for name, t in state.items():
         if not torch.isfinite(t).all():
             raise SpeculatorsCheckpointError(f"{where}: tensor {name} holds NaN or infinite values")
-    return ckpt, cfg, state, dropped
+    return ckpt, cfg, state, dropped, sorted({ckpt / f for f in files.values()})
 
 
 def _artifact(path: Path) -> str | None:
@@ -257,8 +248,7 @@ def to_recipe_drafter(spec_ckpt_dir: str | Path, shape: DrafterShape, out_dir: s
     with `speculators_export` added: the source checkpoint and its file
     checksums, its config.json and train command, the layer-id and
     block-size mapping and the tensors left out. Written whole or not at all."""
-    ckpt, cfg, state, dropped = read_checkpoint(spec_ckpt_dir, shape)
-    files = sorted(set(tensor_files(ckpt).values()))
+    ckpt, cfg, state, dropped, files = read_checkpoint(spec_ckpt_dir, shape)
     record = {
         "exported_at": utc_now(),
         "checkpoint": portable(ckpt.resolve()),
@@ -323,16 +313,15 @@ def to_speculators(drafter_dir: str | Path, target_dir: str | Path, out_dir: str
             raise SpeculatorsCheckpointError(f"{out}: converted block_size {cfg.get('block_size')}, "
                                              f"wanted {shape.block_size}")
         files = tensor_files(tmp)
-        names, _ = body_names(files, shape, f"{out} (speculators convert of {src})")
+        names, _ = body_names(tmp, files, shape, f"{out} (speculators convert of {src})")
         ours = tensor_files(src)
         for name in names:  # one pair in memory at a time (a K2.6 drafter body is gigabytes)
-            (_, t), = _load(ours, [name])
-            (_, u), = _load(files, [name])
+            t, u = _load(src, ours, [name])[name], _load(tmp, files, [name])[name]
             if t.dtype != u.dtype or not torch.equal(t, u):
                 raise SpeculatorsCheckpointError(f"{out}: tensor {name} differs from {src}'s after speculators convert")
         write_json_atomic(tmp / PROVENANCE, {
             "converted_at": utc_now(), "source": portable(src),
-            "source_files": {f.name: sha256_file(f) for f in sorted(set(ours.values()))},
+            "source_files": {f: sha256_file(src / f) for f in sorted(set(ours.values()))},
             "target": portable(Path(target_dir).resolve()), "speculators": VERSION,
             "block_size": shape.block_size,
             "command": portable_argv(speculators_argv(*convert_args(src, target_dir, out, shape, validate_device)))})

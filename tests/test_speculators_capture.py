@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kimidflash.train import config as train_config
+from kimidflash.train import plan
 from kimidflash.train.errors import TrainConfigError
 from kimidflash.train.speculators import capture
 
@@ -35,10 +36,10 @@ def write_regen(run: Path, lengths=(5, 7, 9)) -> None:
 
 
 def test_bytes_per_token_is_layers_times_hidden_times_the_served_dtype_plus_the_token_id():
-    assert capture.element_bytes("float32") == 4
-    assert capture.element_bytes("bfloat16") == capture.element_bytes("auto") == 2
-    assert capture.bytes_per_token(6, 576, 4) == 6 * 576 * 4 + 8  # SmolLM2 on our float32 CPU config
-    assert capture.bytes_per_token(7, 7168, 2) == 100360  # Kimi K2.6: six target layers and the last, bf16
+    assert plan.element_bytes("float32") == 4
+    assert plan.element_bytes("bfloat16") == plan.element_bytes("auto") == 2
+    assert plan.bytes_per_token(6, 576, 4) == 6 * 576 * 4 + 8  # SmolLM2 on our float32 CPU config
+    assert plan.bytes_per_token(7, 7168, 2) == 100360  # Kimi K2.6: six target layers and the last, bf16
 
 
 def test_the_disk_check_counts_files_already_written_and_refuses_what_does_not_fit(tmp_path):

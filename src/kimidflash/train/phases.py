@@ -79,8 +79,7 @@ def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
                                f" differ from the target's {vocab}/{hidden}")
     shape.check_target(layers)
     if cfg.train.engine == "ours":  # refused before hours of regen, not at the first step
-        dev = device.resolve(cfg.train.device)
-        check_ours(cfg, dev, device.describe(dev))
+        check_ours(cfg)
     prompts = load_prompts(cfg.data.prompts, cfg.seed)
     run.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(run).free / 2**30
@@ -145,8 +144,7 @@ def phase_train(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
     if cfg.train.engine == "speculators":
         train_speculators(cfg, run, args.resume, args.max_steps, log=log)
         return
-    dev = device.resolve(cfg.train.device)
-    check_ours(cfg, dev, device.describe(dev))
+    check_ours(cfg)
     train(cfg, run, resume=args.resume, stop_at=args.max_steps, log=log, max_seconds=args.max_seconds)
 
 

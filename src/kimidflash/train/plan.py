@@ -31,7 +31,7 @@ import torch
 
 from .config import TrainConfig
 from .data import read_records, split
-from .device import memory_bytes
+from .device import describe, memory_bytes, resolve
 from .errors import TrainConfigError
 from .shape import DrafterShape
 from .speculators.commands import options_from
@@ -74,7 +74,7 @@ def _layer_params(shape: DrafterShape) -> int:
     return sum(_numel(s) for k, s in shape.expected_tensors().items() if k.startswith("layers.0."))
 
 
-def captured_layers(shape: DrafterShape) -> int:
+def captured_layer_count(shape: DrafterShape) -> int:
     """Layers generate-offline-data stores per token: the drafter's target layers and the final one."""
     return len(shape.target_layer_ids) + 1
 
@@ -90,7 +90,7 @@ def bytes_per_token(layers: int, hidden: int, elt: int) -> int:
 
 
 def capture_bytes_per_token(shape: DrafterShape, dtype: str = "auto") -> int:
-    return bytes_per_token(captured_layers(shape), shape.hidden_size, element_bytes(dtype))
+    return bytes_per_token(captured_layer_count(shape), shape.hidden_size, element_bytes(dtype))
 
 
 def ours_memory(shape: DrafterShape, cfg: TrainConfig, seq_len: int) -> list[Line]:
@@ -126,8 +126,8 @@ def speculators_memory(shape: DrafterShape, cfg: TrainConfig) -> list[Line]:
         Line("gathered root weights", 2 * (3 * VH + fc),
              "bf16 copies of the root module's weights (the vocabulary matrices and fc) while it computes"),
         Line("gathered layer weights", 2 * 2 * _layer_params(shape), "bf16, the current layer and the prefetched one"),
-        Line("target hidden states", 2 * T * captured_layers(shape) * H,
-             f"one packed row of {T} tokens x {captured_layers(shape)} layers, bf16"),
+        Line("target hidden states", 2 * T * captured_layer_count(shape) * H,
+             f"one packed row of {T} tokens x {captured_layer_count(shape)} layers, bf16"),
         Line("logits", 3 * 2 * Q * shape.vocab_size, f"{Q} queries (anchors x block) x vocabulary, bf16: draft "
                                                      "and target logits and the gradient (the fused loss keeps no more)"),
         Line("activations", 34 * 2 * shape.num_hidden_layers * Q * H,
@@ -267,8 +267,12 @@ def make_plan(cfg: TrainConfig, run: Path, data: Data) -> Plan:
     return Plan(engine, memory, budget, bsrc, data, disk_need, disk_have, dsrc, steps, seconds, tsrc, refusals)
 
 
-def check_ours(cfg: TrainConfig, device: torch.device, where: str) -> None:
-    """Refuse, before a step, a shape our trainer cannot hold on its device, naming the speculators engine."""
+def check_ours(cfg: TrainConfig, device: torch.device | None = None, where: str | None = None) -> None:
+    """Refuse, before a step, a shape our trainer cannot hold on its device (train.device unless given),
+    naming the speculators engine."""
+    if device is None:
+        device = resolve(cfg.train.device)
+    where = where or describe(device)
     memory = ours_memory(cfg.shape(), cfg, PROMPT_TOKENS + cfg.regen.max_tokens)
     need, device_memory = sum(x.bytes for x in memory), memory_bytes(device)
     if need > HEADROOM * device_memory:

@@ -35,7 +35,7 @@ from ...checkpoint_layout import text_field
 from ...fsio import write_text_atomic
 from ..config import TrainConfig
 from ..errors import SpeculatorsError, TrainConfigError
-from ..plan import GiB, bytes_per_token, element_bytes, free_disk
+from ..plan import GiB, capture_bytes_per_token, free_disk
 from ..target import capture_overrides, target_info
 from .cli import run_logged, speculators_argv
 from .commands import prepare_data_args
@@ -142,7 +142,7 @@ def capture_offline(cfg: TrainConfig, run: Path, log: Log = print) -> Path:
     run_logged(speculators_argv(*prepare), spec / "prepare-data.log", "prepare-data", env=WIDE, echo=log)
 
     tokens = row_tokens(rows, seq_length)
-    per = bytes_per_token(len(layers), hidden, element_bytes(info.dtype))
+    per = capture_bytes_per_token(cfg.shape(), info.dtype)  # the layers above, at the served dtype
     need = check_disk(run, out, tokens, per, cfg.data.min_free_disk_gb)
     log(f"capture: {n_rows} rows, {tokens} tokens x {len(layers)} layers {layers} x {hidden} "
         f"({per} bytes a token): {need / GiB:.2f} GiB still to write into {out}")

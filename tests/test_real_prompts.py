@@ -170,7 +170,19 @@ def test_written_sets_load_in_the_bench_and_in_training(fake_sdist, fake_wheel, 
         assert kinds(convs) == {k: v["prompts"] for k, v in s.manifest["categories"].items()}
         manifest = json.loads((tmp_path / f"{name}.manifest.json").read_text())
         assert manifest["file_sha256"] == hashlib.sha256((tmp_path / f"{name}.jsonl").read_bytes()).hexdigest()
-    assert load_prompts(str(tmp_path / "bigbench-train.jsonl"), 0) == train.prompts()
+    from_file = load_prompts(str(tmp_path / "bigbench-train.jsonl"), 0)
+    assert sorted(from_file, key=lambda p: p["id"]) == sorted(train.prompts(), key=lambda p: p["id"])
+
+
+def test_training_prompts_are_dealt_round_robin_over_tasks_so_a_first_chunk_covers_every_task(fake_sdist):
+    train, _ = bigbench_sets(fake_sdist)
+    tasks = {r["id"]: r["task"] for r in train.records}
+    dealt = [tasks[p["id"]] for p in train.prompts()]
+    n = len(set(dealt))
+    assert n > 1 and len(set(dealt[:n])) == n  # the first len(tasks) prompts: one from each task
+    for t in set(dealt):  # each task's own prompts keep their file order
+        assert [p["id"] for p in train.prompts() if tasks[p["id"]] == t] == [
+            r["id"] for r in train.records if r["task"] == t]
 
 
 def test_humaneval_is_evaluation_only(fake_sdist, fake_wheel, monkeypatch):
@@ -189,6 +201,10 @@ def test_humaneval_is_evaluation_only(fake_sdist, fake_wheel, monkeypatch):
             load_prompts(spec, 0)
     with pytest.raises(DataError, match="real sets are"):
         load_prompts("bigbench:everything", 0)
+    # an evaluation-only run (every record held out) may regenerate them, for the offline walk
+    assert load_prompts("humaneval", 0, evaluation_only=True) == he.prompts()
+    held = bigbench_sets(fake_sdist)[1]
+    assert load_prompts("bigbench:heldout", 0, evaluation_only=True) == held.prompts()
     got = load_prompts("bigbench:train", 0)
     assert got == bigbench_sets(fake_sdist)[0].prompts()
     assert all(p["id"].startswith("bigbench/") for p in got)

@@ -64,8 +64,14 @@ class PromptSet:
         return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.records)
 
     def prompts(self) -> list[dict[str, str]]:
-        """What `train.data.load_prompts` returns: {id, prompt}."""
-        return [{"id": r["id"], "prompt": r["turns"][0]} for r in self.records]
+        """What `train.data.load_prompts` returns: {id, prompt}, dealt round-robin over tasks (each
+        task's prompts in file order), so that a first chunk of regen (or of eval records) covers every task."""
+        by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in self.records:
+            by_task[r["task"]].append(r)
+        queues = list(by_task.values())
+        dealt = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
+        return [{"id": r["id"], "prompt": r["turns"][0]} for r in dealt]
 
 
 def _counts(records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -144,16 +150,22 @@ def write_sets(out: str | Path, sets: Mapping[str, PromptSet]) -> list[Path]:
     return written
 
 
-def training_prompts(spec: str) -> list[dict[str, str]]:
-    """`bigbench:train` as {id, prompt} for `train.data.load_prompts`; the evaluation sets are refused."""
+def training_prompts(spec: str, *, evaluation_only: bool = False) -> list[dict[str, str]]:
+    """A real set as {id, prompt} for `train.data.load_prompts`. Only `bigbench:train` feeds training;
+    the evaluation sets are refused unless the run is evaluation-only (every record held out), which
+    is how their target answers are regenerated for the offline walk."""
     name = SPECS.get(spec)
     if name is None:
         raise RealPromptsError(f"prompts '{spec}': real sets are {', '.join(SPECS)}")
-    if name not in TRAINING_SETS:
+    if name not in TRAINING_SETS and not evaluation_only:
         raise RealPromptsError(f"prompts '{spec}' is an evaluation set, never trained on: write it with "
                                f"`python -m kimidflash real-prompts OUT` and give OUT/{name}.jsonl to "
-                               "`kimidflash ab --prompts`; train on bigbench:train")
-    return bigbench_sets()[0].prompts()
+                               "`kimidflash ab --prompts`, or regenerate it into an evaluation-only run "
+                               "(data.heldout_fraction = 1); train on bigbench:train")
+    if name == "humaneval":
+        return humaneval_set().prompts()
+    train, held = bigbench_sets()
+    return (train if name == "bigbench-train" else held).prompts()
 
 
 __all__ = ["CATEGORIES", "HELDOUT_FRACTION", "MAX_CHARS", "PER_TASK", "SALT", "SPECS", "PromptSet",

@@ -56,12 +56,13 @@ def synthetic_prompts(n: int, seed: int) -> list[dict[str, str]]:
     return [{"id": f"syn-{seed}-{i:05d}", "prompt": t.format(s=s)} for i, (t, s) in enumerate(combos[:n])]
 
 
-def load_prompts(spec: str, seed: int) -> list[dict[str, str]]:
-    """`synthetic:N`, `bigbench:train` (real prompts, `kimidflash.prompts_real`), or a JSONL file
-    of {id?, prompt} / bench conversation records (first user turn)."""
+def load_prompts(spec: str, seed: int, *, evaluation_only: bool = False) -> list[dict[str, str]]:
+    """`synthetic:N`, `bigbench:train` (real prompts, `kimidflash.prompts_real`; `bigbench:heldout`
+    and `humaneval` only into an `evaluation_only` run), or a JSONL file of {id?, prompt} / bench
+    conversation records (first user turn)."""
     if spec.split(":", 1)[0] in ("bigbench", "humaneval"):
         try:
-            return training_prompts(spec)
+            return training_prompts(spec, evaluation_only=evaluation_only)
         except RealPromptsError as e:
             raise DataError(str(e)) from None
     if spec.startswith("synthetic:"):

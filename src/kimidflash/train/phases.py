@@ -80,7 +80,7 @@ def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
     shape.check_target(layers)
     if cfg.train.engine == "ours":  # refused before hours of regen, not at the first step
         check_ours(cfg)
-    prompts = load_prompts(cfg.data.prompts, cfg.seed)
+    prompts = load_prompts(cfg.data.prompts, cfg.seed, evaluation_only=evaluation_only(cfg))
     run.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(run).free / 2**30
     if free < cfg.data.min_free_disk_gb:
@@ -140,7 +140,15 @@ def phase_capture(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print
     log(f"capture: {n} shards in {run / 'capture'}")
 
 
+def evaluation_only(cfg: TrainConfig) -> bool:
+    """data.heldout_fraction = 1: every record is held out, the run only measures drafters (`eval --drafter`)."""
+    return cfg.data.heldout_fraction >= 1.0
+
+
 def phase_train(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
+    if evaluation_only(cfg):
+        raise TrainConfigError(f"{cfg.path}: data.heldout_fraction is 1, an evaluation-only run: nothing to "
+                               "train on (measure a drafter with `eval --drafter DIR`)")
     if cfg.train.engine == "speculators":
         train_speculators(cfg, run, args.resume, args.max_steps, log=log)
         return

@@ -27,6 +27,8 @@ from ..config import load_config, parse_overrides
 from ..config.rules import block_serves, read_json
 from ..paths import portable
 from ..prepare import prepare
+from . import categories as cat_mod
+from .categories import Category
 from .report import compare
 from .resultfile import load_result, write_result
 from .runner import BenchConfig, run_benchmark
@@ -88,34 +90,50 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
     if config["RUNTIME"] != "docker":  # serve's own step, run first so a --drafter it generates (the tiny pair)
         prepare(config, log=lambda m: print(f"ab: {m}", file=sys.stderr))  # exists when variants() reads it
     todo = variants(args)
+    cats = categories(args)
     for r in range(1, args.rounds + 1):
         for label, sets in todo:
-            files += _run_variant(args, out, label, sets + list(args.set), r if args.rounds > 1 else None)
+            files += _run_variant(args, out, label, sets + list(args.set), r if args.rounds > 1 else None, cats)
     return files
 
 
-def _run_variant(args: argparse.Namespace, out: Path, label: str, sets: list[str], rnd: int | None) -> list[Path]:
-    """One variant served once, benchmarked at every concurrency not already on disk (`--reuse`)."""
+def categories(args: argparse.Namespace) -> list[Category]:
+    """`--category` (with `--by-kind`, `--multi-turn`), else the one unnamed category of `--prompts`."""
+    if args.category:
+        if args.prompts:
+            raise ValueError("give --prompts or --category, not both")
+        return cat_mod.parse_categories(args.category, args.by_kind, args.multi_turn, args.turns)
+    if args.by_kind or args.multi_turn:
+        raise ValueError("--by-kind and --multi-turn split --category files: name one")
+    return [Category(None, args.prompts, None, args.turns)]
+
+
+def _run_variant(args: argparse.Namespace, out: Path, label: str, sets: list[str], rnd: int | None,
+                 cats: list[Category]) -> list[Path]:
+    """One variant served once, benchmarked in every category at every concurrency not already on disk
+    (`--reuse`)."""
     suffix = f"-r{rnd}" if rnd else ""
     name = f"{label} round {rnd}" if rnd else label
     slug = label.replace(" ", "-").replace("=", "")
-    paths = {c: out / f"{slug}-c{c}{suffix}.json" for c in args.concurrency}
-    todo = [c for c, path in paths.items() if not (args.reuse and path.is_file())]
+    paths = {(cat, c): out / f"{slug}{'-' + cat.slug if cat.name else ''}-c{c}{suffix}.json"
+             for cat in cats for c in args.concurrency}
+    todo = [key for key, path in paths.items() if not (args.reuse and path.is_file())]
     if todo:
         print(f"ab: serving {name} ({' '.join(sets)})", file=sys.stderr)
         with served(args.serve_config, sets, out / f"{slug}{suffix}-server.log") as base:
-            for c in todo:
+            for cat, c in todo:
                 cfg = BenchConfig(base_url=f"{base}/v1", sessions=args.sessions, concurrency=c,
-                                  turns_per_session=args.turns, max_tokens=args.max_tokens,
-                                  temperature=args.temperature, seed=args.seed, prompts=args.prompts,
+                                  turns_per_session=cat.turns, max_tokens=args.max_tokens,
+                                  temperature=args.temperature, seed=args.seed, prompts=cat.prompts,
+                                  kind=cat.kind, category=cat.name,
                                   warmup=args.warmup, label=label, recipe_config=str(args.serve_config),
                                   recipe_overrides=dict(s.split("=", 1) for s in sets),
                                   ignore_eos=args.ignore_eos, progress=True)
                 doc = run_benchmark(cfg)
                 doc.setdefault("notes", []).append(f"kimidflash ab variant '{name}'")
-                write_result(paths[c], doc)
-                print(f"ab: {name} c={c}: {doc.get('output_throughput')} output tok/s, "
-                      f"acceptance length {doc.get('spec_decode_acceptance_length')}", file=sys.stderr)
+                write_result(paths[(cat, c)], doc)
+                print(f"ab: {name}{' ' + cat.name if cat.name else ''} c={c}: {doc.get('output_throughput')} "
+                      f"output tok/s, acceptance length {doc.get('spec_decode_acceptance_length')}", file=sys.stderr)
     return list(paths.values())
 
 
@@ -175,6 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, nargs="+", default=[7],
                    help="num_speculative_tokens values (each drafter runs those its block size serves)")
     p.add_argument("--prompts", default=None, help="builtin (default), a JSONL or a ShareGPT file")
+    p.add_argument("--category", action="append", default=[], metavar="NAME=FILE",
+                   help="benchmark this prompt file as its own category (repeatable; instead of --prompts): "
+                        "specbench.md then gives acceptance and speedup per category")
+    p.add_argument("--by-kind", action="store_true",
+                   help="split each --category file whose records carry several kinds into NAME/kind categories")
+    p.add_argument("--multi-turn", action="append", default=[], metavar="NAME=N",
+                   help="also run --category NAME's sessions for N turns, as the category 'NAME multi-turn'")
     p.add_argument("--sessions", type=int, default=16)
     p.add_argument("--turns", type=int, default=1)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
@@ -191,15 +216,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--offline", action="append", default=[], metavar="[LABEL=]FILE",
                    help="an eval.json / offline-acceptance.json to set beside online figures: LABEL=FILE for "
                         "that --drafter's rows, FILE for every drafter (repeatable)")
+    p.add_argument("--offline-category", action="append", default=[], metavar="LABEL@CATEGORY=FILE",
+                   help="an eval.json whose walk acceptance length goes beside --drafter LABEL's row of "
+                        "CATEGORY in specbench.md (repeatable)")
     a = p.parse_args(argv)
     try:
         offline = offline_files(a.offline, [d.partition("=")[0] for d in a.drafter])
+        walks = cat_mod.offline_walks(a.offline_category)
         files = run_ab(a)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     base = "no speculation" if a.none else None
-    compare([str(f) for f in files], baseline=base, markdown=Path(a.out) / "report.md", charts=Path(a.out) / "charts")
+    if a.category:
+        per_cat: dict[str, list[str]] = {}
+        for f in files:
+            per_cat.setdefault(load_result(f)["config"]["category"], []).append(str(f))
+        for name, group in per_cat.items():
+            compare(group, baseline=base, markdown=Path(a.out) / f"report-{cat_mod.slug(name)}.md", terminal=False)
+        if base is not None:
+            print(cat_mod.write(cat_mod.specbench(files, base, walks), Path(a.out)))
+    else:
+        compare([str(f) for f in files], baseline=base, markdown=Path(a.out) / "report.md",
+                charts=Path(a.out) / "charts")
     if offline:
         print(offline_vs_online(files, offline, Path(a.out)))
     return 0

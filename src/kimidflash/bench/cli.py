@@ -68,6 +68,7 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="prompt shuffling seed (default 0)")
     p.add_argument("--prompts", default=None, metavar="builtin|FILE",
                    help="prompt source: the built-in diverse set (default), a JSONL file or a ShareGPT JSON file")
+    p.add_argument("--kind", default=None, help="only the prompt source's conversations of this kind (category)")
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--think-time", type=float, default=0.0, help="seconds between a reply and the next turn")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds (default 600)")
@@ -152,7 +153,7 @@ def config_from_args(a: argparse.Namespace, argv: Sequence[str]) -> BenchConfig:
     return BenchConfig(
         base_url=base_url, model=a.model, sessions=a.sessions, turns_per_session=a.turns_per_session,
         concurrency=a.concurrency, max_tokens=a.max_tokens, temperature=a.temperature, warmup=a.warmup,
-        warmup_max_tokens=a.warmup_max_tokens, seed=a.seed, prompts=a.prompts, system_prompt=a.system_prompt,
+        warmup_max_tokens=a.warmup_max_tokens, seed=a.seed, prompts=a.prompts, kind=a.kind, system_prompt=a.system_prompt,
         think_time=a.think_time, timeout=a.timeout, api_key=a.api_key, label=a.label,
         scrape_metrics=not a.no_metrics, metrics_urls=a.metrics_urls,
         session_header=a.session_header, vllm_extensions=not a.no_vllm_extensions,

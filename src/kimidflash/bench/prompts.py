@@ -167,6 +167,16 @@ def session_turns(convs: list[Conversation], sessions: int, turns: int, seed: in
     return out, warm
 
 
+def of_kind(convs: list[Conversation], kind: str | None) -> list[Conversation]:
+    """The conversations of one kind (all of them for None); a kind the source lacks names those it has."""
+    if kind is None:
+        return convs
+    out = [c for c in convs if c.kind == kind]
+    if not out:
+        raise PromptError(f"no prompts of kind {kind!r}; the source has {', '.join(kinds(convs)) or 'none'}")
+    return out
+
+
 def kinds(convs: Iterable[Conversation]) -> dict[str, int]:
     out: dict[str, int] = {}
     for c in convs:

@@ -282,7 +282,7 @@ class Runner:
         if recipe and cfg.model is None:
             cfg = self.cfg = dataclasses.replace(cfg, model=recipe["values"].get("SERVED_MODEL_NAME") or None)
         try:
-            convs = prompt_mod.load_source(cfg.prompts)
+            convs = prompt_mod.of_kind(prompt_mod.load_source(cfg.prompts), cfg.kind)
         except (PromptError, OSError) as e:
             raise BenchError(str(e)) from None
         session_prompts, warm_prompts = prompt_mod.session_turns(

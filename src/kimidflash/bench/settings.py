@@ -30,6 +30,8 @@ class BenchConfig:
     warmup_max_tokens: int = 16
     seed: int = 0
     prompts: str | None = None  # None/"builtin" or a JSONL / ShareGPT file
+    kind: str | None = None  # only the source's conversations of this kind (their `kind`/`category` field)
+    category: str | None = None  # the report category this run measures (`kimidflash ab --category`)
     system_prompt: str | None = None
     think_time: float = 0.0
     timeout: float = 600.0

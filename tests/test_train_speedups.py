@@ -129,9 +129,14 @@ def test_a_wall_clock_chunk_stops_with_a_checkpoint_and_resumes(tmp_path):
     (["--seconds", "0"], "--seconds must be positive"),
     (["--variant", "a"], "--variant names repeat"),
     (["--variant", "b", "train.nope=1"], "unknown key 'nope'"),
+    (["--eval-run", "bb"], "--eval-run bb: expected NAME=CONFIG"),
+    (["--eval-run", "bb=configs/train-cpu-reference.json"], "is not evaluation-only"),
+    (["--eval-run", "bb=configs/eval-cpu-reference-real.json"], "has no capture/ folder"),
 ])
-def test_train_compare_refuses_bad_input_before_training(tmp_path, capsys, args, words):
+def test_train_compare_refuses_bad_input_before_training(tmp_path, capsys, monkeypatch, args, words):
     from kimidflash.train import compare
+
+    monkeypatch.setenv("KIMIDFLASH_CACHE", str(tmp_path / "cache"))  # the eval run's folder: empty
 
     (tmp_path / "base" / "capture").mkdir(parents=True)
     base = ["configs/train-cpu-reference.json", "--base-run", str(tmp_path / "base"), "--seconds", "5",
@@ -150,6 +155,10 @@ def test_train_compare_summary_tabulates_every_variant():
     md = summary_markdown(rows)
     assert "| baseline | (the config as is) | 10 | 1.000 | 5.000 | 1.2000 |" in md
     assert "| vocab | `train.vocab_subset=4096` | 30 | 3.000 | 5.000 | 1.5000 |" in md
+    for r, walk in zip(rows, (1.1, 1.4)):  # --eval-run: the walk on another run's records, a column each
+        r["offline_on"] = {"bb": {"records": 256, "by_k": {"3": {"walk_mean_acceptance_length": walk}}}}
+    md = summary_markdown(rows)
+    assert "| walk AL k=3 on bb |" in md and "| 1.5000 | 1.4000 (256 records) |" in md
 
 
 def test_train_compare_records_path_overrides_portably():

@@ -142,3 +142,26 @@ def test_eval_k_is_checked_against_the_measured_drafters_blocks_before_any_work(
     else:
         ev.evaluate_run(cfg, tmp_path, log=lambda *_: None, drafter=out)
         assert scored == ks and (tmp_path / "eval-src-drafter.json").is_file()
+
+
+def test_another_runs_checkpoint_is_measured_on_this_runs_records(tmp_path, monkeypatch):
+    """train-compare --eval-run: a variant's last checkpoint scored on an evaluation-only run's records."""
+    from kimidflash.train import config as tcfg
+    from kimidflash.train import evaluate as ev
+
+    from .helpers import CONFIGS
+
+    res = train_loop(SHAPE, dict(TRAIN, steps=2, autocast="none"), FakeStore(), *head(),
+                     tmp_path / "variant" / "checkpoints", seed=3, resume=False, progress=False)
+    monkeypatch.setattr(ev, "load_target_head", lambda _: head())
+    monkeypatch.setattr(ev, "target_info", lambda _: type("T", (), {"model_dir": "target-unused"}))
+    monkeypatch.setattr(ev, "check_mode", lambda _: "cache")
+    monkeypatch.setattr(ev, "ShardStore", lambda *a: FakeStore())
+    cfg = tcfg.load(CONFIGS / "eval-cpu-reference-real.json", tcfg.parse_set(["eval.k=[3]", "train.autocast=none"]))
+    (tmp_path / "eval-run").mkdir()
+    got = ev.evaluate_run(cfg, tmp_path / "eval-run", log=lambda *_: None, checkpoint_run=tmp_path / "variant",
+                          result="eval-compare-v.json")
+    want = ev.offline_acceptance(res["model"].eval(), FakeStore(), 3, cfg.eval.max_records, autocast="none")
+    assert got["by_k"]["3"] == want and got["step"] == 2
+    assert (tmp_path / "eval-run" / "eval-compare-v.json").is_file()
+    assert not (tmp_path / "variant" / "eval-compare-v.json").exists()

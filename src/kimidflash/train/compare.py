@@ -9,7 +9,11 @@ neither is one that learns more per step at twice the cost: what counts is
 the held-out acceptance a fixed amount of CPU time buys. Each variant trains
 from scratch for `--seconds` of wall time on the captured data of one base run
 (its setup and capture phases done: the folder is shared, not copied), then
-the eval phase measures offline acceptance on the held-out split. One result
+the eval phase measures offline acceptance on the held-out split, and on the
+held-out records of each `--eval-run NAME=CONFIG` (an evaluation-only run,
+`data.heldout_fraction = 1`, its regen and capture done: prompts of tasks the
+base run never saw, where a change that only fits the training tasks shows).
+One result
 file per variant (`NAME.json`, with steps, steps/s, loss and acceptance per
 k, the overrides and the provenance), written atomically; a variant whose
 file exists is skipped, so an interrupted comparison resumes. `summary.md`
@@ -57,32 +61,65 @@ def portable_overrides(sets: dict[str, Any]) -> dict[str, Any]:
     return {k: portable(v) if isinstance(v, str) else v for k, v in sets.items()}
 
 
+def eval_runs(specs: list[str]) -> dict[str, tcfg.TrainConfig]:
+    """--eval-run NAME=CONFIG: each an evaluation-only config whose run holds captured records."""
+    out: dict[str, tcfg.TrainConfig] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name:
+            raise TrainConfigError(f"--eval-run {spec}: expected NAME=CONFIG")
+        cfg = tcfg.load(path)
+        if cfg.data.heldout_fraction < 1.0:
+            raise TrainConfigError(f"--eval-run {name}: {path} is not evaluation-only (data.heldout_fraction "
+                                   f"{cfg.data.heldout_fraction}, must be 1): its records could be trained on")
+        if not (Path(cfg.run_dir) / "capture").is_dir():
+            raise TrainConfigError(f"--eval-run {name}: {cfg.run_dir} has no capture/ folder; run its setup, "
+                                   "regen and capture phases")
+        out[name] = cfg
+    return out
+
+
+def _offline(ev: dict[str, Any]) -> dict[str, Any]:
+    return {k: {"mean_acceptance_length": v["mean_acceptance_length"], "per_position": v["per_position"],
+                "drafts": v["drafts"], "walk_mean_acceptance_length": v["walk"]["mean_acceptance_length"]}
+            for k, v in ev["by_k"].items()}
+
+
 def run_variant(config: str, base: Path, name: str, sets: dict[str, Any], seconds: float, work: Path,
-                argv: list[str], started: dict[str, Any]) -> dict[str, Any]:
+                argv: list[str], started: dict[str, Any],
+                evals: dict[str, tcfg.TrainConfig] | None = None) -> dict[str, Any]:
     """Train and evaluate one variant; `started`: the versions (git commit included) when the command began."""
     run = variant_run(base, work / name)
     cfg = tcfg.load(config, {**sets, "run_dir": str(run)})
     res = train(cfg, run, resume=False, max_seconds=seconds)
     ev = evaluate_run(cfg, run)
+    elsewhere = {}
+    for other, ecfg in (evals or {}).items():  # scored as this variant was trained: its block, its autocast
+        ecfg = tcfg.load(ecfg.path, {"train.block_size": cfg.train.block_size, "train.autocast": cfg.train.autocast})
+        e = evaluate_run(ecfg, Path(ecfg.run_dir), checkpoint_run=run, result=f"eval-compare-{name}.json")
+        elsewhere[other] = {"records": e["records"], "by_k": _offline(e), "config": portable(ecfg.path)}
     return {"schema": SCHEMA, "variant": name, "overrides": portable_overrides(sets),
             "budget_seconds": seconds, "train_seconds": round(res["seconds"], 1), "steps": res["step"],
             "steps_per_second": round(res["step"] / res["seconds"], 4) if res["seconds"] else None,
             "loss_mean_last50": round(res["loss_mean_last50"], 4),
             "vocab_per_step": res["history"][-1].get("vocab") if res["history"] else None,
-            "offline": {k: {"mean_acceptance_length": v["mean_acceptance_length"], "per_position": v["per_position"],
-                            "drafts": v["drafts"]} for k, v in ev["by_k"].items()},
-            "heldout_records": ev["records"], "config": portable(config), "base_run": portable(base),
+            "offline": _offline(ev), "heldout_records": ev["records"], "offline_on": elsewhere, "config": portable(config), "base_run": portable(base),
             "train": portable_train(cfg.train), "versions": started, "utc": utc_now(), "command": portable_argv(argv)}
 
 
 def summary_markdown(results: list[dict[str, Any]]) -> str:
     ks = sorted({k for r in results for k in r["offline"]}, key=int)
-    head = ["variant", "overrides", "steps", "steps/s", "loss (last 50)", *[f"offline AL k={k}" for k in ks]]
+    others = [n for n in (results[0].get("offline_on") or {})] if results else []
+    head = ["variant", "overrides", "steps", "steps/s", "loss (last 50)", *[f"offline AL k={k}" for k in ks],
+            *[f"walk AL k={k} on {n}" for n in others for k in ks]]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         over = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in r["overrides"].items()) or "(the config as is)"
+        on = r.get("offline_on") or {}
         cells = [r["variant"], over, str(r["steps"]), f"{r['steps_per_second']:.3f}", f"{r['loss_mean_last50']:.3f}",
-                 *[f"{r['offline'][k]['mean_acceptance_length']:.4f}" if k in r["offline"] else "-" for k in ks]]
+                 *[f"{r['offline'][k]['mean_acceptance_length']:.4f}" if k in r["offline"] else "-" for k in ks],
+                 *[f"{on[n]['by_k'][k]['walk_mean_acceptance_length']:.4f} ({on[n]['records']} records)"
+                   if k in on.get(n, {}).get("by_k", {}) else "-" for n in others for k in ks]]
         rows.append("| " + " | ".join(cells) + " |")
     first = results[0] if results else {}
     return (f"# Training changes at equal wall time\n\nEach variant trained from scratch for "
@@ -105,6 +142,7 @@ def compare(a: argparse.Namespace, argv: list[str]) -> None:
     plans = [(v[0], {**common, **tcfg.parse_set(v[1:])}) for v in a.variant]
     for _name, sets in plans:  # every variant's config is valid before the first one trains
         tcfg.load(a.config, sets)
+    evals = eval_runs(a.eval_run)
     work = a.work or cache_dir() / "train-compare" / a.out.name
     started = versions()  # the code that runs is the code at the start
     a.out.mkdir(parents=True, exist_ok=True)
@@ -114,7 +152,7 @@ def compare(a: argparse.Namespace, argv: list[str]) -> None:
             print(f"train-compare: {out} exists; skipped")
             continue
         write_json_atomic(out, run_variant(a.config, a.base_run, name, sets, a.seconds, work,
-                                           ["python", "-m", "kimidflash", "train-compare", *argv], started))
+                                           ["python", "-m", "kimidflash", "train-compare", *argv], started, evals))
     results = [json.loads((a.out / f"{n}.json").read_text()) for n in names]
     write_text_atomic(a.out / "summary.md", summary_markdown(results))
     print(summary_markdown(results))
@@ -130,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant", nargs="+", action="append", required=True, metavar=("NAME", "KEY=VALUE"),
                    help="a variant: its name, then config overrides (repeatable)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every variant")
+    p.add_argument("--eval-run", action="append", default=[], metavar="NAME=CONFIG",
+                   help="also score each variant on this evaluation-only run's records (repeatable)")
     p.add_argument("--work", type=Path, help="the variants' run folders (default: the cache's train-compare/)")
     a = p.parse_args(argv)
     return guarded(lambda: compare(a, argv), "rerun the same command: finished variants are kept")

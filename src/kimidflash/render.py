@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass
 
 from .backends import attention_plan, draft_kv_dtype_option, per_draft_option
-from .config import Config, hidden_states_layers
+from .config import Config, draft_schedule, hidden_states_layers
 from .config.schema import BY_NAME, FLAG_ORDER, Field
 
 FP8_POLICY_ENV = "KIMIDFLASH_FP8_KV_SCALE"  # read by the FP8 KV patch inside vLLM
@@ -53,6 +53,9 @@ def speculative_config(config: Config) -> dict[str, object] | None:
     if method == "dflash":
         spec["model"] = v["DRAFT_MODEL_DIR"]
     spec["num_speculative_tokens"] = v["NUM_SPECULATIVE_TOKENS"]
+    if method == "dflash" and v["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"]:  # the rules refused it on pins without
+        spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in
+                                                         draft_schedule(v["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"])]
     if method == "ngram":
         spec["prompt_lookup_max"] = v["NGRAM_PROMPT_LOOKUP_MAX"]
         spec["prompt_lookup_min"] = v["NGRAM_PROMPT_LOOKUP_MIN"]

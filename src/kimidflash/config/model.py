@@ -21,6 +21,28 @@ def hidden_states_layers(text: str) -> list[int]:
     return ids
 
 
+Schedule = tuple[tuple[int, int, int], ...]  # (first batch size, last batch size, k), inclusive
+
+
+def draft_schedule(text: str) -> Schedule:
+    """NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE ("1-2:3,3-64:0") as (from, to, k) ranges in the order given;
+    ValueError names the bad part. Whether the ranges fit the server is the rules' business."""
+    out = []
+    for part in text.split(","):
+        rng, sep, k = part.strip().partition(":")
+        lo, dash, hi = rng.partition("-")
+        if not (sep and dash and lo.strip().isdigit() and hi.strip().isdigit() and k.strip().isdigit()):
+            raise ValueError(f"{part.strip()!r} in {text!r} is not FROM-TO:K (batch sizes FROM to TO, inclusive, "
+                             "draft K tokens; e.g. 1-2:3,3-64:0)")
+        out.append((int(lo), int(hi), int(k)))
+    return tuple(out)
+
+
+def format_schedule(schedule: Schedule) -> str:
+    """The env-file form of a schedule, as `draft_schedule` reads it."""
+    return ",".join(f"{lo}-{hi}:{k}" for lo, hi, k in schedule)
+
+
 @dataclass
 class Config:
     values: dict[str, Any]

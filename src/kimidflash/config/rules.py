@@ -23,7 +23,7 @@ from ..fp8.checkpoint import MLA_LIMIT
 from ..fp8.scales import KvScales, ScaleFileError
 from ..paths import CONFIGS_DIR
 from .errors import ConfigError
-from .model import Config, hidden_states_layers
+from .model import Config, draft_schedule, hidden_states_layers
 from .schema import LOOPBACK_HOSTS, rendered_flags
 
 AITER_MAX_BATCHED_TOKENS = 32768
@@ -185,6 +185,7 @@ def check_config(config: Config) -> None:
 
     kv_cache_rules(v, fail)
     hidden_states_rules(v, fail)
+    draft_schedule_rule(v, fail)
 
     if v["PLATFORM"] == "cpu" and v["MOE_BACKEND"] != "auto":
         fail("MOE_BACKEND", "AITER and Triton MoE are ROCm kernels; set MOE_BACKEND=auto with PLATFORM=cpu")
@@ -192,6 +193,47 @@ def check_config(config: Config) -> None:
     cpu_bind_rule(v, fail)
     extra_args_rule(v, fail)
     cpu_dflash_mla_rule(v, fail)
+
+
+DATA_PARALLEL = re.compile(r"(?:--data-parallel-size|-dp)(?:=|\s+)(\d+)")
+
+
+def draft_schedule_rule(v: dict[str, Any], fail: Fail) -> None:
+    """NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE: a schedule vLLM will run as written. vLLM itself fills gaps
+    and drops the schedule under data parallelism with only a warning; here both are refused."""
+    key, text = "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE", v["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"]
+    if not text:
+        return
+    if v["SPECULATIVE_METHOD"] != "dflash":
+        fail(key, f"applies to SPECULATIVE_METHOD=dflash (the method it is measured with), not "
+                  f"{v['SPECULATIVE_METHOD']}; empty it")
+    if not backends.draft_schedule_option(v["VLLM_VERSION"]):
+        fail(key, f"vLLM {v['VLLM_VERSION']} has no num_speculative_tokens_per_batch_size (added in 0.25.1 by "
+                  "PR 32374); pin 0.32.0 or later, or empty it")
+    dp = DATA_PARALLEL.search(v["EXTRA_VLLM_ARGS"])
+    if dp and int(dp.group(1)) > 1:
+        fail(key, f"with data parallelism (EXTRA_VLLM_ARGS {dp.group(0)}) vLLM drops the schedule and drafts "
+                  "NUM_SPECULATIVE_TOKENS at every load, since ranks could pick different k and deadlock; empty it")
+    try:
+        schedule = draft_schedule(text)
+    except ValueError as exc:
+        fail(key, str(exc))
+    top, k_max, expect = v["MAX_NUM_SEQS"], v["NUM_SPECULATIVE_TOKENS"], 1
+    for lo, hi, k in schedule:
+        where = f"{lo}-{hi}:{k}"
+        if lo != expect:
+            fail(key, f"{where} starts at {lo}; the ranges must run in order from 1 without gaps or overlap, so "
+                      f"this one must start at {expect}")
+        if hi < lo:
+            fail(key, f"{where} ends before it starts")
+        if k > k_max:
+            fail(key, f"{where} drafts {k} tokens, above NUM_SPECULATIVE_TOKENS={k_max} (the most the drafter's "
+                      "buffers are sized for); lower it or raise NUM_SPECULATIVE_TOKENS")
+        if lo > top:
+            fail(key, f"{where} starts above MAX_NUM_SEQS={top}: no batch is that large")
+        expect = hi + 1
+    if expect <= top:
+        fail(key, f"ends at batch size {expect - 1}; it must cover up to MAX_NUM_SEQS={top}")
 
 
 def hidden_states_rules(v: dict[str, Any], fail: Fail) -> None:

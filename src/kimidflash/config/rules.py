@@ -204,6 +204,8 @@ def draft_schedule_rule(v: dict[str, Any], fail: Fail) -> None:
     key, text = "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE", v["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"]
     if not text:
         return
+    if v["SPECULATIVE_METHOD"] == "none":
+        return  # inert, like NUM_SPECULATIVE_TOKENS: `--set SPECULATIVE_METHOD=none` serves the baseline
     if v["SPECULATIVE_METHOD"] != "dflash":
         fail(key, f"applies to SPECULATIVE_METHOD=dflash (the method it is measured with), not "
                   f"{v['SPECULATIVE_METHOD']}; empty it")

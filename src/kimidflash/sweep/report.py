@@ -13,6 +13,7 @@ from ..fsio import write_json_atomic, write_text_atomic
 from .charts import pareto_chart, throughput_chart
 from .grid import Plan
 from .rundir import RunFolder
+from .schedule import describe
 from .summary import TABLE_COLUMNS, Limits, best_env, cells, summarise
 
 
@@ -53,9 +54,17 @@ def results_table(summary: dict[str, Any]) -> str:
         c = cells(r)
         c[0] += " (Pareto)" if (r["point"], r["case"]) in front else ""
         lines.append("| " + " | ".join(c) + " |")
-    b = summary["best"]
+    b, s = summary["best"], summary.get("schedule")
     lines += ["", f"Best under the limits ({summary['limits']}): "
-              + (f"**{b['point']}** at {b['case']}, {b['output_tps']} output tok/s -> `best.env`" if b else "none")]
+              + (f"**{b['point']}** at {b['case']}, {b['output_tps']} output tok/s -> "
+                 f"`{'best-static.env' if s else 'best.env'}`" if b else "none")]
+    if s and b:
+        lines += ["", f"Draft schedule ({s['family']}: the fastest k or none at each concurrency) -> `best.env`: "
+                      f"`NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE={s['schedule']}`"]
+        lines += [line.lstrip("# ") for line in describe(s)]
+    for other in summary.get("schedules", []):
+        if "error" in other:
+            lines += ["", f"No draft schedule for {other['family']}: {other['error']}"]
     for pid, f in summary["failed"].items():
         lines += ["", f"Point **{pid}** failed: {f['error']} (last log lines in `points/{pid}/failure.json`)"]
     if summary["incomplete"]:
@@ -99,12 +108,14 @@ def write_summary(plan: Plan, folder: RunFolder, limits: Limits, console: Consol
     charts = [str(p.relative_to(root)) for p in (throughput_chart(summary["rows"], root / "charts" / "throughput.png"),
                                                  pareto_chart(summary, root / "charts" / "pareto.png")) if p]
     summary["charts"] = charts
-    env = best_env(summary, plan, folder)
-    if env is not None:
-        write_text_atomic(root / "best.env", env)
+    envs = best_env(summary, plan, folder)
+    for name in ("best.env", "best-static.env"):
+        if name in envs:
+            write_text_atomic(root / name, envs[name])
+        else:  # none qualifies now: an older file would name a point that no longer wins
+            (root / name).unlink(missing_ok=True)
+    if envs:
         summary["best_env"] = "best.env"
-    else:  # none qualifies now: an older best.env would name a point that no longer wins
-        (root / "best.env").unlink(missing_ok=True)
     write_json_atomic(root / "summary.json", summary)
     write_text_atomic(root / "summary.md", markdown(summary))
     if console is not None:

@@ -19,6 +19,7 @@ from .grid import Case, Plan, Point, families
 from .measured import Measured, measured
 from .predict import compare
 from .rundir import RunFolder
+from .schedule import describe, measured_schedule
 
 # Result-file key of each figure the table shows (medians over the repeats).
 FIGURES = {"output_tps": "output_throughput", "per_user_tps": "mean_per_user_output_throughput",
@@ -84,22 +85,40 @@ def summarise(plan: Plan, folder: RunFolder, limits: Limits) -> dict[str, Any]:
     advisor = [cmp for fam, pts in families(plan.points).items() for c in plan.cases
                if (cmp := compare(folder, fam, pts, c, table)) is not None]
     incomplete = [f"{p.id} {c.id}" for p in plan.points for c in plan.cases if (p.id, c.id) not in table]
+    schedules = [s for fam in families(plan.points) if (s := measured_schedule(plan, rows, fam)) is not None]
     return {"date": utc_now(), "base_config": portable(plan.base_config), "server_points": len(plan.points),
             "client_cases": len(plan.cases), "repeats": plan.repeats, "limits": limits.describe(), "rows": rows,
             "pareto": [(r["point"], r["case"]) for r in pareto(rows)], "best": best(rows, limits),
-            "failed": failed, "incomplete": incomplete, "advisor": advisor}
+            "failed": failed, "incomplete": incomplete, "advisor": advisor, "schedules": schedules,
+            "schedule": pick_schedule(schedules, rows)}
 
 
-def best_env(summary: dict[str, Any], plan: Plan, folder: RunFolder) -> str | None:
-    """The best point as an env file serve.sh takes: INCLUDE= the base config, then its keys."""
-    b = summary["best"]
-    if b is None:
+def pick_schedule(schedules: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The schedule best.env takes: of the families with one, the one fastest at the lowest concurrency
+    measured (where a drafter pays most)."""
+    written = [s for s in schedules if "schedule" in s]
+    if not written:
         return None
-    point: Point = next(p for p in plan.points if p.id == b["point"])
-    case: Case = next(c for c in plan.cases if c.id == b["case"])
+    low = min(r["concurrency"] for r in rows)
+    return max(written, key=lambda s: next(d["output_tps"] for d in s["by_concurrency"] if d["concurrency"] == low))
+
+
+def _include(plan: Plan, folder: RunFolder) -> str:
     target, here = plan.base_config.resolve(), folder.root.resolve()
     # Relative when the two share a folder (a checkout: the file travels with it), else absolute.
-    include = os.path.relpath(target, here) if os.path.commonpath([target, here]) != "/" else str(target)
+    return os.path.relpath(target, here) if os.path.commonpath([target, here]) != "/" else str(target)
+
+
+def best_env(summary: dict[str, Any], plan: Plan, folder: RunFolder) -> dict[str, str]:
+    """Env files serve.sh takes (INCLUDE= the base config, then the keys), by name: `best.env` is the
+    measured draft schedule when the winners differ by concurrency, with the best static point beside
+    it in `best-static.env`; otherwise the best static point is `best.env`. Empty: nothing qualifies."""
+    b = summary["best"]
+    if b is None:
+        return {}
+    point: Point = next(p for p in plan.points if p.id == b["point"])
+    case: Case = next(c for c in plan.cases if c.id == b["case"])
+    include = _include(plan, folder)
     lat = b["latency_p95_ms"] / 1000 if b["latency_p95_ms"] is not None else float("nan")
     lines = [f"# The best point of the sweep in this folder (kimidflash sweep, {summary['date']}):",
              f"# {point.label}, measured at concurrency {case.concurrency} ({case.id}): {b['output_tps']} output tok/s,",
@@ -107,7 +126,20 @@ def best_env(summary: dict[str, Any], plan: Plan, folder: RunFolder) -> str | No
              f"(median of {b['repeats']} repeats).",
              f"# Limits: {summary['limits']}. Serve it with: ./serve.sh <this file>",
              f"INCLUDE={include}", *point.sets]
-    return "\n".join(lines) + "\n"
+    static = "\n".join(lines) + "\n"
+    s = summary.get("schedule")
+    if s is None:
+        return {"best.env": static}
+    conc = " ".join(str(d["concurrency"]) for d in s["by_concurrency"])
+    sched = [f"# The draft schedule this sweep measured (kimidflash sweep, {summary['date']}): at each concurrency",
+             f"# the fastest of {s['family']}'s k and no speculation (median output tok/s of {summary['repeats']} "
+             "repeats):", *describe(s),
+             "# Batch sizes between two measured concurrencies take the k of the next one above; above the largest,",
+             f"# its k carries to MAX_NUM_SEQS={s['max_num_seqs']}. The best static point is in best-static.env.",
+             "# Serve it with: ./serve.sh <this file>. Measure it as one point against no speculation:",
+             f"#   kimidflash sweep <this file> --concurrency {conc} --out <folder>",
+             f"INCLUDE={include}", *s["sets"]]
+    return {"best.env": "\n".join(sched) + "\n", "best-static.env": static}
 
 
 def _fmt(v: Any, nd: int = 1) -> str:

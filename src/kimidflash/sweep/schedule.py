@@ -1,0 +1,96 @@
+"""The per-batch-size draft schedule a sweep measured: at each concurrency, the
+fastest of a DFlash family's k and no speculation, as NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE.
+
+A static k that pays at one user can lose under load (the committed CPU sweep:
+1.26x at c=1, 0.56x at c=8 for k=3), so one k written into best.env is wrong at
+some load the sweep measured. vLLM picks k per step from the running batch
+size; the schedule gives it the measured winner at each concurrency.
+
+Batch sizes between two measured concurrencies take the k of the next one
+above (the more cautious guess: k falls with load); above the largest, its k
+carries up to MAX_NUM_SEQS. The schedule is written only when the winners
+differ; when one k (or no speculation) wins everywhere, that static point is
+the answer. The user's latency limits pick the best static point, not the
+schedule: at one concurrency the faster setting is also the one with the
+lower latency.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import Schedule, format_schedule, load_config
+from .grid import Plan, Point, families
+
+KEY = "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"
+
+
+def ranges(winners: list[tuple[int, int]], max_num_seqs: int) -> Schedule:
+    """(concurrency, k) winners, sorted by concurrency, as inclusive batch-size ranges over
+    1..max_num_seqs, neighbours with the same k merged."""
+    out: list[tuple[int, int, int]] = []
+    lo = 1
+    for i, (c, k) in enumerate(winners):
+        hi = max_num_seqs if i == len(winners) - 1 else min(c, max_num_seqs)
+        if lo > hi:
+            break
+        if out and out[-1][2] == k:
+            out[-1] = (out[-1][0], hi, k)
+        else:
+            out.append((lo, hi, k))
+        lo = hi + 1
+    return tuple(out)
+
+
+def _family_rows(rows: list[dict[str, Any]], pts: list[Point]) -> dict[int, list[tuple[int, dict[str, Any]]]]:
+    """Per concurrency: (k, row) for the baseline (k=0) and each k of the family."""
+    ks = {pts[0].baseline_id: 0, **{p.id: p.k or 0 for p in pts}}
+    out: dict[int, list[tuple[int, dict[str, Any]]]] = {}
+    for r in rows:
+        if r["point"] in ks and r["output_tps"] is not None:
+            out.setdefault(r["concurrency"], []).append((ks[r["point"]], r))
+    return out
+
+
+def measured_schedule(plan: Plan, rows: list[dict[str, Any]], family: str | None) -> dict[str, Any] | None:
+    """The schedule of `family` (a DFlash family of the plan) from the summary's rows, or why there is none.
+    None when the family is not one a schedule applies to."""
+    fams = families(plan.points)
+    if family not in fams:
+        return None
+    pts = fams[family]
+    cfg = load_config(plan.base_config, dict(pts[-1].overrides))
+    if cfg["SPECULATIVE_METHOD"] != "dflash" or cfg[KEY]:
+        return None  # not DFlash, or a schedule measured as a point: nothing to derive
+    if len({c.concurrency for c in plan.cases}) != len(plan.cases):
+        return {"family": family, "error": "the client cases vary more than concurrency, so no one k per "
+                                           "concurrency can be read; sweep one prompt set, length and session count"}
+    by_c = _family_rows(rows, pts)
+    missing = sorted(c.concurrency for c in plan.cases if not any(k == 0 for k, _ in by_c.get(c.concurrency, []))
+                     or not any(k for k, _ in by_c.get(c.concurrency, [])))
+    if missing:
+        return {"family": family, "error": f"no baseline and k measured at concurrency "
+                                           f"{', '.join(map(str, missing))} yet"}
+    winners, detail = [], []
+    for c in sorted(by_c):
+        k, r = max(by_c[c], key=lambda kr: (kr[1]["output_tps"], -kr[0]))  # a tie goes to the smaller k
+        base = next(row for kk, row in by_c[c] if kk == 0)
+        winners.append((c, k))
+        detail.append({"concurrency": c, "k": k, "point": r["point"], "output_tps": r["output_tps"],
+                       "speedup": round(r["output_tps"] / base["output_tps"], 4) if base["output_tps"] else None})
+    top = max(k for _, k in winners)
+    out: dict[str, Any] = {"family": family, "by_concurrency": detail, "max_num_seqs": cfg["MAX_NUM_SEQS"]}
+    if len({k for _, k in winners}) == 1:
+        return {**out, "static": top}  # one answer everywhere: no schedule needed
+    sched = ranges(winners, cfg["MAX_NUM_SEQS"])
+    rest = [f"{k}={v}" for k, v in pts[-1].overrides if k not in ("NUM_SPECULATIVE_TOKENS", "SPECULATIVE_METHOD")]
+    sets = ["SPECULATIVE_METHOD=dflash", *rest, f"NUM_SPECULATIVE_TOKENS={top}", f"{KEY}={format_schedule(sched)}"]
+    load_config(plan.base_config, dict(s.split("=", 1) for s in sets))  # the rules accept what is written
+    return {**out, "schedule": format_schedule(sched), "num_speculative_tokens": top, "sets": sets}
+
+
+def describe(s: dict[str, Any]) -> list[str]:
+    """The per-concurrency winners as comment lines."""
+    parts = [f"c={d['concurrency']}: {'k=' + str(d['k']) if d['k'] else 'no speculation'} "
+             f"({d['output_tps']} tok/s, {d['speedup']}x)" for d in s["by_concurrency"]]
+    return [f"#   {'; '.join(parts)}"]

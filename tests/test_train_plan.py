@@ -140,7 +140,7 @@ def test_without_records_the_prompts_count_at_their_longest_answer_capped_by_reg
 
 def test_an_evaluation_only_run_is_never_trained(tmp_path):
     from kimidflash.train.phases import PHASES, PhaseArgs
-    cfg = tcfg.load(CONFIGS / "eval-cpu-reference-real.json")
+    cfg = tcfg.load(CONFIGS / "eval-real-bigbench-heldout.json")
     assert cfg.data.heldout_fraction == 1.0 and cfg.data.prompts == "bigbench:heldout"
     with pytest.raises(TrainConfigError, match="evaluation-only run"):
         PHASES["train"](cfg, tmp_path, PhaseArgs())

@@ -131,7 +131,7 @@ def test_a_wall_clock_chunk_stops_with_a_checkpoint_and_resumes(tmp_path):
     (["--variant", "b", "train.nope=1"], "unknown key 'nope'"),
     (["--eval-run", "bb"], "--eval-run bb: expected NAME=CONFIG"),
     (["--eval-run", "bb=configs/train-cpu-reference.json"], "is not evaluation-only"),
-    (["--eval-run", "bb=configs/eval-cpu-reference-real.json"], "has no capture/ folder"),
+    (["--eval-run", "bb=configs/eval-real-bigbench-heldout.json"], "has no capture/ folder"),
 ])
 def test_train_compare_refuses_bad_input_before_training(tmp_path, capsys, monkeypatch, args, words):
     from kimidflash.train import compare

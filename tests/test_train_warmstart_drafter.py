@@ -157,7 +157,7 @@ def test_another_runs_checkpoint_is_measured_on_this_runs_records(tmp_path, monk
     monkeypatch.setattr(ev, "target_info", lambda _: type("T", (), {"model_dir": "target-unused"}))
     monkeypatch.setattr(ev, "check_mode", lambda _: "cache")
     monkeypatch.setattr(ev, "ShardStore", lambda *a: FakeStore())
-    cfg = tcfg.load(CONFIGS / "eval-cpu-reference-real.json", tcfg.parse_set(["eval.k=[3]", "train.autocast=none"]))
+    cfg = tcfg.load(CONFIGS / "eval-real-bigbench-heldout.json", tcfg.parse_set(["eval.k=[3]", "train.autocast=none"]))
     (tmp_path / "eval-run").mkdir()
     got = ev.evaluate_run(cfg, tmp_path / "eval-run", log=lambda *_: None, checkpoint_run=tmp_path / "variant",
                           result="eval-compare-v.json")

@@ -95,7 +95,7 @@ def test_ab_runs_every_category_per_variant_and_specbench_pools_the_rounds(fake_
 
 @pytest.mark.parametrize("extra, message", [
     (["--prompts", "x.jsonl", "--category", "bb={mixed}"], "give --prompts or --category, not both"),
-    (["--by-kind"], "--by-kind and --multi-turn split --category files"),
+    (["--by-kind"], "--by-kind, --multi-turn and --offline-category work on --category files"),
     (["--category", "bb={mixed}", "--offline-category", "mine=x.json"], "expected LABEL@CATEGORY=FILE"),
 ])
 def test_bad_ab_categories_are_one_clear_error(fake_serving, drafter, sets, tmp_path, capsys, extra, message):

@@ -87,10 +87,10 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
     config = load_config(args.serve_config, parse_overrides(list(args.set)))
+    cats = categories(args)
     if config["RUNTIME"] != "docker":  # serve's own step, run first so a --drafter it generates (the tiny pair)
         prepare(config, log=lambda m: print(f"ab: {m}", file=sys.stderr))  # exists when variants() reads it
     todo = variants(args)
-    cats = categories(args)
     for r in range(1, args.rounds + 1):
         for label, sets in todo:
             files += _run_variant(args, out, label, sets + list(args.set), r if args.rounds > 1 else None, cats)
@@ -103,8 +103,8 @@ def categories(args: argparse.Namespace) -> list[Category]:
         if args.prompts:
             raise ValueError("give --prompts or --category, not both")
         return cat_mod.parse_categories(args.category, args.by_kind, args.multi_turn, args.turns)
-    if args.by_kind or args.multi_turn:
-        raise ValueError("--by-kind and --multi-turn split --category files: name one")
+    if args.by_kind or args.multi_turn or args.offline_category:
+        raise ValueError("--by-kind, --multi-turn and --offline-category work on --category files: name one")
     return [Category(None, args.prompts, None, args.turns)]
 
 

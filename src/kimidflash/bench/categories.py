@@ -127,8 +127,9 @@ def specbench(files: Sequence[Path], baseline: str, offline: dict[tuple[str, str
     """The table as data: per row (category, concurrency), per drafter series: online acceptance
     length, throughput and speedup over `baseline` in the same row; `offline[(series label,
     category)]` an offline walk figure to set beside it."""
-    docs = [load_result(f) for f in files]
-    docs = [d for d in docs if not d.get("partial")]
+    loaded = [(f, load_result(f)) for f in files]
+    docs = [d for _, d in loaded if not d.get("partial")]
+    partial = [f.name for f, d in loaded if d.get("partial")]  # cut short: its tokens and seconds are no run's
     cat = lambda d: (d.get("config") or {}).get("category")  # noqa: E731
     parents = {cat(d): cat(d).split("/")[0] if "/" in (cat(d) or "") else None for d in docs}  # NAME/kind
     series = _order(d["label"] for d in docs)
@@ -166,7 +167,7 @@ def specbench(files: Sequence[Path], baseline: str, offline: dict[tuple[str, str
             "definitions": {"output_tps": "total output tokens / total measured seconds, every round pooled",
                             "acceptance_length": "1 + accepted / drafts, vLLM /metrics deltas, every round pooled",
                             "speedup": "output_tps / the baseline's in the same category and concurrency"},
-            "files": [f.name for f in files]}
+            "files": [f.name for f in files], "left_out_partial": partial}
 
 
 def _offline(offline: dict[tuple[str, str], float], series: str, category: str) -> float | None:
@@ -193,6 +194,8 @@ def render(table: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     d = table["definitions"]
     notes = [f"- {k}: {v}" for k, v in d.items()]
+    if table["left_out_partial"]:
+        notes.append(f"- left out, cut short (partial): {', '.join(table['left_out_partial'])}")
     return "\n".join(lines + [""] + notes) + "\n"
 
 

@@ -406,10 +406,18 @@ def test_the_committed_cpu_sweep_gives_k3_for_one_user_and_no_drafts_above(tmp_p
     assert "c=1: k=3 (24.232 tok/s, 1.2572x); c=4: no speculation" in envs["best.env"]
     from kimidflash.sweep.report import markdown
 
+    from kimidflash.sweep.schedule import predicted_schedule
+
+    advisor = json.loads((CONFIGS.parent / "benchmarks" / "sweep" / "cpu-reference" / "summary.json").read_text())[
+        "advisor"]  # predicted from k=7 and the baseline before the other k ran, with no fixed drafting cost
+    s["predicted"] = predicted_schedule(plan, advisor, s)
+    assert s["predicted"]["schedule"] == "1-4:1,5-8:0" and s["predicted"]["agree"] is False
+    assert [(d["measured_k"], d["predicted_k"]) for d in s["predicted"]["by_concurrency"]] == [(3, 1), (0, 1), (0, 0)]
     md = markdown({**summary, "base_config": "x", "server_points": 6, "client_cases": 3, "rows": rows, "pareto": [],
                    "failed": {}, "incomplete": [], "advisor": [], "schedules": [s, {"family": "f", "error": "why"}]})
     assert "-> `best-static.env`" in md and "`NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:3,2-8:0`" in md
     assert "No draft schedule for f: why" in md
+    assert "`1-4:1,5-8:0` (differs: predicted c=1 k=1, c=4 k=1, c=8 k=0)" in md
 
 
 @pytest.mark.parametrize("change, words", [

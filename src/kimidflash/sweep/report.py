@@ -62,6 +62,12 @@ def results_table(summary: dict[str, Any]) -> str:
         lines += ["", f"Draft schedule ({s['family']}: the fastest k or none at each concurrency) -> `best.env`: "
                       f"`NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE={s['schedule']}`"]
         lines += [line.lstrip("# ") for line in describe(s)]
+        pred = s.get("predicted")
+        if pred:
+            lines += ["", f"The advisor's schedule, from each concurrency's largest k and baseline alone: "
+                          f"`{pred['schedule']}` ({'agrees' if pred['agree'] else 'differs'}: predicted "
+                          + ", ".join(f"c={d['concurrency']} k={d['predicted_k']}" for d in pred["by_concurrency"])
+                          + ")"]
     for other in summary.get("schedules", []):
         if "error" in other:
             lines += ["", f"No draft schedule for {other['family']}: {other['error']}"]

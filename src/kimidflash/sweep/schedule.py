@@ -89,6 +89,23 @@ def measured_schedule(plan: Plan, rows: list[dict[str, Any]], family: str | None
     return {**out, "schedule": format_schedule(sched), "num_speculative_tokens": top, "sets": sets}
 
 
+def predicted_schedule(plan: Plan, advisor: list[dict[str, Any]], measured: dict[str, Any]) -> dict[str, Any] | None:
+    """The advisor's schedule for the measured one's family: at each concurrency the k it predicted from the
+    family's largest k and the baseline alone (no speculation when it predicted none), beside the measured k."""
+    by_case = {c.id: c.concurrency for c in plan.cases}
+    preds = {by_case[a["case"]]: a["prediction"].get("recommended_k") or 0 for a in advisor
+             if a["family"] == measured["family"] and "error" not in a["prediction"]}
+    if not preds or "by_concurrency" not in measured:
+        return None
+    per_c = [{"concurrency": d["concurrency"], "measured_k": d["k"], "predicted_k": preds.get(d["concurrency"])}
+             for d in measured["by_concurrency"]]
+    if any(d["predicted_k"] is None for d in per_c):
+        return None
+    sched = ranges([(d["concurrency"], d["predicted_k"]) for d in per_c], measured["max_num_seqs"])
+    return {"schedule": format_schedule(sched), "by_concurrency": per_c,
+            "agree": all(d["measured_k"] == d["predicted_k"] for d in per_c)}
+
+
 def describe(s: dict[str, Any]) -> list[str]:
     """The per-concurrency winners as comment lines."""
     parts = [f"c={d['concurrency']}: {'k=' + str(d['k']) if d['k'] else 'no speculation'} "

@@ -19,7 +19,7 @@ from .grid import Case, Plan, Point, families
 from .measured import Measured, measured
 from .predict import compare
 from .rundir import RunFolder
-from .schedule import describe, measured_schedule
+from .schedule import describe, measured_schedule, predicted_schedule
 
 # Result-file key of each figure the table shows (medians over the repeats).
 FIGURES = {"output_tps": "output_throughput", "per_user_tps": "mean_per_user_output_throughput",
@@ -86,6 +86,8 @@ def summarise(plan: Plan, folder: RunFolder, limits: Limits) -> dict[str, Any]:
                if (cmp := compare(folder, fam, pts, c, table)) is not None]
     incomplete = [f"{p.id} {c.id}" for p in plan.points for c in plan.cases if (p.id, c.id) not in table]
     schedules = [s for fam in families(plan.points) if (s := measured_schedule(plan, rows, fam)) is not None]
+    for s in schedules:
+        s["predicted"] = predicted_schedule(plan, advisor, s)
     return {"date": utc_now(), "base_config": portable(plan.base_config), "server_points": len(plan.points),
             "client_cases": len(plan.cases), "repeats": plan.repeats, "limits": limits.describe(), "rows": rows,
             "pareto": [(r["point"], r["case"]) for r in pareto(rows)], "best": best(rows, limits),

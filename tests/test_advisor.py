@@ -152,3 +152,54 @@ def test_runs_at_other_k_fit_both_costs_and_predict_small_k_better(tmp_path, cap
 def test_also_is_checked(extra, message, capsys):
     assert cli.main(["advise", str(HELDOUT / "shipped-k7-c8.json"), *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+# --- the fixed part of a DFlash step's cost, from the weights it reads (sweep/drafting.py) ---------------
+
+def _checkpoint(d, tensors: dict, config: dict | None = None):
+    import torch
+    from safetensors.torch import save_file
+
+    d.mkdir(parents=True, exist_ok=True)
+    save_file({k: torch.zeros(shape, dtype=dt) for k, (shape, dt) in tensors.items()}, str(d / "model.safetensors"))
+    if config is not None:
+        (d / "config.json").write_text(json.dumps(config))
+    return d
+
+
+def test_the_fixed_draft_cost_is_what_a_draft_step_reads_over_a_target_step(tmp_path):
+    import torch
+
+    from kimidflash.sweep.drafting import fixed_draft_cost, target_step_bytes
+
+    f32, bf16 = torch.float32, torch.bfloat16
+    # a dense target with tied embeddings: 100 x 8 embedding (= head) + one layer of 8 x 8 + a norm
+    target = _checkpoint(tmp_path / "t", {"model.embed_tokens.weight": ((100, 8), f32),
+                                          "model.layers.0.mlp.up_proj.weight": ((8, 8), f32),
+                                          "model.norm.weight": ((8,), f32)},
+                         {"tie_word_embeddings": True, "vocab_size": 100, "hidden_size": 8, "num_hidden_layers": 1})
+    drafter = _checkpoint(tmp_path / "d", {"layers.0.mlp.up_proj.weight": ((8, 8), bf16), "fc.weight": ((8, 16), bf16)})
+    assert target_step_bytes(target, 1) == (4 * (800 + 64 + 8), 4 * 800)
+    assert fixed_draft_cost(target, drafter, 1) == round((2 * 192 + 3200) / 3488, 4)  # stored bytes
+    assert fixed_draft_cost(target, drafter, 1, "float32") == round((4 * 192 + 3200) / 3488, 4)  # served upcast
+
+
+def test_a_moe_target_reads_the_experts_a_batch_can_touch_and_never_its_vision_tower(tmp_path):
+    import torch
+
+    from kimidflash.sweep.drafting import target_step_bytes
+
+    bf16 = torch.bfloat16
+    lm = "language_model.model."
+    tensors = {f"{lm}embed_tokens.weight": ((50, 4), bf16), "language_model.lm_head.weight": ((50, 4), bf16),
+               f"{lm}layers.0.self_attn.o_proj.weight": ((4, 4), bf16), f"{lm}norm.weight": ((4,), bf16),
+               "vision_tower.blocks.0.weight": ((64, 64), bf16)}
+    tensors |= {f"{lm}layers.0.mlp.experts.{e}.down_proj.weight": ((4, 4), bf16) for e in range(8)}
+    tensors[f"{lm}layers.0.mlp.shared_experts.down_proj.weight"] = ((4, 4), bf16)
+    target = _checkpoint(tmp_path / "k", tensors, {"architectures": ["KimiK25ForConditionalGeneration"],
+                         "text_config": {"n_routed_experts": 8, "num_experts_per_tok": 2, "vocab_size": 50,
+                                         "hidden_size": 4, "num_hidden_layers": 1}})
+    head, dense, experts = 2 * 200, 2 * (16 + 4 + 16), 2 * 8 * 16
+    assert target_step_bytes(target, 1) == (head + dense + experts // 4, head)  # 2 of 8 experts per token
+    assert target_step_bytes(target, 3) == (head + dense + experts * 6 // 8, head)
+    assert target_step_bytes(target, 64) == (head + dense + experts, head)  # every expert, at most

@@ -13,23 +13,41 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from ..checkpoint_layout import LayoutError
+from ..config import load_config
 from ..fsio import utc_now, write_json_atomic
 from .advisor import DEFAULT_COST, advise, cost_from_run, cumulative, fit_cost
+from .drafting import fixed_draft_cost
 from .errors import AdviceError
 from .grid import Case, Plan, Point, families
 from .measured import Measured, measured
 from .rundir import RunFolder
 
 
-def prediction(base: Measured, run: Measured) -> dict[str, Any]:
-    """The advisor on one run at its k and its baseline, as the `advise` command
-    computes it (drafting cost: the default's; verify cost: from the measured ratio)."""
+def fixed_cost(plan: Plan, point: Point, case: Case) -> tuple[float, str]:
+    """The fixed part of the step cost: a DFlash drafter's reads over the target's at the case's
+    concurrency (drafting.py), when both checkpoints are on this machine; else the default's."""
+    cfg = load_config(plan.base_config, dict(point.overrides))
+    if cfg["SPECULATIVE_METHOD"] == "dflash":
+        try:
+            return (fixed_draft_cost(cfg["MODEL_DIR"], cfg["DRAFT_MODEL_DIR"], case.concurrency, cfg["DTYPE"]),
+                    f"fixed part: the drafter's weight reads over the target's at batch {case.concurrency}")
+        except (LayoutError, OSError, KeyError) as e:
+            return DEFAULT_COST.draft, f"fixed part: the default's ({e})"
+    return DEFAULT_COST.draft, "fixed part: the default's"
+
+
+def prediction(base: Measured, run: Measured, fixed: tuple[float, str] = (DEFAULT_COST.draft, "the default's")
+               ) -> dict[str, Any]:
+    """The advisor on one run at its k and its baseline, as the `advise` command computes it: the fixed
+    part of the cost given (`fixed_cost`), the per-token part from the measured ratio."""
     out: dict[str, Any] = {"from_point": run.point.id, "k_run": run.point.k, "case": run.case.id, "date": utc_now()}
     try:
         profile = cumulative(run.profile())
         ratio = (run.median("output_throughput") or 0.0) / (base.median("output_throughput") or float("nan"))
-        cost = cost_from_run(profile, len(profile), ratio, DEFAULT_COST.draft,
-                             f"fitted to {run.point.id} over {base.point.id} at {run.case.id} ({ratio:.3f}x)")
+        cost = cost_from_run(profile, len(profile), ratio, fixed[0],
+                             f"{fixed[1]}; per token: fitted to {run.point.id} over {base.point.id} at "
+                             f"{run.case.id} ({ratio:.3f}x)")
         advice = advise(profile, cost, run.point.k)
     except AdviceError as e:
         return {**out, "error": str(e)}
@@ -53,7 +71,7 @@ def predict_ready(plan: Plan, folder: RunFolder) -> None:
             run = measured(folder, top, case, plan.repeats)
             if base is None or run is None:
                 continue
-            doc = {"family": family, **prediction(base, run)}
+            doc = {"family": family, **prediction(base, run, fixed_cost(plan, top, case))}
             write_json_atomic(path, doc)
             folder.event("predicted", family=family, case=case.id, line=doc.get("line"), error=doc.get("error"))
 

@@ -173,7 +173,7 @@ def test_ab_on_real_vllm_serves_each_variant_and_reads_its_counters(tmp_path):
         else:
             assert doc["spec_decode_num_drafts"] > 0 and len(doc["spec_decode_per_position_acceptance_rates"]) == 2
     rows = {(r["category"]): r for r in json.loads((out / "specbench.json").read_text())["rows"]}
-    assert list(rows) == ["humaneval", "bb/math", "bb/code", "bb (all kinds)", "humaneval multi-turn",
+    assert list(rows) == ["humaneval", "bb/code", "bb/math", "bb (all kinds)", "humaneval multi-turn",
                           "all single-turn categories"]
     for name, row in rows.items():  # every row's figures are those of its files, rounds and kinds pooled
         slugs = [m.replace("/", "-").replace(" ", "-") for m in row["members"]]

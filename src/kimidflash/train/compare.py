@@ -122,9 +122,12 @@ def summary_markdown(results: list[dict[str, Any]]) -> str:
                    if k in on.get(n, {}).get("by_k", {}) else "-" for n in others for k in ks]]
         rows.append("| " + " | ".join(cells) + " |")
     first = results[0] if results else {}
-    return (f"# Training changes at equal wall time\n\nEach variant trained from scratch for "
-            f"{first.get('budget_seconds')} s on the same captured data, then was evaluated offline on the "
-            f"held-out split (AL: mean acceptance length, scored with the full LM head as vLLM does). The loss "
+    walks = (" The walk columns score the same checkpoint, as a server walks, on each `--eval-run`'s records."
+             if others else "")
+    return (f"# Training changes at equal wall time\n\nEach variant trained a fresh run (from noise, or from what "
+            f"its `train.init_*` names) for {first.get('budget_seconds')} s on the same captured data, then was "
+            f"evaluated offline on the run's held-out split (AL: mean acceptance length, scored with the full LM "
+            f"head as vLLM does).{walks} The loss "
             f"is over each step's softmax vocabulary, so it is not comparable across `train.vocab_subset` "
             f"settings. Written by `python -m kimidflash train-compare`; one JSON per variant beside this file "
             f"holds the command, the versions and the machine.\n\n" + "\n".join(rows) + "\n")

@@ -490,3 +490,17 @@ def test_with_its_fixed_part_the_advisor_picks_the_committed_sweeps_best_but_at_
                      if r["output_tps"] == max(x["output_tps"] for x in rows if x["concurrency"] == r["concurrency"])}
     assert measured_best == {1: "k3", 4: "none", 8: "none"}
     assert picks == {1: 2, 4: None, 8: None}
+
+
+def test_the_sweep_says_when_best_env_is_a_schedule(base, tmp_path, fleet, capsys, monkeypatch):
+    from kimidflash.sweep import cli as sweep_cli
+
+    def summary_with_schedule(plan, folder, limits, console=None):
+        (folder.root / "best.env").write_text("NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:4,2-8:0\n")
+        return {"best": {"point": "none", "case": "c2"}, "schedule": {"schedule": "1-1:4,2-8:0"}}
+
+    monkeypatch.setattr(sweep_cli, "write_summary", summary_with_schedule)
+    assert sweep(base, tmp_path / "run") == 0
+    out = capsys.readouterr().out
+    assert "best: the draft schedule 1-1:4,2-8:0, written to" in out
+    assert "(the best static point, none at c2, to best-static.env)" in out and "1-1:4,2-8:0\n" in out

@@ -139,7 +139,11 @@ def main(argv: list[str]) -> int:
         return EXIT_INTERRUPTED
     summary = write_summary(plan, folder, limits, console)
     folder.event("sweep_done", failed=failed)
-    if summary["best"] is not None:
+    if summary["best"] is not None and summary.get("schedule"):
+        print(f"best: the draft schedule {summary['schedule']['schedule']}, written to {a.out / 'best.env'} (the best "
+              f"static point, {summary['best']['point']} at {summary['best']['case']}, to best-static.env):")
+        print((a.out / "best.env").read_text(), end="")
+    elif summary["best"] is not None:
         print(f"best: {summary['best']['point']} at {summary['best']['case']}, written to {a.out / 'best.env'}:")
         print((a.out / "best.env").read_text(), end="")
     else:

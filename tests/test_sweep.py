@@ -342,6 +342,12 @@ def test_the_prediction_pools_the_repeats_and_an_impossible_run_is_reported_not_
     assert pred["recommended_k"] == 1 and pred["line"] == "recommended NUM_SPECULATIVE_TOKENS=1"
     fast = [dict(d, output_throughput=30.0) for d in docs]
     assert "faster (3.000x) than its acceptance" in prediction(base, Measured(k2, case, fast))["error"]
+    # an estimated fixed part beyond the whole measured step cost (0.833 above a plain step) is capped at it
+    capped = prediction(base, Measured(k2, case, docs), (0.9, "fixed part: the reads"))
+    assert capped["cost"]["draft"] == 0.8333 and capped["cost"]["verify"] == 0.0
+    assert "capped at 0.8333" in capped["cost"]["source"] and capped["predictions"]["2"] == 1.2
+    within = prediction(base, Measured(k2, case, docs), (0.5, "fixed part: the reads"))
+    assert within["cost"]["draft"] == 0.5 and "capped" not in within["cost"]["source"]
 
 
 @pytest.mark.parametrize("doc, why", [

@@ -79,4 +79,7 @@ def test_real_sweep_is_interrupted_resumed_and_sets_the_advisor_beside_the_measu
     assert "predicted speedup | measured speedup" in (out / "summary.md").read_text()
     best = load_config(out / "best.env")  # what serve.sh would take
     assert best["SERVED_MODEL_NAME"] == "smollm2-135m-dflash"
-    assert f"best: {summary['best']['point']} at {summary['best']['case']}" in second.stdout
+    assert f"{summary['best']['point']} at {summary['best']['case']}" in second.stdout  # the best static point
+    if summary.get("schedule"):  # the winners differ by concurrency: best.env is their schedule
+        assert best["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"] == summary["schedule"]["schedule"]
+        assert f"best: the draft schedule {summary['schedule']['schedule']}" in second.stdout

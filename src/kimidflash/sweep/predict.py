@@ -10,13 +10,14 @@ a prediction made before the measurement, and a wrong one shows as wrong.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict
 from typing import Any
 
 from ..checkpoint_layout import LayoutError
 from ..config import load_config
 from ..fsio import utc_now, write_json_atomic
-from .advisor import DEFAULT_COST, advise, cost_from_run, cumulative, fit_cost
+from .advisor import DEFAULT_COST, advise, cost_from_run, cumulative, fit_cost, tokens_per_step
 from .drafting import fixed_draft_cost
 from .errors import AdviceError
 from .grid import Case, Plan, Point, families
@@ -40,13 +41,22 @@ def fixed_cost(plan: Plan, point: Point, case: Case) -> tuple[float, str]:
 def prediction(base: Measured, run: Measured, fixed: tuple[float, str] = (DEFAULT_COST.draft, "the default's")
                ) -> dict[str, Any]:
     """The advisor on one run at its k and its baseline, as the `advise` command computes it: the fixed
-    part of the cost given (`fixed_cost`), the per-token part from the measured ratio."""
+    part of the cost given (`fixed_cost`), the per-token part from the measured ratio.
+
+    The fixed part is an estimate, the run a measurement: where the run's whole step cost above a plain
+    step is smaller than the estimate, the fixed part is capped at it (per-token part 0) rather than
+    giving no advice."""
     out: dict[str, Any] = {"from_point": run.point.id, "k_run": run.point.k, "case": run.case.id, "date": utc_now()}
     try:
         profile = cumulative(run.profile())
         ratio = (run.median("output_throughput") or 0.0) / (base.median("output_throughput") or float("nan"))
-        cost = cost_from_run(profile, len(profile), ratio, fixed[0],
-                             f"{fixed[1]}; per token: fitted to {run.point.id} over {base.point.id} at "
+        draft, why = fixed
+        room = tokens_per_step(profile, len(profile)) / ratio - 1.0 if ratio > 0 else draft
+        if 0.0 <= room < draft:  # floored to 4 places, so the per-token part left is never below 0
+            draft = math.floor(room * 1e4) / 1e4
+            why = f"{why}, capped at {draft:.4f}: the run's whole step cost above a plain step"
+        cost = cost_from_run(profile, len(profile), ratio, draft,
+                             f"{why}; per token: fitted to {run.point.id} over {base.point.id} at "
                              f"{run.case.id} ({ratio:.3f}x)")
         advice = advise(profile, cost, run.point.k)
     except AdviceError as e:

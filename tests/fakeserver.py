@@ -36,6 +36,9 @@ class Plan:
     # chunk (vLLM); "last_chunk", on the last content chunk; "finish_chunk", on a
     # content-less chunk that carries the finish_reason (both seen on other servers).
     usage_on: str | None = None
+    texts: tuple[str, ...] | None = None  # chunk i's text (default: its token names, "t1000 t1001 ")
+    finish: str = "length"  # the last chunk's finish_reason
+    tool: str | None = None  # stream the texts as this tool's call arguments (delta.tool_calls), not content
 
 
 @dataclass
@@ -299,11 +302,16 @@ class FakeServer:
                 return True
             await asyncio.sleep(plan.first_delay if i == 0 else plan.delay)
             ids = list(range(1000 + sent, 1000 + sent + n))
-            text = "".join(f"t{j} " for j in ids)
+            text = plan.texts[i] if plan.texts is not None else "".join(f"t{j} " for j in ids)
             sent += n
             last = i == len(sizes) - 1
-            choice: dict[str, Any] = {"index": 0, "delta": {"content": text},
-                                      "finish_reason": "length" if last and plan.usage_on != "finish_chunk" else None}
+            delta: dict[str, Any] = {"content": text}
+            if plan.tool is not None:
+                fn = {"arguments": text, **({"name": plan.tool} if i == 0 else {})}
+                delta = {"tool_calls": [{"index": 0, **({"id": f"call-{idx}", "type": "function"} if i == 0 else {}),
+                                         "function": fn}]}
+            choice: dict[str, Any] = {"index": 0, "delta": delta,
+                                      "finish_reason": plan.finish if last and plan.usage_on != "finish_chunk" else None}
             if want_ids:
                 choice["token_ids"] = ids
             chunk: dict[str, Any] = dict(base, choices=[choice])

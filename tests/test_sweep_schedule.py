@@ -34,7 +34,8 @@ def _committed_cpu_sweep(tmp_path: Path) -> tuple:
 
     (tmp_path / "no-drafter").mkdir()
     env = write_env(tmp_path / "cpu-reference-then.env", f"INCLUDE={CONFIGS / 'cpu-reference.env'}\n"
-                    f"DRAFT_MODEL_DIR={tmp_path / 'no-drafter'}\nDRAFT_CONFIG={CONFIGS / 'smollm2-dflash-draft.json'}\n")
+                    f"DRAFT_MODEL_DIR={tmp_path / 'no-drafter'}\nDRAFT_CONFIG={CONFIGS / 'smollm2-dflash-draft.json'}\n"
+                    "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=\n")  # static k, as it was then
     root = CONFIGS.parent / "benchmarks" / "sweep"
     grid = read_grid_file(root / "grid.toml")
     plan = SweepPlan(env, points(grid, env), cases(grid), 3)
@@ -163,3 +164,40 @@ def test_the_sweep_says_when_best_env_is_a_schedule(base, tmp_path, fleet, capsy
     out = capsys.readouterr().out
     assert "best: the draft schedule 1-1:4,2-8:0, written to" in out
     assert "(the best static point, none at c2, to best-static.env)" in out and "1-1:4,2-8:0\n" in out
+
+
+def test_a_point_table_measures_a_schedule_beside_the_static_k_and_checks_it(base, tmp_path, fleet):
+    grid = tmp_path / "verify.toml"
+    grid.write_text('[server]\nNUM_SPECULATIVE_TOKENS = [1, 3]\n[client]\nconcurrency = [1, 2]\nsessions = 2\n'
+                    'max_tokens = 16\n[[point]]\nNUM_SPECULATIVE_TOKENS = 3\n'
+                    'NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE = "1-1:3,2-8:0"\n')
+    out = tmp_path / "run"
+    assert cli_main(["sweep", str(base), "--grid-file", str(grid), "--warmup", "0", "--repeats", "1",
+                     "--out", str(out)]) == 0
+    assert sorted(fleet.served) == sorted(["SPECULATIVE_METHOD=none", "NUM_SPECULATIVE_TOKENS=1",
+                                           "NUM_SPECULATIVE_TOKENS=3",
+                                           "NUM_SPECULATIVE_TOKENS=3 NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:3,2-8:0"])
+    summary = json.loads((out / "summary.json").read_text())
+    tps = {(r["point"], r["concurrency"]): r["output_tps"] for r in summary["rows"]}
+    [chk] = summary["schedule_checks"]
+    assert chk["point"] == "k3_sched1-1-3-2-8-0" and [d["concurrency"] for d in chk["by_concurrency"]] == [1, 2]
+    for d in chk["by_concurrency"]:  # against the fastest of none, k1 and k3 at that concurrency, never itself
+        c = d["concurrency"]
+        rival = max(("none", "k1", "k3"), key=lambda p: tps[(p, c)])
+        assert d["best_other"] == rival and d["ratio"] == round(tps[(chk["point"], c)] / tps[(rival, c)], 4)
+    assert "Schedule point **k3_sched1-1-3-2-8-0** against" in (out / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("table, words", [
+    ('[[point]]\nNUM_SPECULATIVE_TOKENS = [1, 2]\n', "a [[point]] takes one value per key"),
+    ('[[point]]\nPORT = 9000\n', "PORT cannot be swept"),
+    ('[server]\nNUM_SPECULATIVE_TOKENS = [1]\n[[point]]\nNUM_SPECULATIVE_TOKENS = 1\n'
+     'NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE = "1-8:3"\n', "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"),
+])
+def test_a_bad_point_table_refuses_the_sweep_naming_it(base, tmp_path, table, words):
+    from kimidflash.sweep.errors import SweepError
+    grid = tmp_path / "g.toml"
+    grid.write_text(table)
+    with pytest.raises(SweepError, match=None) as e:
+        points(read_grid_file(grid), base)
+    assert words in str(e.value)

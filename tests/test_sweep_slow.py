@@ -15,7 +15,7 @@ import pytest
 
 from kimidflash.config import load_config
 
-from .helpers import CONFIGS, ROOT
+from .helpers import CONFIGS, ROOT, write_env
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,10 @@ def wait_for(out: Path, proc: subprocess.Popen, event: str, point: str, timeout:
 
 def test_real_sweep_is_interrupted_resumed_and_sets_the_advisor_beside_the_measurement(tmp_path):
     out = tmp_path / "sweep"
-    argv = [str(ROOT / "launchers" / "kimi26-vllm-dflash-sweep.sh"), str(CONFIGS / "cpu-reference.env"),
+    # the static k of the shipped config: it ships a draft schedule, valid only with its own k
+    base = write_env(tmp_path / "static.env", f"INCLUDE={CONFIGS / 'cpu-reference.env'}\n"
+                                              "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=\n")
+    argv = [str(ROOT / "launchers" / "kimi26-vllm-dflash-sweep.sh"), str(base),
             "--grid", "NUM_SPECULATIVE_TOKENS=1,2,4", "--concurrency", "1", "4", "--sessions", "4",
             "--max-tokens", "32", "--repeats", "1", "--prompts", str(PROMPTS), "--out", str(out)]
     log = open(tmp_path / "first.log", "w")

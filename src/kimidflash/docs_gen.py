@@ -93,6 +93,8 @@ def _files(p: dict) -> str:
 
 def _runs_when(p: dict) -> str:
     def cond(key: str, pats: list[str]) -> str:
+        if pats == ["?*"]:
+            return f"`{key}` is set"
         verb = "matches" if any(c in x for x in pats for c in "*?[") else "is" if len(pats) == 1 else "is one of"
         return f"`{key}` {verb} {' / '.join(f'`{x}`' for x in pats)}"
 
@@ -135,7 +137,8 @@ def map_rows() -> list[dict]:
 
 
 def cpu_paths() -> list[tuple[str, dict]]:
-    """The CPU configs whose path a patch changes (C1: DFlash with an MLA target), each on its own pin."""
+    """The CPU configs whose path a patch changes (C1: DFlash with an MLA target; S1: a draft schedule),
+    each on its own pin."""
     patches, _ = backends.load_patch_data()
     out = []
     for path in sorted(CONFIGS_DIR.glob("cpu-*.env")):

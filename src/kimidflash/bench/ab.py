@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from ..background import served
-from ..config import load_config, parse_overrides
+from ..config import SCHEDULE_KEY, load_config, parse_overrides
 from ..config.rules import block_serves, read_json
 from ..paths import portable
 from ..prepare import prepare
@@ -63,14 +63,15 @@ def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
         if ks != args.k:
             print(f"ab: {label} served at k={' '.join(map(str, ks))} only: its blocks of {block} serve no more",
                   file=sys.stderr)
-        for k in ks:
+        for k in ks:  # a drafter at a static k: a schedule the base config ships is emptied
             out.append((f"{label} k={k}", ["SPECULATIVE_METHOD=dflash", f"DRAFT_MODEL_DIR={path}",
-                                           f"NUM_SPECULATIVE_TOKENS={k}"]))
+                                           f"NUM_SPECULATIVE_TOKENS={k}", f"{SCHEDULE_KEY}="]))
     if args.none:
         out.append(("no speculation", ["SPECULATIVE_METHOD=none"]))
     if args.ngram:
         for k in args.ngram_k or args.k:
-            out.append((f"ngram k={k}", ["SPECULATIVE_METHOD=ngram", f"NUM_SPECULATIVE_TOKENS={k}"]))
+            out.append((f"ngram k={k}", ["SPECULATIVE_METHOD=ngram", f"NUM_SPECULATIVE_TOKENS={k}",
+                                         f"{SCHEDULE_KEY}="]))
     if not out:
         raise ValueError("nothing to compare: give --drafter, --ngram or --none")
     return out

@@ -33,6 +33,7 @@ from .report import compare
 from .result import no_completion
 from .resultfile import check_output, load_json, validate_result, write_result
 from .runner import Runner
+from .workloads import WORKLOADS
 from .series import PUBLISHED_SCHEMA, validate_published
 from .settings import BenchConfig
 from .terminal import print_summary
@@ -69,6 +70,10 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", default=None, metavar="builtin|FILE",
                    help="prompt source: the built-in diverse set (default), a JSONL file or a ShareGPT JSON file")
     p.add_argument("--kind", default=None, help="only the prompt source's conversations of this kind (category)")
+    p.add_argument("--workload", default="free", choices=list(WORKLOADS),
+                   help="what each request asks for: free text (default), json (response_format), tools "
+                        "(a named function tool; the server needs a tool-call parser) or envelope (a coding "
+                        "agent's JSON: a short header around one long content string)")
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--think-time", type=float, default=0.0, help="seconds between a reply and the next turn")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds (default 600)")
@@ -153,7 +158,7 @@ def config_from_args(a: argparse.Namespace, argv: Sequence[str]) -> BenchConfig:
     return BenchConfig(
         base_url=base_url, model=a.model, sessions=a.sessions, turns_per_session=a.turns_per_session,
         concurrency=a.concurrency, max_tokens=a.max_tokens, temperature=a.temperature, warmup=a.warmup,
-        warmup_max_tokens=a.warmup_max_tokens, seed=a.seed, prompts=a.prompts, kind=a.kind, system_prompt=a.system_prompt,
+        warmup_max_tokens=a.warmup_max_tokens, seed=a.seed, prompts=a.prompts, kind=a.kind, workload=a.workload, system_prompt=a.system_prompt,
         think_time=a.think_time, timeout=a.timeout, api_key=a.api_key, label=a.label,
         scrape_metrics=not a.no_metrics, metrics_urls=a.metrics_urls,
         session_header=a.session_header, vllm_extensions=not a.no_vllm_extensions,

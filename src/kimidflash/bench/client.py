@@ -55,6 +55,9 @@ class RequestRecord:
     # The ids themselves (vLLM's return_token_ids): what FP8 validation compares.
     prompt_token_ids: list[int] | None = None
     token_ids: list[int] = field(default_factory=list)
+    # Streamed tool calls, joined by index: {"name", "arguments"} (the arguments' JSON text).
+    tool_calls: list[dict[str, str]] = field(default_factory=list)
+    problem: str | None = None  # why a finished structured reply is not what was asked (workloads.py)
 
     @property
     def ok(self) -> bool:
@@ -202,6 +205,8 @@ class _Stream:
             thought = delta.get("reasoning_content") or delta.get("reasoning") or ""
             if text:
                 self.parts.append(text)
+            for call in delta.get("tool_calls") or []:
+                thought = self._tool_call(call) or thought
             if c.get("finish_reason"):
                 rec.finish_reason = c["finish_reason"]
             tids = c.get("token_ids")
@@ -223,6 +228,21 @@ class _Stream:
             self.pending.append((now, ids, used, texts))
         rec.end = now
         return False
+
+    def _tool_call(self, call: Any) -> str:
+        """Join one streamed tool-call delta onto its call (by index); its argument text, which counts
+        as text for the chunk fallback."""
+        if not isinstance(call, dict):
+            return ""
+        calls = self.rec.tool_calls
+        i = call.get("index") if isinstance(call.get("index"), int) else len(calls) - 1
+        while len(calls) <= max(i, 0):
+            calls.append({"name": "", "arguments": ""})
+        fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+        calls[i]["name"] += fn.get("name") or ""
+        args = fn.get("arguments") or ""
+        calls[i]["arguments"] += args
+        return args
 
     def finish(self) -> None:
         """Turn the candidate chunks into (arrival, tokens) chunks, each count from

@@ -86,10 +86,24 @@ def request_entry(rec: RequestRecord, t0: float) -> dict[str, Any]:
         "max_tokens_per_chunk": max(chunk_sizes) if chunk_sizes else None,
         "itl_ms": [round(x * 1000, 3) for x in rec.itls],
         "finish_reason": rec.finish_reason,
+        "problem": rec.problem,
         "error": rec.error,
         "error_detail": rec.error_detail,
         "spec_decode": rec.spec_decode,
     }
+
+
+def _structured(name: str | None, ok: list[RequestRecord]) -> dict[str, Any] | None:
+    """A structured workload's replies: how many of the completed ones are what was asked, and why not
+    (workloads.py); None for free text."""
+    if name in (None, "free"):
+        return None
+    problems = [r.problem for r in ok if r.problem]
+    kinds: dict[str, int] = {}
+    for p in problems:
+        kind = p.split(":")[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return {"workload": name, "checked": len(ok), "valid": len(ok) - len(problems), "problems": kinds}
 
 
 def _per_request_spec(records: list[RequestRecord]) -> dict[str, Any] | None:
@@ -281,6 +295,7 @@ def build_result(run: RunData) -> dict[str, Any]:
         **spec_decode_fields(run.spec),
         "server_metrics": _server_metrics(run, counts["total_output_tokens"]),
         "per_request_spec_decode": _per_request_spec(ok),
+        "structured": _structured(run.config.get("workload"), ok),
         "warmup": {"requests": len(run.warmup), "completed": sum(1 for r in run.warmup if r.ok),
                    "errors": _error_counts(run.warmup)},
     }

@@ -41,6 +41,7 @@ from .metrics import (GENERATION_TOKENS, Snapshot, delta, merged, metrics_url_fo
 from .provenance import local_provenance, recipe_info
 from .result import RunData, build_result, default_label
 from .settings import BenchConfig
+from .workloads import workload
 
 __all__ = ["BenchConfig", "BenchError", "Runner", "arun_benchmark", "run_benchmark"]
 
@@ -76,6 +77,7 @@ class _Window:
 class Runner:
     def __init__(self, cfg: BenchConfig):
         self.cfg = cfg.checked()
+        self.workload = workload(self.cfg.workload)
         self.st = _State()
         self.headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
         self._progress: Any = None
@@ -105,6 +107,8 @@ class Runner:
                             f"failures in a row (last: {rec.error_detail})")
         elif rec.error is None:
             self.st.consecutive_conn_errors = 0
+            if not rec.warmup:
+                rec.problem = self.workload.problem(rec.text, rec.tool_calls, rec.finish_reason)
         if self._progress is not None and not rec.warmup:
             failed = sum(1 for r in self.st.records if r.error and r.error != "cancelled")
             self._progress.update(self._task_id, advance=1, description=f"requests (errors {failed})")
@@ -173,7 +177,8 @@ class Runner:
     def _body(self, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
         c = self.cfg
         assert c.model is not None
-        return chat_payload(c.model, messages, max_tokens, c.temperature, c.vllm_extensions, c.ignore_eos)
+        return chat_payload(c.model, messages, max_tokens, c.temperature, c.vllm_extensions, c.ignore_eos,
+                            self.workload.fields)
 
     async def _request(self, client: httpx.AsyncClient, slots: asyncio.Semaphore, rec: RequestRecord,
                        messages: list[dict[str, str]], max_tokens: int) -> RequestRecord:
@@ -200,7 +205,7 @@ class Runner:
                 return
             if due > time.perf_counter():
                 await asyncio.sleep(due - time.perf_counter())
-            messages.append({"role": "user", "content": user})
+            messages.append({"role": "user", "content": self.workload.user(user)})
             rec = RequestRecord(session=sid, turn=k, due=due)
             self.st.records.append(rec)
             try:
@@ -211,7 +216,8 @@ class Runner:
                 raise
             if not rec.ok:
                 return  # the conversation cannot go on without the answer
-            messages.append({"role": "assistant", "content": rec.text})
+            # a tool call goes back as its arguments' text: the next turn needs no tool result to go on
+            messages.append({"role": "assistant", "content": rec.text or "".join(c["arguments"] for c in rec.tool_calls)})
             due = (rec.end or time.perf_counter()) + self.cfg.think_time
 
     async def _gather(self, coros: list[Any]) -> None:
@@ -227,7 +233,7 @@ class Runner:
             rec = RequestRecord(session=-1, turn=i, due=time.perf_counter(), warmup=True)
             self.st.warmup.append(rec)
             try:
-                await self._request(client, slots, rec, self._start_messages() + [{"role": "user", "content": text}],
+                await self._request(client, slots, rec, self._start_messages() + [{"role": "user", "content": self.workload.user(text)}],
                                     self.cfg.warmup_max_tokens)
             except asyncio.CancelledError:
                 pass

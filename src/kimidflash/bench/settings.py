@@ -15,6 +15,7 @@ from typing import Any, Sequence
 from ..paths import portable
 from .errors import BenchError
 from .prompts import BUILTIN
+from .workloads import WORKLOADS
 
 
 @dataclass
@@ -32,6 +33,7 @@ class BenchConfig:
     prompts: str | None = None  # None/"builtin" or a JSONL / ShareGPT file
     kind: str | None = None  # only the source's conversations of this kind (their `kind`/`category` field)
     category: str | None = None  # the report category this run measures (`kimidflash ab --category`)
+    workload: str = "free"  # what each request asks for besides its messages (workloads.py)
     system_prompt: str | None = None
     think_time: float = 0.0
     timeout: float = 600.0
@@ -71,6 +73,10 @@ class BenchConfig:
         need(self.timeout > 0, f"--timeout must be positive, got {self.timeout}")
         need(self.think_time >= 0, f"--think-time must be 0 or more, got {self.think_time}")
         need(self.temperature >= 0, f"--temperature must be 0 or more, got {self.temperature}")
+        need(self.workload in WORKLOADS, f"--workload {self.workload!r}: known are {', '.join(WORKLOADS)}")
+        need(not (self.ignore_eos and WORKLOADS[self.workload].structured),
+             f"--ignore-eos with --workload {self.workload}: a structured reply ends where its grammar does, "
+             "and generating past it measures nothing the workload asks for")
         return dataclasses.replace(self, base_url=url.rstrip("/"),
                                    concurrency=self.concurrency or self.sessions)
 

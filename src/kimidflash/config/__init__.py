@@ -2,9 +2,9 @@
 
 from .errors import ConfigError
 from .loader import load_config, parse_overrides
-from .model import Config, Schedule, draft_schedule, format_schedule, hidden_states_layers
+from .model import SCHEDULE_KEY, Config, Schedule, draft_schedule, format_schedule, hidden_states_layers
 from .rules import check_checkpoints, check_config
 from .schema import BY_NAME, FIELDS, Field
 
 __all__ = ["BY_NAME", "FIELDS", "Config", "ConfigError", "Field", "Schedule", "check_checkpoints", "check_config",
-           "draft_schedule", "format_schedule", "hidden_states_layers", "load_config", "parse_overrides"]
+           "SCHEDULE_KEY", "draft_schedule", "format_schedule", "hidden_states_layers", "load_config", "parse_overrides"]

@@ -22,6 +22,7 @@ def hidden_states_layers(text: str) -> list[int]:
 
 
 Schedule = tuple[tuple[int, int, int], ...]  # (first batch size, last batch size, k), inclusive
+SCHEDULE_KEY = "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"  # the env-file key a schedule is written under
 
 
 def draft_schedule(text: str) -> Schedule:

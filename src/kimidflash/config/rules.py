@@ -23,7 +23,7 @@ from ..fp8.checkpoint import MLA_LIMIT
 from ..fp8.scales import KvScales, ScaleFileError
 from ..paths import CONFIGS_DIR
 from .errors import ConfigError
-from .model import Config, draft_schedule, hidden_states_layers
+from .model import SCHEDULE_KEY, Config, draft_schedule, hidden_states_layers
 from .schema import LOOPBACK_HOSTS, rendered_flags
 
 AITER_MAX_BATCHED_TOKENS = 32768
@@ -201,14 +201,15 @@ DATA_PARALLEL = re.compile(r"(?:--data-parallel-size|-dp)(?:=|\s+)(\d+)")
 def draft_schedule_rule(v: dict[str, Any], fail: Fail) -> None:
     """NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE: a schedule vLLM will run as written. vLLM itself fills gaps
     and drops the schedule under data parallelism with only a warning; here both are refused."""
-    key, text = "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE", v["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"]
+    key, text = SCHEDULE_KEY, v[SCHEDULE_KEY]
     if not text:
         return
-    if v["SPECULATIVE_METHOD"] == "none":
-        return  # inert, like NUM_SPECULATIVE_TOKENS: `--set SPECULATIVE_METHOD=none` serves the baseline
+    if v["SPECULATIVE_METHOD"] in ("none", "extract_hidden_states"):
+        return  # inert where nothing drafts: `--set SPECULATIVE_METHOD=none` serves the baseline, and the
+        # training pipeline's capture serves a shipped config's target as it is
     if v["SPECULATIVE_METHOD"] != "dflash":
         fail(key, f"applies to SPECULATIVE_METHOD=dflash (the method it is measured with), not "
-                  f"{v['SPECULATIVE_METHOD']}; empty it")
+                  f"{v['SPECULATIVE_METHOD']}; empty it (--set {key}=)")
     if not backends.draft_schedule_option(v["VLLM_VERSION"]):
         fail(key, f"vLLM {v['VLLM_VERSION']} has no num_speculative_tokens_per_batch_size (added in 0.25.1 by "
                   "PR 32374); pin 0.32.0 or later, or empty it")
@@ -230,7 +231,8 @@ def draft_schedule_rule(v: dict[str, Any], fail: Fail) -> None:
             fail(key, f"{where} ends before it starts")
         if k > k_max:
             fail(key, f"{where} drafts {k} tokens, above NUM_SPECULATIVE_TOKENS={k_max} (the most the drafter's "
-                      "buffers are sized for); lower it or raise NUM_SPECULATIVE_TOKENS")
+                      f"buffers are sized for); lower it, raise NUM_SPECULATIVE_TOKENS, or for a static k empty "
+                      f"it (--set {key}=)")
         if lo > top:
             fail(key, f"{where} starts above MAX_NUM_SEQS={top}: no batch is that large")
         expect = hi + 1

@@ -20,6 +20,8 @@ from typing import Any
 from rich.console import Console
 
 from .. import __version__
+from ..backends import patchset_hash
+from ..bench.workloads import WORKLOADS
 from ..background import sigterm_as_interrupt
 from ..bench.provenance import host_info
 from ..config import Config, load_config
@@ -29,7 +31,7 @@ from ..paths import REPO_ROOT, portable, portable_argv
 from ..render import render
 from .errors import SweepError
 from .execute import run_sweep
-from .grid import BenchOptions, Grid, Plan, add_client, add_server, cases, points, read_grid_file
+from .grid import BenchOptions, Case, Grid, Plan, add_client, add_server, cases, points, read_grid_file
 from .report import write_summary
 from .rundir import RunFolder
 from .summary import Limits
@@ -46,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--turns", type=int, nargs="+", help="user turns per session (default 1)")
     p.add_argument("--max-tokens", type=int, nargs="+", help="max output tokens per turn (default 128)")
     p.add_argument("--prompts", nargs="+", metavar="builtin|FILE", help="prompt sets (default builtin)")
+    p.add_argument("--workload", nargs="+", help="request workloads: free (default), json, tools, envelope "
+                                                 "(kimidflash bench --help)")
     p.add_argument("--repeats", type=int, default=3, help="benchmark runs per point and case (default 3)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests before each run (default 2)")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -72,10 +76,10 @@ def build_plan(a: argparse.Namespace) -> tuple[Plan, Grid]:
     grid = read_grid_file(a.grid_file) if a.grid_file else Grid()
     for item in a.grid:
         key, sep, vals = item.partition("=")
-        if not sep or not key or not vals:
+        if not sep or not key:  # KEY= is one empty value: the key unset, as in an env file
             raise SweepError(f"--grid {item!r}: expected KEY=V1,V2,...")
         add_server(grid, key.strip(), [v.strip() for v in vals.split(",")], "--grid")
-    for key in ("concurrency", "sessions", "turns", "max_tokens", "prompts"):
+    for key in ("concurrency", "sessions", "turns", "max_tokens", "prompts", "workload"):
         if getattr(a, key):
             add_client(grid, key, getattr(a, key), f"--{key.replace('_', '-')}")
     for flag, value, ok in (("--warmup", a.warmup, a.warmup >= 0), ("--temperature", a.temperature, a.temperature >= 0),
@@ -83,6 +87,10 @@ def build_plan(a: argparse.Namespace) -> tuple[Plan, Grid]:
                             ("--start-timeout", a.start_timeout, a.start_timeout > 0)):
         if not ok:
             raise SweepError(f"{flag} {value}: must be {'positive' if 'timeout' in flag else '0 or more'}")
+    structured = [w for w in grid.client.get("workload", []) if WORKLOADS[w].structured]
+    if a.ignore_eos and structured:
+        raise SweepError(f"--ignore-eos with the {', '.join(structured)} workload: a structured reply ends where its "
+                         "grammar does, and generating past it measures nothing the workload asks for")
     bench = BenchOptions(warmup=a.warmup, temperature=a.temperature, seed=a.seed, ignore_eos=a.ignore_eos,
                          timeout=a.request_timeout)
     config = a.config.resolve()
@@ -93,7 +101,16 @@ def identity(plan: Plan, grid: Grid, base: Config) -> dict[str, Any]:
     """What a run folder answers to; --repeats is not part of it (more repeats extend a sweep)."""
     return {"base_config": portable(plan.base_config), "base_config_sha256": base.digest(),
             "grid": grid.as_dict(), "points": {p.id: p.sets for p in plan.points},
-            "cases": [{**asdict(c), "prompts": portable(c.prompts)} for c in plan.cases], "bench": asdict(plan.bench)}
+            "cases": [_case_identity(c) for c in plan.cases], "bench": asdict(plan.bench)}
+
+
+def _case_identity(c: Case) -> dict[str, Any]:
+    """A case as a run folder records it; free text (the default workload) is left out, so folders
+    written before workloads existed still resume."""
+    d = {**asdict(c), "prompts": portable(c.prompts)}
+    if d["workload"] == "free":
+        del d["workload"]
+    return d
 
 
 def dry_run(plan: Plan) -> None:
@@ -109,7 +126,8 @@ def dry_run(plan: Plan) -> None:
         print(f"\n[{c.id}] bench run --concurrency {c.concurrency} --sessions {c.sessions} --turns-per-session "
               f"{c.turns} --max-tokens {c.max_tokens} --prompts {portable(c.prompts)} --warmup {plan.bench.warmup} "
               f"--temperature {plan.bench.temperature:g} --seed {plan.bench.seed}"
-              f"{' --ignore-eos' if plan.bench.ignore_eos else ''}  (x{plan.repeats})")
+              f"{' --ignore-eos' if plan.bench.ignore_eos else ''}"
+              f"{f' --workload {c.workload}' if c.workload != 'free' else ''}  (x{plan.repeats})")
 
 
 def main(argv: list[str]) -> int:
@@ -122,7 +140,7 @@ def main(argv: list[str]) -> int:
     folder = RunFolder(a.out)
     base = load_config(plan.base_config)
     context = {"created": utc_now(), "tool_version": __version__, "git": git_info(REPO_ROOT), "host": host_info(),
-               "vllm_version_pin": base["VLLM_VERSION"],
+               "vllm_version_pin": base["VLLM_VERSION"], "vllm_patch_set": patchset_hash(),
                "command": " ".join(portable_argv(["kimidflash", "sweep", *argv]))}
     resumed = folder.open(identity(plan, grid, base), context, new=a.new)
     folder.event("sweep_start", resumed=resumed, repeats=plan.repeats, command=context["command"])

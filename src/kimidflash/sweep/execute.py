@@ -53,7 +53,8 @@ def bench_config(plan: Plan, point: Point, case: Case, base_url: str, repeat: in
                        concurrency=case.concurrency, max_tokens=case.max_tokens, temperature=b.temperature,
                        warmup=b.warmup, seed=b.seed, prompts=None if case.prompts == "builtin" else case.prompts,
                        timeout=b.timeout, label=point.label, recipe_config=str(plan.base_config),
-                       recipe_overrides=dict(point.overrides), ignore_eos=b.ignore_eos, progress=True,
+                       recipe_overrides=dict(point.overrides), ignore_eos=b.ignore_eos, workload=case.workload,
+                       progress=True,
                        argv=["kimidflash", "sweep", f"point={point.id}", f"case={case.id}", f"repeat={repeat}"])
 
 

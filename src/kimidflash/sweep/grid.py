@@ -9,13 +9,18 @@ set), from options or a small TOML file::
     [client]
     concurrency = [1, 4, 8]
     max_tokens = 64
+    [[point]]   # a server point beyond the product (repeatable): one value per key
+    NUM_SPECULATIVE_TOKENS = 3
+    NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE = "1-1:3,2-8:0"
 
-Its Cartesian product gives the server points, each a set of ``--set``
-overrides on the base config. Every point is loaded and rendered by the same
-schema `serve` uses before anything starts, so a bad point refuses the whole
-sweep with its name; points that render the same server are run once; and a
-no-speculation baseline is added for every combination of the
-non-speculative keys, so every speedup is a ratio within the run.
+Its Cartesian product, then the ``[[point]]`` tables, give the server points, each a
+set of ``--set`` overrides on the base config. A point of its own is how a draft
+schedule is measured beside the static k it must beat: a schedule is valid only
+with the k it was written for, so it cannot join the product. Every point is
+loaded and rendered by the same schema `serve` uses before anything starts, so a
+bad point refuses the whole sweep with its name; points that render the same
+server are run once; and a no-speculation baseline is added for every
+combination of the non-speculative keys, so every speedup is a ratio within the run.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 from ..config import FIELDS, ConfigError, load_config
 from ..fsio import read_toml_tables
 from ..paths import portable
+from ..bench.workloads import WORKLOADS
 from ..render import render
 from .errors import SweepError
 
@@ -36,11 +42,11 @@ SPECULATIVE_KEYS = frozenset(f.name for f in FIELDS if f.group == "speculative")
 # Keys a point may not vary: the sweep owns where each server listens.
 FIXED_KEYS = frozenset({"PORT", "INCLUDE"})
 SHORT = {"NUM_SPECULATIVE_TOKENS": "k", "SPECULATIVE_METHOD": "spec", "MAX_NUM_SEQS": "seqs",
-         "KV_CACHE_DTYPE": "kv", "MAX_NUM_BATCHED_TOKENS": "batched"}
-CLIENT_KEYS = {"concurrency": int, "sessions": int, "turns": int, "max_tokens": int, "prompts": str}
+         "KV_CACHE_DTYPE": "kv", "MAX_NUM_BATCHED_TOKENS": "batched", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": "sched"}
+CLIENT_KEYS = {"concurrency": int, "sessions": int, "turns": int, "max_tokens": int, "prompts": str, "workload": str}
 CLIENT_DEFAULTS: dict[str, list[Any]] = {"concurrency": [1, 8], "sessions": [16], "turns": [1],
-                                         "max_tokens": [128], "prompts": ["builtin"]}
-CASE_SHORT = {"concurrency": "c", "sessions": "s", "turns": "t", "max_tokens": "m", "prompts": "p"}
+                                         "max_tokens": [128], "prompts": ["builtin"], "workload": ["free"]}
+CASE_SHORT = {"concurrency": "c", "sessions": "s", "turns": "t", "max_tokens": "m", "prompts": "p", "workload": "w"}
 
 
 @dataclass(frozen=True)
@@ -77,18 +83,22 @@ class Case:
     turns: int
     max_tokens: int
     prompts: str
+    workload: str = "free"  # bench/workloads.py
 
 
 @dataclass
 class Grid:
     server: dict[str, list[str]] = field(default_factory=dict)
     client: dict[str, list[Any]] = field(default_factory=dict)
+    extra: list[dict[str, str]] = field(default_factory=list)  # [[point]] tables
 
     def as_dict(self) -> dict[str, Any]:
         """As manifests record it: prompt files by their portable path."""
         client = {**CLIENT_DEFAULTS, **self.client}
         client["prompts"] = [portable(p) for p in client["prompts"]]
-        return {"server": self.server, "client": client}
+        if client["workload"] == ["free"]:
+            del client["workload"]  # as folders written before workloads recorded it
+        return {"server": self.server, "client": client, **({"points": self.extra} if self.extra else {})}
 
 
 def _suffix(overrides: tuple[tuple[str, str], ...]) -> str:
@@ -97,6 +107,9 @@ def _suffix(overrides: tuple[tuple[str, str], ...]) -> str:
 
 
 def _slug(text: str) -> str:
+    """A value as part of a folder name; an empty value (the key unset) is "-off"."""
+    if not text:
+        return "-off"
     return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-").lower() or "x"
 
 
@@ -111,10 +124,27 @@ def _values(key: str, raw: Any, where: str) -> list[Any]:
     return vals
 
 
-def add_server(grid: Grid, key: str, values: list[Any], where: str) -> None:
+def _server_values(key: str, values: Any, where: str) -> list[str]:
     if key in FIXED_KEYS:
         raise SweepError(f"{where}: {key} cannot be swept (the sweep picks each server's port and base config)")
-    grid.server[key] = [str(v).lower() if isinstance(v, bool) else str(v) for v in _values(key, values, where)]
+    return [str(v).lower() if isinstance(v, bool) else str(v) for v in _values(key, values, where)]
+
+
+def add_server(grid: Grid, key: str, values: list[Any], where: str) -> None:
+    grid.server[key] = _server_values(key, values, where)
+
+
+def add_point(grid: Grid, table: Any, where: str) -> None:
+    """One [[point]] table: a key and one value each."""
+    if not isinstance(table, dict) or not table:
+        raise SweepError(f"{where}: a [[point]] table holds keys, one value each")
+    point = {}
+    for key, value in table.items():
+        if isinstance(value, list):
+            raise SweepError(f"{where}: {key} has a list; a [[point]] takes one value per key "
+                             "(put lists under [server])")
+        point[key] = _server_values(key, value, where)[0]
+    grid.extra.append(point)
 
 
 def add_client(grid: Grid, key: str, values: list[Any], where: str, base_dir: Path = Path(".")) -> None:
@@ -130,6 +160,8 @@ def add_client(grid: Grid, key: str, values: list[Any], where: str, base_dir: Pa
         v = kind(v)
         if kind is int and v < 1:
             raise SweepError(f"{where}: {key} must be at least 1, got {v}")
+        if key == "workload" and v not in WORKLOADS:
+            raise SweepError(f"{where}: workload {v!r} is not one of {', '.join(WORKLOADS)}")
         if key == "prompts" and v != "builtin":
             path = (base_dir / Path(v).expanduser()).resolve()
             if not path.is_file():
@@ -140,10 +172,13 @@ def add_client(grid: Grid, key: str, values: list[Any], where: str, base_dir: Pa
 
 
 def read_grid_file(path: Path) -> Grid:
-    data = read_toml_tables(path, "grid file", ("[server]", "[client]"), SweepError)
+    data = read_toml_tables(path, "grid file", ("[server]", "[client]", "[[point]]"), SweepError)
     grid = Grid()
     for key, vals in (data.get("server") or {}).items():
         add_server(grid, key, vals, f"grid file {path} [server]")
+    tables = data.get("point") or []
+    for i, table in enumerate(tables if isinstance(tables, list) else [tables], 1):
+        add_point(grid, table, f"grid file {path} [[point]] {i}")
     for key, vals in (data.get("client") or {}).items():
         add_client(grid, key, vals, f"grid file {path} [client]", path.parent)
     return grid
@@ -178,6 +213,7 @@ def points(grid: Grid, base_config: Path) -> list[Point]:
     (the advisor predicts from it), then the rest."""
     keys = list(grid.server)
     combos = [tuple(zip(keys, vals)) for vals in itertools.product(*(grid.server[k] for k in keys))]
+    combos += [tuple(extra.items()) for extra in grid.extra]
     seen: dict[tuple, str] = {}
     out: list[Point] = []
 

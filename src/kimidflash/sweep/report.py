@@ -68,6 +68,12 @@ def results_table(summary: dict[str, Any]) -> str:
                           f"`{pred['schedule']}` ({'agrees' if pred['agree'] else 'differs'}: predicted "
                           + ", ".join(f"c={d['concurrency']} k={d['predicted_k']}" for d in pred["by_concurrency"])
                           + ")"]
+    for chk in summary.get("schedule_checks", []):
+        lines += ["", f"Schedule point **{chk['point']}** against the better of no speculation and the fastest "
+                      "static point:", "", "| concurrency | tok/s | best other | its tok/s | ratio |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {d['concurrency']} | {d['output_tps']} | {d['best_other']} | {d['best_other_tps']} | "
+                  f"{d['ratio']:.3f} |" for d in chk["by_concurrency"]]
     for other in summary.get("schedules", []):
         if "error" in other:
             lines += ["", f"No draft schedule for {other['family']}: {other['error']}"]

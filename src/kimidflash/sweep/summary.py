@@ -19,7 +19,7 @@ from .grid import Case, Plan, Point, families
 from .measured import Measured, measured
 from .predict import compare
 from .rundir import RunFolder
-from .schedule import describe, measured_schedule, predicted_schedule
+from .schedule import checks, describe, measured_schedule, predicted_schedule
 
 # Result-file key of each figure the table shows (medians over the repeats).
 FIGURES = {"output_tps": "output_throughput", "per_user_tps": "mean_per_user_output_throughput",
@@ -92,7 +92,7 @@ def summarise(plan: Plan, folder: RunFolder, limits: Limits) -> dict[str, Any]:
             "client_cases": len(plan.cases), "repeats": plan.repeats, "limits": limits.describe(), "rows": rows,
             "pareto": [(r["point"], r["case"]) for r in pareto(rows)], "best": best(rows, limits),
             "failed": failed, "incomplete": incomplete, "advisor": advisor, "schedules": schedules,
-            "schedule": pick_schedule(schedules, rows)}
+            "schedule": pick_schedule(schedules, rows), "schedule_checks": checks(plan, rows)}
 
 
 def pick_schedule(schedules: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any] | None:

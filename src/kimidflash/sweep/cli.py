@@ -21,7 +21,7 @@ from rich.console import Console
 
 from .. import __version__
 from ..backends import patchset_hash
-from ..bench.workloads import WORKLOADS
+from ..bench.workloads import NO_IGNORE_EOS, WORKLOADS
 from ..background import sigterm_as_interrupt
 from ..bench.provenance import host_info
 from ..config import Config, load_config
@@ -89,8 +89,7 @@ def build_plan(a: argparse.Namespace) -> tuple[Plan, Grid]:
             raise SweepError(f"{flag} {value}: must be {'positive' if 'timeout' in flag else '0 or more'}")
     structured = [w for w in grid.client.get("workload", []) if WORKLOADS[w].structured]
     if a.ignore_eos and structured:
-        raise SweepError(f"--ignore-eos with the {', '.join(structured)} workload: a structured reply ends where its "
-                         "grammar does, and generating past it measures nothing the workload asks for")
+        raise SweepError(f"--ignore-eos with the {', '.join(structured)} workload: {NO_IGNORE_EOS}")
     bench = BenchOptions(warmup=a.warmup, temperature=a.temperature, seed=a.seed, ignore_eos=a.ignore_eos,
                          timeout=a.request_timeout)
     config = a.config.resolve()

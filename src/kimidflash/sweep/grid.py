@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..bench.workloads import WORKLOADS
 from ..config import FIELDS, ConfigError, load_config
 from ..fsio import read_toml_tables
 from ..paths import portable
-from ..bench.workloads import WORKLOADS
 from ..render import render
 from .errors import SweepError
 

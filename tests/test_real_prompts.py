@@ -138,7 +138,7 @@ def test_split_is_by_task_stratified_and_deterministic():
 
 
 def test_bigbench_sets_never_share_a_task_or_a_prompt_and_the_manifest_says_where_they_came_from(fake_sdist):
-    train, held = bigbench_sets(fake_sdist)
+    train, held, _ = bigbench_sets(fake_sdist)
     assert (train.purpose, held.purpose) == ("train", "eval")
     t_tasks, h_tasks = {r["task"] for r in train.records}, {r["task"] for r in held.records}
     assert t_tasks and h_tasks and not t_tasks & h_tasks
@@ -161,7 +161,7 @@ def test_bigbench_sets_never_share_a_task_or_a_prompt_and_the_manifest_says_wher
 
 
 def test_written_sets_load_in_the_bench_and_in_training(fake_sdist, fake_wheel, tmp_path):
-    train, held = bigbench_sets(fake_sdist)
+    train, held, _ = bigbench_sets(fake_sdist)
     sets = {s.name: s for s in (train, held, humaneval_set(fake_wheel))}
     paths = write_sets(tmp_path, sets)
     assert sorted(p.name for p in paths) == sorted(f"{n}{x}" for n in sets for x in (".jsonl", ".manifest.json"))
@@ -175,7 +175,7 @@ def test_written_sets_load_in_the_bench_and_in_training(fake_sdist, fake_wheel, 
 
 
 def test_training_prompts_are_dealt_round_robin_over_tasks_so_a_first_chunk_covers_every_task(fake_sdist):
-    train, _ = bigbench_sets(fake_sdist)
+    train, _, _ = bigbench_sets(fake_sdist)
     tasks = {r["id"]: r["task"] for r in train.records}
     dealt = [tasks[p["id"]] for p in train.prompts()]
     n = len(set(dealt))
@@ -183,6 +183,24 @@ def test_training_prompts_are_dealt_round_robin_over_tasks_so_a_first_chunk_cove
     for t in set(dealt):  # each task's own prompts keep their file order
         assert [p["id"] for p in train.prompts() if tasks[p["id"]] == t] == [
             r["id"] for r in train.records if r["task"] == t]
+
+
+def test_the_wide_training_set_is_a_superset_on_the_same_tasks_dealt_for_a_partial_regen(fake_sdist, monkeypatch):
+    train, held, wide = bigbench_sets(fake_sdist)
+    assert wide.purpose == "train" and wide.manifest["selection"]["per_task"] == 512
+    assert wide.manifest["tasks"] == train.manifest["tasks"]  # the held-out tasks do not move
+    assert {r["id"] for r in train.records} < {r["id"] for r in wide.records}
+    per_task = {t: sum(r["task"] == t for r in wide.records) for t in {r["task"] for r in wide.records}}
+    assert max(per_task.values()) == 40 > max(sum(r["task"] == t for r in train.records) for t in per_task)
+    n = len(per_task)  # written dealt: its file order is already the regen order
+    assert len({r["task"] for r in wide.records[:n]}) == n and wide.prompts() == [
+        {"id": r["id"], "prompt": r["turns"][0]} for r in wide.records]
+    assert wide.manifest["skipped"]["dropped_prompts"]["over_cap"] < train.manifest["skipped"]["dropped_prompts"][
+        "over_cap"]
+    monkeypatch.setattr(sources.Source, "fetch", lambda self: fake_sdist)
+    assert load_prompts("bigbench:train-wide", 0) == wide.prompts()
+    with pytest.raises(RealPromptsError, match="below per_task"):
+        bigbench_sets(fake_sdist, per_task=64, wide_per_task=32)
 
 
 def test_humaneval_is_evaluation_only(fake_sdist, fake_wheel, monkeypatch):
@@ -278,7 +296,7 @@ def test_the_real_humaneval_wheel_holds_164_problems():
 
 @pytest.mark.slow
 def test_the_real_bigbench_sdist_splits_into_training_and_held_out_tasks_of_every_category():
-    train, held = bigbench_sets(_fetched(BIGBENCH))
+    train, held, wide = bigbench_sets(_fetched(BIGBENCH))
     m = train.manifest
     assert m["skipped"]["task_json_files"] == 1041 and len(m["skipped"]["programmatic_tasks"]) == 42
     n_tasks = len(m["tasks"]["train"]) + len(m["tasks"]["heldout"])
@@ -287,6 +305,7 @@ def test_the_real_bigbench_sdist_splits_into_training_and_held_out_tasks_of_ever
     assert all(c["tasks"] >= 1 for c in held.manifest["categories"].values())
     assert not {r["task"] for r in train.records} & {r["task"] for r in held.records}
     assert 3000 <= len(train.records) and 500 <= len(held.records)
+    assert {r["id"] for r in train.records} < {r["id"] for r in wide.records} and 30000 <= len(wide.records)
     assert all(0 < len(r["turns"][0]) <= 2000 for r in train.records + held.records)
     assert m["canary"] and all("canary GUID" in c for c in m["canary"])
 
@@ -296,4 +315,4 @@ def test_the_command_writes_every_set_and_says_what_is_in_it(fake_sdist, fake_wh
     assert main([str(tmp_path), "--bigbench", str(fake_sdist), "--humaneval", str(fake_wheel)]) == 0
     out = capsys.readouterr().out
     assert "bigbench-train [train]" in out and "humaneval [eval]: 7 prompts: code 7 (7 tasks)" in out
-    assert len(list(tmp_path.glob("*.jsonl"))) == 3 and len(list(tmp_path.glob("*.manifest.json"))) == 3
+    assert len(list(tmp_path.glob("*.jsonl"))) == 4 and len(list(tmp_path.glob("*.manifest.json"))) == 4

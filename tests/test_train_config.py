@@ -13,8 +13,8 @@ import time
 import pytest
 
 from kimidflash.train import config as tcfg
-from kimidflash.train.data import (DataError, is_heldout, make_record, read_records, synthetic_combos,
-                                   synthetic_prompts)
+from kimidflash.train.data import (DataError, is_heldout, load_prompts, make_record, read_records,
+                                   synthetic_combos, synthetic_prompts)
 
 from .helpers import CONFIGS, ROOT
 
@@ -82,6 +82,18 @@ def test_synthetic_prompts_are_distinct_and_seeded():
     a, b = synthetic_prompts(500, 0), synthetic_prompts(500, 0)
     assert a == b and len({p["prompt"] for p in a}) == 500
     assert synthetic_prompts(50, 1) != a[:50]
+
+
+def test_prompt_sources_joined_by_plus_keep_their_order_and_refuse_an_id_twice(tmp_path):
+    f = tmp_path / "mine.jsonl"
+    f.write_text('{"id": "a", "prompt": "first"}\n{"id": "b", "prompt": "second"}\n')
+    got = load_prompts(f"{f}+synthetic:3", 0)
+    assert got == load_prompts(str(f), 0) + synthetic_prompts(3, 0)
+    assert load_prompts(f"synthetic:3 + {f}", 0) == synthetic_prompts(3, 0) + load_prompts(str(f), 0)
+    with pytest.raises(DataError, match="id syn-0-00000 comes twice"):
+        load_prompts("synthetic:2+synthetic:3", 0)
+    with pytest.raises(DataError, match="prompts file not found"):
+        load_prompts(f"synthetic:2+{tmp_path}/nope.jsonl", 0)
 
 
 def test_a_larger_synthetic_set_only_appends_and_keeps_the_committed_data_valid():

@@ -22,8 +22,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
-
 ANSWER = {"type": "object", "additionalProperties": False, "required": ["title", "answer"],
           "properties": {"title": {"type": "string", "maxLength": 80}, "answer": {"type": "string"}}}
 ENVELOPE = {"type": "object", "additionalProperties": False, "required": ["path", "language", "summary", "content"],
@@ -53,7 +51,9 @@ class Workload:
         return f"{text}\n\n{self.instruction}" if self.instruction else text
 
     def problem(self, text: str, tool_calls: list[dict[str, str]], finish_reason: str | None) -> str | None:
-        """Why a finished reply is not what the workload asked for, or None."""
+        """Why a finished reply is not what the workload asked for, or None. jsonschema is imported
+        here, not at the top: the benchmark package is imported by the training command too, which
+        runs on GPU nodes that have no jsonschema."""
         if not self.structured:
             return None
         if finish_reason == "length":
@@ -62,6 +62,8 @@ class Workload:
             if len(tool_calls) != 1 or tool_calls[0].get("name") != TOOL:
                 return f"expected one call of {TOOL}, got {[c.get('name') for c in tool_calls]}"
             text = tool_calls[0].get("arguments") or ""
+        import jsonschema
+
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as e:

@@ -143,6 +143,15 @@ def _cap_rank(pid: str) -> str:
     return hashlib.sha256(f"{CAP_SALT}:{pid}".encode()).hexdigest()
 
 
+def cap(prompts: list[Prompt], per_task: int) -> list[Prompt]:
+    """At most `per_task` of a task's prompts: the first by a salted hash of their ids, kept in file
+    order, so a smaller cap always keeps a subset of a larger one."""
+    if len(prompts) <= per_task:
+        return list(prompts)
+    keep = {p.id for p in sorted(prompts, key=lambda p: _cap_rank(p.id))[:per_task]}
+    return [p for p in prompts if p.id in keep]
+
+
 def read_catalog(archive: str | Path, *, max_chars: int = 2000, per_task: int = 32) -> Catalog:
     """Every task.json in the sdist at `archive`, filtered and capped (module docstring)."""
     dropped: dict[str, int] = {"not_text": 0, "empty": 0, "too_long": 0, "duplicate": 0, "over_cap": 0}
@@ -185,10 +194,8 @@ def read_catalog(archive: str | Path, *, max_chars: int = 2000, per_task: int = 
                     continue
                 seen.add(key)
                 prompts.append(Prompt(f"bigbench/{name}/{sub + '/' if sub else ''}{i}", text))
-        if len(prompts) > per_task:
-            keep = {p.id for p in sorted(prompts, key=lambda p: _cap_rank(p.id))[:per_task]}
-            dropped["over_cap"] += len(prompts) - per_task
-            prompts = [p for p in prompts if p.id in keep]
+        dropped["over_cap"] += max(0, len(prompts) - per_task)
+        prompts = cap(prompts, per_task)
         if not prompts:
             cat.no_prompts.append(name)
             continue

@@ -5,6 +5,9 @@ Three sets, each written as the benchmark's conversation JSONL (`{"id", "kind",
 
 - `bigbench-train`: the training pool (`data.prompts = "bigbench:train"`, or the
   written file: `load_prompts` takes the first user turn of each record);
+- `bigbench-train-wide`: the same training tasks with up to `WIDE_PER_TASK` prompts each (a
+  superset of `bigbench-train`), written dealt round-robin over tasks, for a GPU's regen
+  (`data.prompts = "bigbench:train-wide"`); the held-out tasks are the same for both;
 - `bigbench-heldout`: tasks never trained on, for `kimidflash ab --prompts FILE`
   (per-kind results: code, math, language, knowledge, reasoning, other);
 - `humaneval`: all 164 problems, kind `code`, evaluation only.
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..fsio import sha256_file, write_json_atomic, write_text_atomic
-from .bigbench import CAP_SALT, CATEGORIES, CATEGORY_RULES, Catalog, read_catalog
+from .bigbench import CAP_SALT, CATEGORIES, CATEGORY_RULES, Catalog, cap, read_catalog
 from .errors import RealPromptsError
 from .humaneval import CHAT_PROMPT, read_problems
 from .sources import BIGBENCH, HUMANEVAL, Source
@@ -34,8 +37,10 @@ SALT = "kimidflash-real-prompts-v1"
 HELDOUT_FRACTION = 0.2
 MAX_CHARS = 2000
 PER_TASK = 32
-SPECS = {"bigbench:train": "bigbench-train", "bigbench:heldout": "bigbench-heldout", "humaneval": "humaneval"}
-TRAINING_SETS = ("bigbench-train",)
+WIDE_PER_TASK = 512
+SPECS = {"bigbench:train": "bigbench-train", "bigbench:train-wide": "bigbench-train-wide",
+         "bigbench:heldout": "bigbench-heldout", "humaneval": "humaneval"}
+TRAINING_SETS = ("bigbench-train", "bigbench-train-wide")
 FORMAT = "kimidflash bench conversation JSONL: one {id, kind, source, task, turns: [user prompt]} per line"
 
 
@@ -66,12 +71,16 @@ class PromptSet:
     def prompts(self) -> list[dict[str, str]]:
         """What `train.data.load_prompts` returns: {id, prompt}, dealt round-robin over tasks (each
         task's prompts in file order), so that a first chunk of regen (or of eval records) covers every task."""
-        by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for r in self.records:
-            by_task[r["task"]].append(r)
-        queues = list(by_task.values())
-        dealt = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
-        return [{"id": r["id"], "prompt": r["turns"][0]} for r in dealt]
+        return [{"id": r["id"], "prompt": r["turns"][0]} for r in deal(self.records)]
+
+
+def deal(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records dealt round-robin over their tasks, each task's in the given order (dealing twice changes nothing)."""
+    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_task[r["task"]].append(r)
+    queues = list(by_task.values())
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
 
 def _counts(records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -88,37 +97,49 @@ def _source(src: Source) -> dict[str, Any]:
 
 
 def bigbench_sets(archive: str | Path | None = None, *, max_chars: int = MAX_CHARS, per_task: int = PER_TASK,
-                  fraction: float = HELDOUT_FRACTION, salt: str = SALT) -> tuple[PromptSet, PromptSet]:
-    """(bigbench-train, bigbench-heldout) from `archive` (default: the pinned sdist, fetched)."""
+                  wide_per_task: int = WIDE_PER_TASK, fraction: float = HELDOUT_FRACTION,
+                  salt: str = SALT) -> tuple[PromptSet, PromptSet, PromptSet]:
+    """(bigbench-train, bigbench-heldout, bigbench-train-wide) from `archive` (default: the pinned
+    sdist, fetched), read once: the wide set's cap keeps a superset of the others' prompts."""
+    if wide_per_task < per_task:
+        raise RealPromptsError(f"wide_per_task {wide_per_task} is below per_task {per_task}")
     path = Path(archive) if archive is not None else BIGBENCH.fetch()
-    cat: Catalog = read_catalog(path, max_chars=max_chars, per_task=per_task)
+    cat: Catalog = read_catalog(path, max_chars=max_chars, per_task=wide_per_task)
     train, held = split_tasks({t.name: t.category for t in cat.tasks.values()}, fraction, salt)
     common = {
         "format": FORMAT, "source": _source(BIGBENCH), "archive": path.name,
         "canary": sorted({t.canary for t in cat.tasks.values() if t.canary}),
-        "selection": {"max_chars": max_chars, "per_task": per_task, "cap_salt": CAP_SALT,
-                      "prompt": "task_prefix, input, then 'Options:' with target_scores' keys unless "
-                                "append_choices_to_input is false; empty, longer than max_chars, non-text and "
-                                "duplicate (whitespace-folded, tasks in name order) inputs dropped"},
         "split": {"by": "task (subtasks stay with their task)", "salt": salt, "heldout_fraction": fraction,
                   "stratified_by": "category", "rule": "per category, tasks ranked by sha256(salt:name); the "
                   "first round(fraction*n) held out, at least 1, never all of a category of 2 or more"},
         "category_rules": {c: sorted(k) for c, k in CATEGORY_RULES} | {"other": "no rule matched"},
         "tasks": {"train": train, "heldout": held},
-        "skipped": {"programmatic_tasks": cat.programmatic, "tasks_without_prompts": cat.no_prompts,
-                    "dropped_prompts": cat.dropped, "task_json_files": cat.files},
     }
     out = []
-    for name, purpose, names in (("bigbench-train", "train", train), ("bigbench-heldout", "eval", held)):
+    for name, purpose, names, n in (("bigbench-train", "train", train, per_task),
+                                    ("bigbench-heldout", "eval", held, per_task),
+                                    ("bigbench-train-wide", "train", train, wide_per_task)):
+        kept = {t: cap(cat.tasks[t].prompts, n) for t in names}
         records = [{"id": p.id, "kind": cat.tasks[t].category, "source": BIGBENCH.requirement, "task": t,
-                    "turns": [p.text]} for t in names for p in cat.tasks[t].prompts]
+                    "turns": [p.text]} for t in names for p in kept[t]]
+        if name == "bigbench-train-wide":
+            records = deal(records)
         details = {t: {"category": cat.tasks[t].category, "keywords": list(cat.tasks[t].keywords),
                        "subtasks": list(cat.tasks[t].subtasks), "examples": cat.tasks[t].examples,
-                       "prompts": len(cat.tasks[t].prompts), "license": BIGBENCH.license} for t in names}
+                       "prompts": len(kept[t]), "license": BIGBENCH.license} for t in names}
+        dropped = {**cat.dropped, "over_cap": cat.dropped["over_cap"] + sum(
+            max(0, len(x.prompts) - n) for x in cat.tasks.values())}
         out.append(PromptSet(name, purpose, records, {
-            "set": name, "purpose": purpose, **common, "prompts": len(records),
-            "categories": _counts(records), "task_details": details}))
-    return out[0], out[1]
+            "set": name, "purpose": purpose, **common,
+            "selection": {"max_chars": max_chars, "per_task": n, "cap_salt": CAP_SALT,
+                          "order": "dealt round-robin over tasks" if name == "bigbench-train-wide" else "by task",
+                          "prompt": "task_prefix, input, then 'Options:' with target_scores' keys unless "
+                                    "append_choices_to_input is false; empty, longer than max_chars, non-text and "
+                                    "duplicate (whitespace-folded, tasks in name order) inputs dropped"},
+            "skipped": {"programmatic_tasks": cat.programmatic, "tasks_without_prompts": cat.no_prompts,
+                        "dropped_prompts": dropped, "task_json_files": cat.files},
+            "prompts": len(records), "categories": _counts(records), "task_details": details}))
+    return out[0], out[1], out[2]
 
 
 def humaneval_set(wheel: str | Path | None = None) -> PromptSet:
@@ -134,8 +155,7 @@ def humaneval_set(wheel: str | Path | None = None) -> PromptSet:
 
 def build_sets(bigbench_archive: str | Path | None = None,
                humaneval_wheel: str | Path | None = None) -> dict[str, PromptSet]:
-    train, held = bigbench_sets(bigbench_archive)
-    return {s.name: s for s in (train, held, humaneval_set(humaneval_wheel))}
+    return {s.name: s for s in (*bigbench_sets(bigbench_archive), humaneval_set(humaneval_wheel))}
 
 
 def write_sets(out: str | Path, sets: Mapping[str, PromptSet]) -> list[Path]:
@@ -164,9 +184,8 @@ def training_prompts(spec: str, *, evaluation_only: bool = False) -> list[dict[s
                                "(data.heldout_fraction = 1); train on bigbench:train")
     if name == "humaneval":
         return humaneval_set().prompts()
-    train, held = bigbench_sets()
-    return (train if name == "bigbench-train" else held).prompts()
+    return next(s for s in bigbench_sets() if s.name == name).prompts()
 
 
-__all__ = ["CATEGORIES", "HELDOUT_FRACTION", "MAX_CHARS", "PER_TASK", "SALT", "SPECS", "PromptSet",
+__all__ = ["CATEGORIES", "HELDOUT_FRACTION", "MAX_CHARS", "PER_TASK", "WIDE_PER_TASK", "SALT", "SPECS", "PromptSet",
            "bigbench_sets", "build_sets", "humaneval_set", "split_tasks", "training_prompts", "write_sets"]

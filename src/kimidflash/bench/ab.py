@@ -21,10 +21,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..background import served
 from ..config import SCHEDULE_KEY, load_config, parse_overrides
 from ..config.rules import block_serves, read_json
+from ..fsio import write_json_atomic, write_text_atomic
 from ..paths import portable
 from ..prepare import prepare
 from . import categories as cat_mod
@@ -32,6 +34,8 @@ from .categories import Category
 from .report import compare
 from .resultfile import load_result, write_result
 from .runner import BenchConfig, run_benchmark
+
+SHIPPED = "as shipped"
 
 
 def drafter_block_size(label: str, path: Path) -> int | None:
@@ -68,12 +72,14 @@ def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
                                            f"NUM_SPECULATIVE_TOKENS={k}", f"{SCHEDULE_KEY}="]))
     if args.none:
         out.append(("no speculation", ["SPECULATIVE_METHOD=none"]))
+    if args.as_shipped:  # the config file as it is, its draft schedule included
+        out.append((SHIPPED, []))
     if args.ngram:
         for k in args.ngram_k or args.k:
             out.append((f"ngram k={k}", ["SPECULATIVE_METHOD=ngram", f"NUM_SPECULATIVE_TOKENS={k}",
                                          f"{SCHEDULE_KEY}="]))
     if not out:
-        raise ValueError("nothing to compare: give --drafter, --ngram or --none")
+        raise ValueError("nothing to compare: give --drafter, --ngram, --none or --as-shipped")
     return out
 
 
@@ -184,12 +190,43 @@ def offline_vs_online(files: list[Path], offline: dict[str | None, Path], out: P
     return text
 
 
+def shipped_check(table: dict[str, Any]) -> dict[str, Any]:
+    """Per row of the specbench table: the config as shipped against the best of every other variant
+    (no speculation included), rounds pooled: the check that a shipped draft schedule never loses."""
+    rows = []
+    for r in table["rows"]:
+        cell = r["series"].get(SHIPPED)
+        if not cell or not cell["output_tps"]:
+            continue
+        others = {table["baseline"]: r["baseline_tps"]} | {
+            s: c["output_tps"] for s, c in r["series"].items() if s != SHIPPED and c["output_tps"]}
+        best = max((s for s in others if others[s]), key=lambda s: others[s])
+        rows.append({"category": r["category"], "concurrency": r["concurrency"], "as_shipped_tps": cell["output_tps"],
+                     "best_other": best, "best_other_tps": others[best],
+                     "ratio": cell["output_tps"] / others[best], "runs": cell["runs"]})
+    return {"definition": "as-shipped output tok/s / the best other variant's in the same category and "
+                          "concurrency, every round pooled", "rows": rows}
+
+
+def write_shipped_check(check: dict[str, Any], out: Path) -> str:
+    lines = ["| category | users | as shipped tok/s | best other | its tok/s | ratio |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['category'] or 'all'} | {r['concurrency']} | {r['as_shipped_tps']:.1f} | {r['best_other']} | "
+              f"{r['best_other_tps']:.1f} | {r['ratio']:.3f}x |" for r in check["rows"]]
+    text = "\n".join(lines + ["", f"- ratio: {check['definition']}"]) + "\n"
+    write_json_atomic(out / "shipped-check.json", check)
+    write_text_atomic(out / "shipped-check.md", text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="kimidflash ab", description=__doc__.splitlines()[0])
     p.add_argument("serve_config", type=Path)
     p.add_argument("--drafter", action="append", default=[], metavar="LABEL=DIR")
     p.add_argument("--ngram", action="store_true")
     p.add_argument("--none", action="store_true", help="include the no-speculation baseline")
+    p.add_argument("--as-shipped", action="store_true",
+                   help="include the config as it is (its draft schedule too), checked against the best other "
+                        "variant per concurrency in shipped-check.md (needs --none)")
     p.add_argument("--ngram-k", type=int, nargs="+", help="num_speculative_tokens for ngram (default: --k)")
     p.add_argument("--k", type=int, nargs="+", default=[7],
                    help="num_speculative_tokens values (each drafter runs those its block size serves)")
@@ -240,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         compare([str(f) for f in files], baseline=base, markdown=Path(a.out) / "report.md",
                 charts=Path(a.out) / "charts")
+    if a.as_shipped and base is not None:
+        print(write_shipped_check(shipped_check(cat_mod.specbench(files, base)), Path(a.out)))
     if offline:
         print(offline_vs_online(files, offline, Path(a.out)))
     return 0

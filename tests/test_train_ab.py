@@ -103,6 +103,19 @@ def test_as_shipped_serves_the_config_as_it_is_and_is_checked_against_the_best_o
         assert f"| {c} | {row['as_shipped_tps']:.1f} | {best} |" in (out / "shipped-check.md").read_text()
 
 
+def test_workloads_run_each_category_once_per_workload_on_the_same_server(fake_serving, drafter, tmp_path, capsys):
+    out = tmp_path / "ab"
+    assert ab.main(argv(out, drafter, "--workload", "free", "json")) == 0
+    assert len(fake_serving) == 2  # one server per variant, every workload on it
+    for w in ("free", "json"):
+        doc = load_result(out / f"mine-k3-{w}-c1.json")
+        assert doc["config"]["workload"] == w and doc["config"]["category"] == w
+    rows = {(r["category"], r["concurrency"]) for r in json.loads((out / "specbench.json").read_text())["rows"]}
+    assert {("free", 1), ("json", 2)} <= rows
+    assert ab.main(argv(out, drafter, "--workload", "json", "json")) == 2
+    assert "a workload given twice" in capsys.readouterr().err
+
+
 def test_reuse_serves_only_what_is_missing(fake_serving, drafter, tmp_path):
     out = tmp_path / "ab"
     assert ab.main(argv(out, drafter)) == 0

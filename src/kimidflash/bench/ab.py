@@ -34,6 +34,7 @@ from .categories import Category
 from .report import compare
 from .resultfile import load_result, write_result
 from .runner import BenchConfig, run_benchmark
+from .workloads import WORKLOADS
 
 SHIPPED = "as shipped"
 
@@ -105,14 +106,17 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
 
 
 def categories(args: argparse.Namespace) -> list[Category]:
-    """`--category` (with `--by-kind`, `--multi-turn`), else the one unnamed category of `--prompts`."""
+    """`--category` (with `--by-kind`, `--multi-turn`), else the one unnamed category of `--prompts`;
+    each once per `--workload`."""
     if args.category:
         if args.prompts:
             raise ValueError("give --prompts or --category, not both")
-        return cat_mod.parse_categories(args.category, args.by_kind, args.multi_turn, args.turns)
-    if args.by_kind or args.multi_turn or args.offline_category:
+        cats = cat_mod.parse_categories(args.category, args.by_kind, args.multi_turn, args.turns)
+    elif args.by_kind or args.multi_turn or args.offline_category:
         raise ValueError("--by-kind, --multi-turn and --offline-category work on --category files: name one")
-    return [Category(None, args.prompts, None, args.turns)]
+    else:
+        cats = [Category(None, args.prompts, None, args.turns)]
+    return cat_mod.with_workloads(cats, args.workload)
 
 
 def _run_variant(args: argparse.Namespace, out: Path, label: str, sets: list[str], rnd: int | None,
@@ -132,7 +136,7 @@ def _run_variant(args: argparse.Namespace, out: Path, label: str, sets: list[str
                 cfg = BenchConfig(base_url=f"{base}/v1", sessions=args.sessions, concurrency=c,
                                   turns_per_session=cat.turns, max_tokens=args.max_tokens,
                                   temperature=args.temperature, seed=args.seed, prompts=cat.prompts,
-                                  kind=cat.kind, category=cat.name,
+                                  kind=cat.kind, category=cat.name, workload=cat.workload,
                                   warmup=args.warmup, label=label, recipe_config=str(args.serve_config),
                                   recipe_overrides=dict(s.split("=", 1) for s in sets),
                                   ignore_eos=args.ignore_eos, progress=True)
@@ -238,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="split each --category file whose records carry several kinds into NAME/kind categories")
     p.add_argument("--multi-turn", action="append", default=[], metavar="NAME=N",
                    help="also run --category NAME's sessions for N turns, as the category 'NAME multi-turn'")
+    p.add_argument("--workload", nargs="+", default=["free"], choices=list(WORKLOADS),
+                   help="what requests ask for besides their messages; several: each category once per workload, "
+                        "in specbench.md as 'CATEGORY WORKLOAD' rows (tools needs the server's TOOL_CALL_PARSER)")
     p.add_argument("--sessions", type=int, default=16)
     p.add_argument("--turns", type=int, default=1)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
@@ -266,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     base = "no speculation" if a.none else None
-    if a.category:
+    if a.category or a.workload != ["free"]:  # named categories: a report each, and specbench.md
         per_cat: dict[str, list[str]] = {}
         for f in files:
             per_cat.setdefault(load_result(f)["config"]["category"], []).append(str(f))

@@ -38,10 +38,22 @@ class Category:
     prompts: str | None
     kind: str | None = None
     turns: int = 1
+    workload: str = "free"  # what each request asks for besides its messages (workloads.py)
 
     @property
     def slug(self) -> str:
         return "" if self.name is None else slug(self.name)
+
+
+def with_workloads(cats: Sequence[Category], workloads: Sequence[str]) -> list[Category]:
+    """Each category once per workload, named `NAME WORKLOAD` (the workload alone for a run without
+    categories), so one run measures what a constraint costs speculation on the same prompts. One
+    free-text workload leaves the categories as they are."""
+    if list(workloads) == ["free"]:
+        return list(cats)
+    if len(set(workloads)) != len(workloads):
+        raise ValueError(f"--workload {' '.join(workloads)}: a workload given twice")
+    return [Category(f"{c.name} {w}" if c.name else w, c.prompts, c.kind, c.turns, w) for c in cats for w in workloads]
 
 
 def slug(name: str) -> str:

@@ -330,7 +330,8 @@ def test_rendered_flags_come_from_the_schema():
         "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--gpu-memory-utilization",
         "--block-size", "--enforce-eager", "--kv-cache-dtype", "--dtype", "--trust-remote-code",
         "--enable-prefix-caching", "--no-enable-prefix-caching", "--speculative-config",
-        "--attention-backend", "--tool-call-parser", "--enable-auto-tool-choice", "--reasoning-parser", "--load-format",
+        "--attention-backend", "--chat-template", "--tool-call-parser", "--enable-auto-tool-choice", "--reasoning-parser",
+        "--load-format",
         "--kv-transfer-config",
     }
     assert len(rules.RENDERED_FLAGS) == len(set(rules.RENDERED_FLAGS))

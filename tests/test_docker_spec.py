@@ -171,3 +171,22 @@ def test_a_local_engine_short_of_disk_is_refused_before_building(tmp_path, monke
         require_free_space(Client(str(tmp_path)), 8, "building kimidflash-cpu-base")
     require_free_space(Client(str(tmp_path)), 2, "x")  # enough
     require_free_space(Client("/no/such/remote/root"), 8, "x")  # a remote engine: not measured here
+
+
+def test_a_chat_template_is_rendered_mounted_read_only_and_checked_by_preflight(tmp_path):
+    from kimidflash.preflight import check_model_dirs
+
+    template = tmp_path / "t.jinja"
+    cfg = write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'production.env'}\nCHAT_TEMPLATE=t.jinja\n")
+    config, spec = spec_for(cfg)
+    assert config["CHAT_TEMPLATE"] == str(template)  # relative to the env file
+    assert spec["volumes"][str(template)] == {"bind": str(template), "mode": "ro"}
+    argv = render(config).argv
+    assert argv[argv.index("--chat-template") + 1] == str(template)
+    missing = [c for c in check_model_dirs(config) if c.name == "CHAT_TEMPLATE"]
+    assert len(missing) == 1 and not missing[0].ok and "is missing" in missing[0].detail
+    template.write_text("{{ messages }}")
+    assert all(c.ok for c in check_model_dirs(config) if c.name == "CHAT_TEMPLATE")
+    plain, _ = spec_for(write_env(tmp_path / "p.env", f"INCLUDE={CONFIGS / 'production.env'}\n"))
+    assert "--chat-template" not in render(plain).argv
+    assert not [c for c in check_model_dirs(plain) if c.name == "CHAT_TEMPLATE"]

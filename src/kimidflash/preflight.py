@@ -105,6 +105,10 @@ def check_model_dirs(config: Config) -> list[Check]:
         cfg = Path(config[key]) / "config.json"
         checks.append(Check(key, cfg.is_file(), f"{cfg} {'found' if cfg.is_file() else 'is missing'}",
                             f"download the checkpoint into {config[key]} or set {key}"))
+    if config["CHAT_TEMPLATE"]:
+        t = Path(config["CHAT_TEMPLATE"])
+        checks.append(Check("CHAT_TEMPLATE", t.is_file(), f"{t} {'found' if t.is_file() else 'is missing'}",
+                            "point CHAT_TEMPLATE at a Jinja template file, or empty it for the checkpoint's own"))
     return checks
 
 

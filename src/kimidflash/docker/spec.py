@@ -34,8 +34,8 @@ def container_name(config: Config) -> str:
 
 
 def mounts(config: Config) -> dict[str, dict[str, str]]:
-    """Host path -> bind: model (and what an overlay links to), drafter and a KV scales
-    file read-only at the same path; HF cache writable."""
+    """Host path -> bind: model (and what an overlay links to), drafter, a KV scales file and a
+    chat template read-only at the same path; HF cache writable."""
     v = config.values
     out: dict[str, dict[str, str]] = {v["MODEL_DIR"]: {"bind": v["MODEL_DIR"], "mode": "ro"}}
     for target in link_targets(v["MODEL_DIR"]):
@@ -46,6 +46,8 @@ def mounts(config: Config) -> dict[str, dict[str, str]]:
         out[v["DRAFT_MODEL_DIR"]] = {"bind": v["DRAFT_MODEL_DIR"], "mode": "ro"}
     if v["KV_SCALE_POLICY"] == "running-max" and v["KV_SCALES_FILE"]:
         out[v["KV_SCALES_FILE"]] = {"bind": v["KV_SCALES_FILE"], "mode": "ro"}
+    if v["CHAT_TEMPLATE"]:
+        out[v["CHAT_TEMPLATE"]] = {"bind": v["CHAT_TEMPLATE"], "mode": "ro"}
     if v["HF_HOME"]:
         out[v["HF_HOME"]] = {"bind": v["HF_HOME"], "mode": "rw"}
     return dict(sorted(out.items()))

@@ -164,6 +164,30 @@ def test_hf_regen_writes_served_shaped_records_and_batching_changes_no_token(tmp
     assert json.loads(four.read_text().splitlines()[0])["id"] in recs
 
 
+def test_hf_regen_halves_a_batch_the_device_has_no_memory_for(tmp_path, tiny_target, monkeypatch):
+    from kimidflash.train import regen_hf as rh
+
+    prompts = [{"id": f"p{i}", "prompt": t} for i, t in enumerate(["Tell me about the sea.", "Hi", "Why?"])]
+    whole = tmp_path / "whole.jsonl"
+    assert regen_hf(tiny_target, prompts, whole, batch=1, max_tokens=6, temperature=0.0, device=torch.device("cpu")) == 3
+    real, sizes = rh.generate_batch, []
+
+    def small_device(model, pad, group, *a):
+        sizes.append(len(group))
+        if len(group) > 1:
+            raise torch.OutOfMemoryError("fake: out of memory")
+        return real(model, pad, group, *a)
+
+    monkeypatch.setattr(rh, "generate_batch", small_device)
+    halved = tmp_path / "halved.jsonl"
+    assert regen_hf(tiny_target, prompts, halved, batch=3, max_tokens=6, temperature=0.0, device=torch.device("cpu")) == 3
+    assert sizes == [3, 1, 2, 1, 1] and read_records(halved) == read_records(whole)
+    monkeypatch.setattr(rh, "generate_batch", lambda *a: (_ for _ in ()).throw(torch.OutOfMemoryError("none fits")))
+    with pytest.raises(torch.OutOfMemoryError, match="none fits"):
+        regen_hf(tiny_target, prompts[:1], tmp_path / "x.jsonl", batch=1, max_tokens=6, temperature=0.0,
+                 device=torch.device("cpu"))
+
+
 def test_hf_regen_refuses_sampling_and_an_empty_batch(tmp_path, tiny_target):
     p = [{"id": "a", "prompt": "x"}]
     with pytest.raises(RegenError, match="regen.temperature is 0.7"):

@@ -2,9 +2,10 @@
 reference (SmolLM2 in float32) with no speculation, DFlash (the shipped drafter, a static
 k=3) and ngram (k=3).
 
-* Every structured kind (a JSON schema, `json_object`, a regex, a choice, an EBNF grammar)
-  gives a valid reply under each method, and the same tokens as no speculation, one at a
-  time and eight at once.
+* Every structured kind (a JSON schema, `json_object`, a regex, a choice, an EBNF grammar,
+  and tool calls with tool_choice required, named and auto through the reference's
+  pythonic parser and tools template) gives a valid reply under each method, and the
+  same tokens as no speculation, one at a time and eight at once.
 * Under load (220 requests, 8 in flight, grammar-constrained and free mixed, with
   unsatisfiable and malformed constraints among them) the server stays up, every request
   ends (answered, or refused with a 400 that names the fault), and the server counted each
@@ -39,24 +40,45 @@ REGEX = r"(Yes|No), because [a-z ,]{10,60}\."
 CHOICES = ["north", "south", "east", "west"]
 GRAMMAR = 'root ::= "SELECT " cols " FROM " name ";"\ncols ::= name (", " name)*\nname ::= [a-z]{1,12}\n'
 GRAMMAR_RE = r"SELECT [a-z]{1,12}(, [a-z]{1,12})* FROM [a-z]{1,12};"
+TOOL = {"type": "function", "function": {"name": "lookup_city", "description": "Facts about a city.",
+                                         "parameters": CITY}}
 PROMPTS = ["Tell me about a large city in Europe.", "Which way does the sun rise?",
            "Is the sea salty? Answer and say why.", "Write a query for the names in the users table."]
 
 
+def called(message: dict[str, Any], always: bool = True) -> None:
+    """Every tool call names the tool and its arguments meet the schema; `always`: there is one."""
+    calls = message.get("tool_calls") or []
+    assert calls or not always, f"no tool call: {message}"
+    for call in calls:
+        assert call["function"]["name"] == "lookup_city", call
+        jsonschema.validate(json.loads(call["function"]["arguments"]), CITY)
+    if not calls:  # auto, answered in text
+        assert isinstance(message["content"], str) and message["content"], message
+
+
+def text(check: Any) -> Any:
+    return lambda m: check(m["content"])
+
+
 def kinds() -> dict[str, tuple[dict[str, Any], Any]]:
-    """kind -> (request fields, check of a finished reply's text)."""
+    """kind -> (request fields, check of a finished reply's message)."""
     return {
         "json_schema": ({"response_format": {"type": "json_schema",
                                              "json_schema": {"name": "city", "schema": CITY, "strict": True}}},
-                        lambda t: jsonschema.validate(json.loads(t), CITY)),
+                        text(lambda t: jsonschema.validate(json.loads(t), CITY))),
         "json_object": ({"response_format": {"type": "json_object"}},
-                        lambda t: isinstance(json.loads(t), dict) or pytest.fail(f"not an object: {t!r}")),
+                        text(lambda t: isinstance(json.loads(t), dict) or pytest.fail(f"not an object: {t!r}"))),
         "regex": ({"structured_outputs": {"regex": REGEX}},
-                  lambda t: re.fullmatch(REGEX, t) or pytest.fail(f"{t!r} does not match {REGEX}")),
+                  text(lambda t: re.fullmatch(REGEX, t) or pytest.fail(f"{t!r} does not match {REGEX}"))),
         "choice": ({"structured_outputs": {"choice": CHOICES}},
-                   lambda t: t in CHOICES or pytest.fail(f"{t!r} is not one of {CHOICES}")),
+                   text(lambda t: t in CHOICES or pytest.fail(f"{t!r} is not one of {CHOICES}"))),
         "grammar": ({"structured_outputs": {"grammar": GRAMMAR}},
-                    lambda t: re.fullmatch(GRAMMAR_RE, t) or pytest.fail(f"{t!r} is outside the grammar")),
+                    text(lambda t: re.fullmatch(GRAMMAR_RE, t) or pytest.fail(f"{t!r} is outside the grammar"))),
+        "tools_required": ({"tools": [TOOL], "tool_choice": "required"}, called),
+        "tools_named": ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "lookup_city"}}},
+                        called),
+        "tools_auto": ({"tools": [TOOL], "tool_choice": "auto"}, lambda m: called(m, always=False)),
     }
 
 
@@ -97,8 +119,8 @@ def test_every_structured_kind_is_valid_under_each_method(replies, method):
     for concurrency in (1, 8):
         finished = {k: 0 for k in kinds()}
         for (kind, prompt), choice in replies[method][concurrency].items():
-            if choice["finish_reason"] == "stop":
-                kinds()[kind][1](choice["message"]["content"])
+            if choice["finish_reason"] in ("stop", "tool_calls"):
+                kinds()[kind][1](choice["message"])
                 finished[kind] += 1
         assert all(finished.values()), f"{method} c={concurrency}: a kind never finished: {finished}"
 
@@ -109,6 +131,28 @@ def test_speculation_changes_no_structured_token(replies, method):
     for concurrency in (1, 8):
         for job, choice in replies[method][concurrency].items():
             assert choice["token_ids"] == replies["none"][1][job]["token_ids"], (method, concurrency, job)
+
+
+def test_the_tools_template_is_the_models_own_for_requests_without_tools():
+    """The reference's CHAT_TEMPLATE only adds tools: every other prompt, and so every earlier
+    result on this config, is what the checkpoint's own template gives."""
+    from transformers import AutoTokenizer
+
+    from kimidflash.config import load_config
+
+    cfg = load_config(REFERENCE)
+    tok = AutoTokenizer.from_pretrained(cfg["MODEL_DIR"])
+    mine = open(cfg["CHAT_TEMPLATE"]).read()
+    for conv in ([{"role": "user", "content": p}] for p in PROMPTS), (
+            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": PROMPTS[0]}],):
+        for c in conv:
+            for gen in (True, False):
+                assert tok.apply_chat_template(c, tokenize=False, add_generation_prompt=gen) == \
+                    tok.apply_chat_template(c, tokenize=False, add_generation_prompt=gen, chat_template=mine)
+    with_tools = tok.apply_chat_template([{"role": "user", "content": PROMPTS[0]}], tokenize=False,
+                                         add_generation_prompt=True, chat_template=mine, tools=[TOOL])
+    assert '"name": "lookup_city"' in with_tools and with_tools.endswith("<|im_start|>assistant\n")
 
 
 BAD = {  # constraints no reply can meet, or that do not parse
@@ -125,7 +169,7 @@ BIG_ENUM = {"type": "string", "enum": [f"option-{i:04d}" for i in range(2000)]}
 
 
 def test_a_mixed_load_with_bad_constraints_ends_every_request_once():
-    good = [fields for fields, _ in kinds().values()] + [
+    good = [fields for fields, _ in kinds().values()] + [  # tool calls among them
         {"response_format": {"type": "json_schema", "json_schema": {"name": "deep", "schema": DEEP}}},
         {"response_format": {"type": "json_schema", "json_schema": {"name": "enum", "schema": BIG_ENUM}}},
         {}]  # and free text
@@ -149,7 +193,7 @@ def test_a_mixed_load_with_bad_constraints_ends_every_request_once():
     for name, r in refused:
         assert r.status_code == 400 and r.json().get("error", {}).get("message"), (name, r.text[:300])
     assert len(answered) + len(refused) == 220
-    assert all(r.json()["choices"][0]["finish_reason"] in ("stop", "length") for r in answered)
+    assert all(r.json()["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls") for r in answered)
     served = after.get("vllm:request_success_total", 0.0) - before.get("vllm:request_success_total", 0.0)
     tokens = after.get("vllm:generation_tokens_total", 0.0) - before.get("vllm:generation_tokens_total", 0.0)
     assert served == len(answered), "the server counted a request twice, or lost one"

@@ -68,7 +68,7 @@ FIELDS: tuple[Field, ...] = (
     F("SERVED_MODEL_NAME", "str", "kimi-k2.6-amd-dflash", "Model name clients send in requests.", "model", flag="--served-model-name"),
     F("TRUST_REMOTE_CODE", "bool", True, "Pass --trust-remote-code (the Kimi tokenizer needs it).", "model", flag="--trust-remote-code"),
     F("DTYPE", "choice", "auto", "Activation dtype (`float32` for exactness checks on CPU).", "model", ("auto", "bfloat16", "float16", "float32"), flag="--dtype", omit=("auto",)),
-    F("CHAT_TEMPLATE", "path", "", "A Jinja chat template used instead of the checkpoint's own (mounted read-only with the docker runtime); the CPU reference's adds tool definitions for TOOL_CALL_PARSER=llama3_json. Empty: the checkpoint's.", "model", flag="--chat-template", omit=("",)),
+    F("CHAT_TEMPLATE", "path", "", "A Jinja chat template used instead of the checkpoint's own (mounted read-only with the docker runtime); the CPU reference's adds tool definitions for TOOL_CALL_PARSER=pythonic. Empty: the checkpoint's.", "model", flag="--chat-template", omit=("",)),
     F("TOOL_CALL_PARSER", "str", "kimi_k2", "vLLM tool-call parser; enables auto tool choice. Empty: off.", "model", flag="--tool-call-parser", also=("--enable-auto-tool-choice",), omit=("",)),
     F("REASONING_PARSER", "str", "kimi_k2", "vLLM reasoning parser. Empty: off.", "model", flag="--reasoning-parser", omit=("",)),
     # --- network ----------------------------------------------------------

@@ -116,6 +116,12 @@ def test_workloads_run_each_category_once_per_workload_on_the_same_server(fake_s
     assert "a workload given twice" in capsys.readouterr().err
 
 
+def test_as_shipped_without_the_baseline_is_refused(fake_serving, drafter, tmp_path, capsys):
+    args = [a for a in argv(tmp_path / "ab", drafter, "--as-shipped") if a != "--none"]
+    assert ab.main(args) == 2 and "--as-shipped is checked against the best other variant" in capsys.readouterr().err
+    assert not fake_serving
+
+
 def test_reuse_serves_only_what_is_missing(fake_serving, drafter, tmp_path):
     out = tmp_path / "ab"
     assert ab.main(argv(out, drafter)) == 0
@@ -158,6 +164,7 @@ def test_each_drafter_runs_only_the_k_its_blocks_serve(fake_serving, drafter, tm
     (["--drafter", "nolabel"], "--drafter nolabel: expected LABEL=DIR"),
     (["--drafter", "b=/nonexistent"], "--drafter b: /nonexistent/config.json not found"),
     (["--k", "9"], "--drafter mine: its blocks of 8 serve none of --k 9"),
+    (["--workload", "free", "tools"], "sets no TOOL_CALL_PARSER, and vLLM refuses tool_choice without one"),
 ])
 def test_bad_input_is_one_clear_error(fake_serving, drafter, tmp_path, capsys, extra, message):
     (drafter / "config.json").write_text(json.dumps({"block_size": 8}))

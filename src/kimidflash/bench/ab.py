@@ -74,6 +74,9 @@ def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     if args.none:
         out.append(("no speculation", ["SPECULATIVE_METHOD=none"]))
     if args.as_shipped:  # the config file as it is, its draft schedule included
+        if not args.none:
+            raise ValueError("--as-shipped is checked against the best other variant, no speculation "
+                             "included: add --none")
         out.append((SHIPPED, []))
     if args.ngram:
         for k in args.ngram_k or args.k:
@@ -96,6 +99,9 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
     files: list[Path] = []
     config = load_config(args.serve_config, parse_overrides(list(args.set)))
     cats = categories(args)
+    if "tools" in args.workload and not config["TOOL_CALL_PARSER"]:
+        raise ValueError(f"--workload tools: {args.serve_config} sets no TOOL_CALL_PARSER, and vLLM refuses "
+                         "tool_choice without one (--set TOOL_CALL_PARSER=...)")
     if config["RUNTIME"] != "docker":  # serve's own step, run first so a --drafter it generates (the tiny pair)
         prepare(config, log=lambda m: print(f"ab: {m}", file=sys.stderr))  # exists when variants() reads it
     todo = variants(args)
@@ -230,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--none", action="store_true", help="include the no-speculation baseline")
     p.add_argument("--as-shipped", action="store_true",
                    help="include the config as it is (its draft schedule too), checked against the best other "
-                        "variant per concurrency in shipped-check.md (needs --none)")
+                        "variant per concurrency in shipped-check.md (with --none)")
     p.add_argument("--ngram-k", type=int, nargs="+", help="num_speculative_tokens for ngram (default: --k)")
     p.add_argument("--k", type=int, nargs="+", default=[7],
                    help="num_speculative_tokens values (each drafter runs those its block size serves)")

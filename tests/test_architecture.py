@@ -14,9 +14,10 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "kimidflash"
-# Third-party imports that may wait inside a function: heavy, and needed by few commands.
+# Third-party imports that may wait inside a function: heavy, and needed by few commands
+# (jsonschema: only the benchmark's reply checks need it, and GPU training nodes lack it).
 DEFERRABLE = {"torch", "transformers", "tokenizers", "docker", "matplotlib", "safetensors", "numpy", "vllm",
-              "huggingface_hub"}
+              "huggingface_hub", "jsonschema"}
 
 
 def modules(src: Path = SRC) -> dict[str, Path]:

@@ -279,19 +279,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     base = "no speculation" if a.none else None
-    if a.category or a.workload != ["free"]:  # named categories: a report each, and specbench.md
+    named = bool(a.category) or a.workload != ["free"]  # named categories: a report each, and specbench.md
+    table = cat_mod.specbench(files, base, walks) if base is not None and (named or a.as_shipped) else None
+    if named:
         per_cat: dict[str, list[str]] = {}
         for f in files:
             per_cat.setdefault(load_result(f)["config"]["category"], []).append(str(f))
         for name, group in per_cat.items():
             compare(group, baseline=base, markdown=Path(a.out) / f"report-{cat_mod.slug(name)}.md", terminal=False)
-        if base is not None:
-            print(cat_mod.write(cat_mod.specbench(files, base, walks), Path(a.out)))
+        if table is not None:
+            print(cat_mod.write(table, Path(a.out)))
     else:
         compare([str(f) for f in files], baseline=base, markdown=Path(a.out) / "report.md",
                 charts=Path(a.out) / "charts")
-    if a.as_shipped and base is not None:
-        print(write_shipped_check(shipped_check(cat_mod.specbench(files, base)), Path(a.out)))
+    if a.as_shipped and table is not None:
+        print(write_shipped_check(shipped_check(table), Path(a.out)))
     if offline:
         print(offline_vs_online(files, offline, Path(a.out)))
     return 0

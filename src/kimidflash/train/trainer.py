@@ -249,6 +249,10 @@ def train_loop(shape: DrafterShape | dict[str, Any], tc: TrainOptions | dict[str
                 _save(r, last)
             if out_of_time:
                 break
+    if r.world > 1:
+        # Rank 0 is still writing the checkpoint when the others return from _save; a rank
+        # that tears gloo down meanwhile aborts its peer ("terminate called without an active exception").
+        torch.distributed.barrier()
     return {"model": r.model, "step": r.step, "history": r.history, "seconds": time.monotonic() - t0}
 
 

@@ -108,7 +108,7 @@ def reference_server():
         yield load_config(config_path), server
 
 
-@pytest.mark.parametrize("concurrency, n", [(8, 16)])  # c=1 (6 requests) agreed too; CI leaves it out for time
+@pytest.mark.parametrize("concurrency, n", [(8, 16), pytest.param(1, 6, marks=pytest.mark.extra)])
 def test_throughput_agrees_with_vllm_bench_serve(reference_server, tmp_path, concurrency, n):
     """Same server, prompts, output length, concurrency and request shape (plain OpenAI streaming:
     our vLLM extensions, per-chunk usage and token ids, make the server do more per chunk). The

@@ -154,6 +154,8 @@ def refusal(tmp_path, body: str, environ=None) -> ConfigError:
      ["ends at batch size 16", "MAX_NUM_SEQS=32"]),
     ("NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-32:2,33-64:0", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE",
      ["33-64:0 starts above MAX_NUM_SEQS=32"]),
+    ("TOOL_CALL_PARSER=\nTOOL_STRICT_LEVEL=parameter", "TOOL_STRICT_LEVEL", ["TOOL_CALL_PARSER is empty"]),
+    ("TOOL_STRICT_LEVEL=strict", "TOOL_STRICT_LEVEL", ["parameter"]),
     ("NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-32:2\nVLLM_VERSION=0.20.2", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE",
      ["vLLM 0.20.2 has no num_speculative_tokens_per_batch_size", "0.25.1", "32374"]),
     ("NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-32:2\nSPECULATIVE_METHOD=ngram", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE",
@@ -330,7 +332,8 @@ def test_rendered_flags_come_from_the_schema():
         "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--gpu-memory-utilization",
         "--block-size", "--enforce-eager", "--kv-cache-dtype", "--dtype", "--trust-remote-code",
         "--enable-prefix-caching", "--no-enable-prefix-caching", "--speculative-config",
-        "--attention-backend", "--chat-template", "--tool-call-parser", "--enable-auto-tool-choice", "--reasoning-parser",
+        "--attention-backend", "--chat-template", "--tool-call-parser", "--enable-auto-tool-choice", "--tool-strict-level",
+        "--reasoning-parser",
         "--load-format",
         "--kv-transfer-config",
     }

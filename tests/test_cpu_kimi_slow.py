@@ -10,8 +10,8 @@ the kimi_k2 tool-call and reasoning parsers. What is checked:
 * `tool_choice` required and named, under DFlash, return one call of a
   declared function with Kimi's native call id, whose arguments hold to the
   tool's schema: whole when the call finished, so far when max_tokens cut it
-  (tools marked `strict`: vLLM 0.32 constrains only the call envelope of a
-  non-strict tool, `--tool-strict-level`);
+  (no tool is marked `strict`: the config's TOOL_STRICT_LEVEL=parameter holds
+  them all; the extra-tier case shows that vLLM's default level does not);
 * float32 greedy outputs are identical with DFlash, ngram and no speculation,
   alone and 8 at once;
 * patch C1 is what lets the pair start: vLLM's own block-size selection over
@@ -42,12 +42,12 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = CONFIGS / "cpu-kimi-tiny.env"
 MODEL = "tiny-kimi-k2.6-dflash"
 WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city for some days.", "strict": True,
+    "name": "get_weather", "description": "The weather in a city for some days.",
     "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
                    "properties": {"city": {"type": "string", "enum": ["Paris", "Berlin"]},
                                   "days": {"type": "integer"}}}}}
 TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "The time in a zone.", "strict": True,
+    "name": "get_time", "description": "The time in a zone.",
     "parameters": {"type": "object", "additionalProperties": False, "required": ["zone"],
                    "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}}}}
 
@@ -56,6 +56,10 @@ def chat(client: httpx.Client, **body) -> dict:
     r = client.post("/v1/chat/completions", json={"model": MODEL, "temperature": 0, **body})
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]
+
+
+ASK = dict(messages=[{"role": "user", "content": "What is the weather in Paris?"}], max_tokens=400,
+           tools=[WEATHER, TIME], chat_template_kwargs={"thinking": False}, parallel_tool_calls=False)
 
 
 def test_tiny_kimi_is_generated_served_with_dflash_and_calls_tools(tmp_path):
@@ -75,10 +79,8 @@ def test_tiny_kimi_is_generated_served_with_dflash_and_calls_tools(tmp_path):
             assert after["vllm:spec_decode_num_draft_tokens_total"] - before.get(
                 "vllm:spec_decode_num_draft_tokens_total", 0) == 3 * drafts
             # One call each: a random model may otherwise call on until max_tokens cuts a call short.
-            ask = dict(messages=[{"role": "user", "content": "What is the weather in Paris?"}], max_tokens=400,
-                       tools=[WEATHER, TIME], chat_template_kwargs={"thinking": False}, parallel_tool_calls=False)
-            required = chat(client, **ask, tool_choice="required")
-            named = chat(client, **ask, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+            required = chat(client, **ASK, tool_choice="required")
+            named = chat(client, **ASK, tool_choice={"type": "function", "function": {"name": "get_weather"}})
     # The JSON grammar allows whitespace between any two tokens, and neither vLLM's disable_any_whitespace
     # (it does not reach tool-call grammars) nor a bias (logit_bias is refused under speculation; bad_words
     # strips whitespace) stops this random model writing it until max_tokens. So a finished call must
@@ -95,6 +97,29 @@ def test_tiny_kimi_is_generated_served_with_dflash_and_calls_tools(tmp_path):
 
 
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+
+
+@pytest.mark.extra
+def test_at_vllms_default_strict_level_kimi_k2_arguments_escape_the_schema(tmp_path):
+    """The negative control of TOOL_STRICT_LEVEL=parameter: the same non-strict tools at vLLM's
+    default level get only the call envelope constrained, and this random model's arguments
+    break the schema (they were the JSON value `false` when first seen)."""
+    target, draft = tmp_path / "tiny-kimi", tmp_path / "tiny-kimi-dflash"
+    with serving(CONFIG, f"MODEL_DIR={target}", f"DRAFT_MODEL_DIR={draft}", "TOOL_STRICT_LEVEL=") as server, \
+            httpx.Client(base_url=server.base_url, timeout=300) as client:
+        replies = [chat(client, **ASK, tool_choice=choice) for choice in
+                   ("required", {"type": "function", "function": {"name": "get_weather"}})]
+    broken = []
+    for reply in replies:
+        for call in reply["message"].get("tool_calls") or []:
+            name, arguments = call["function"]["name"], call["function"]["arguments"]
+            try:  # a call cut by max_tokens is judged on what it wrote so far
+                ok = so_far(arguments, SCHEMAS[name]) if reply["finish_reason"] == "length" else \
+                    satisfies(json.loads(arguments), SCHEMAS[name])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                ok = False
+            broken += [] if ok else [(name, arguments)]
+    assert broken, f"every call held to its schema without TOOL_STRICT_LEVEL: {replies}"
 
 
 def satisfies(args: dict, schema: dict) -> bool:

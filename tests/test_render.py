@@ -47,6 +47,20 @@ def test_draft_kv_cache_dtype_is_rendered_only_where_vllm_has_the_option():
         assert json.loads(argv[argv.index("--speculative-config") + 1]).get("kv_cache_dtype") == rendered
 
 
+def test_tool_strict_level_is_rendered_only_where_vllm_has_the_flag():
+    """--tool-strict-level exists from 0.32 (read in 0.32.0 and 0.33.0), not in 0.20.2 or 0.21.0,
+    where required and named calls take the JSON-schema path instead; the shipped Kimi configs
+    hold every tool to its schema."""
+    for pin, rendered in (("0.20.2", False), ("0.21.0", False), ("0.32.0", True), ("0.33.0", True)):
+        argv = render(load_config(CONFIGS / "production.env", {"VLLM_VERSION": pin}, environ={})).argv
+        assert ("--tool-strict-level" in argv) == rendered, pin
+        if rendered:
+            assert argv[argv.index("--tool-strict-level") + 1] == "parameter"
+    tiny = render(load_config(CONFIGS / "cpu-kimi-tiny.env", environ={})).argv
+    assert tiny[tiny.index("--tool-strict-level") + 1] == "parameter"
+    assert "--tool-strict-level" not in render(load_config(CONFIGS / "cpu-reference.env", environ={})).argv
+
+
 def test_the_draft_schedule_renders_as_vllms_per_batch_size_list():
     """NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE becomes speculative_config.num_speculative_tokens_per_batch_size
     (inclusive [from, to, k] ranges) on the pins that have it; with data parallelism of 1 it stays."""

@@ -101,8 +101,8 @@ def answers(client: httpx.Client, concurrency: int) -> dict[tuple[str, str], dic
 
 
 @pytest.fixture(scope="module")
-def replies() -> dict[str, dict[int, dict]]:
-    out: dict[str, dict[int, dict]] = {}
+def replies() -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for method, sets in METHODS.items():
         with serving(REFERENCE, "DTYPE=float32", *sets) as server, \
                 httpx.Client(base_url=server.base_url, timeout=600) as client:
@@ -111,6 +111,8 @@ def replies() -> dict[str, dict[int, dict]]:
             after = server.metrics()
             out[method]["accepted"] = after.get("vllm:spec_decode_num_accepted_tokens_total", 0.0) - \
                 before.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
+            if method == "dflash":  # the load test's server (one start fewer)
+                out["load"] = mixed_load(server, client)
     return out
 
 
@@ -168,7 +170,8 @@ DEEP = {"type": "object", "properties": {"a": {"type": "array", "items": {"type"
 BIG_ENUM = {"type": "string", "enum": [f"option-{i:04d}" for i in range(2000)]}
 
 
-def test_a_mixed_load_with_bad_constraints_ends_every_request_once():
+def mixed_load(server, client: httpx.Client) -> dict[str, Any]:
+    """220 requests, 8 in flight, on the DFlash server (static k=3) of `replies`."""
     good = [fields for fields, _ in kinds().values()] + [  # tool calls among them
         {"response_format": {"type": "json_schema", "json_schema": {"name": "deep", "schema": DEEP}}},
         {"response_format": {"type": "json_schema", "json_schema": {"name": "enum", "schema": BIG_ENUM}}},
@@ -180,13 +183,17 @@ def test_a_mixed_load_with_bad_constraints_ends_every_request_once():
             jobs.append((name, BAD[name]))
         else:
             jobs.append(("good", good[i % len(good)]))
-    with serving(REFERENCE, "DTYPE=float32", STATIC) as server, \
-            httpx.Client(base_url=server.base_url, timeout=600) as client:
-        before = server.metrics()
-        with ThreadPoolExecutor(8) as pool:
-            got = list(pool.map(lambda j: (j[0], ask(client, PROMPTS[len(j[0]) % 4], j[1], 24)), jobs))
-        assert client.get("/health").status_code == 200, "the server did not survive the load"
-        after = server.metrics()
+    before = server.metrics()
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda j: (j[0], ask(client, PROMPTS[len(j[0]) % 4], j[1], 24)), jobs))
+    healthy = client.get("/health").status_code == 200
+    return {"got": got, "healthy": healthy, "before": before, "after": server.metrics()}
+
+
+def test_a_mixed_load_with_bad_constraints_ends_every_request_once(replies):
+    load = replies["load"]
+    got, before, after = load["got"], load["before"], load["after"]
+    assert load["healthy"], "the server did not survive the load"
     refused = [(name, r) for name, r in got if r.status_code != 200]
     answered = [r for name, r in got if r.status_code == 200]
     assert {name for name, _ in refused} <= set(BAD), [(n, r.status_code, r.text[:200]) for n, r in refused]

@@ -52,7 +52,9 @@ def _chat(base_url: str, model: str, prompts: list[str], max_tokens: int, concur
         return list(pool.map(one, prompts))
 
 
-@pytest.mark.parametrize("gate", [CONFIGS / "train-kimi-tiny-overfit-gate.json"], ids=lambda p: p.stem)
+@pytest.mark.parametrize("gate", [CONFIGS / "train-kimi-tiny-overfit-gate.json",
+                                  pytest.param(CONFIGS / "train-overfit-gate.json", marks=pytest.mark.extra)],
+                         ids=lambda p: p.stem)
 def test_overfit_gate_offline_and_online_acceptance_agree(tmp_path, gate):
     from kimidflash.config import load_config
     from kimidflash.train.shape import DrafterShape

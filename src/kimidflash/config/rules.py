@@ -180,6 +180,8 @@ def check_config(config: Config) -> None:
     refused = backends.refusal(v)
     if refused:
         fail(*refused)
+    if v["TOOL_STRICT_LEVEL"] and not v["TOOL_CALL_PARSER"]:
+        fail("TOOL_STRICT_LEVEL", "applies to tool calls, and TOOL_CALL_PARSER is empty: set a parser or empty it")
     if v["SPECULATIVE_METHOD"] == "ngram" and v["NGRAM_PROMPT_LOOKUP_MIN"] > v["NGRAM_PROMPT_LOOKUP_MAX"]:
         fail("NGRAM_PROMPT_LOOKUP_MIN", "must not exceed NGRAM_PROMPT_LOOKUP_MAX")
 

@@ -70,6 +70,7 @@ FIELDS: tuple[Field, ...] = (
     F("DTYPE", "choice", "auto", "Activation dtype (`float32` for exactness checks on CPU).", "model", ("auto", "bfloat16", "float16", "float32"), flag="--dtype", omit=("auto",)),
     F("CHAT_TEMPLATE", "path", "", "A Jinja chat template used instead of the checkpoint's own (mounted read-only with the docker runtime); the CPU reference's adds tool definitions for TOOL_CALL_PARSER=pythonic. Empty: the checkpoint's.", "model", flag="--chat-template", omit=("",)),
     F("TOOL_CALL_PARSER", "str", "kimi_k2", "vLLM tool-call parser; enables auto tool choice. Empty: off.", "model", flag="--tool-call-parser", also=("--enable-auto-tool-choice",), omit=("",)),
+    F("TOOL_STRICT_LEVEL", "choice", "", "How far vLLM's grammar holds tool calls (`--tool-strict-level`; needs TOOL_CALL_PARSER). `parameter`: every tool's arguments are held to its JSON schema, as if each tool were `strict: true`; `function`: the call envelope and function name only; `auto`: a tool's arguments only when the request marks it strict (non-strict tools under kimi_k2 can then return arguments outside their schema, docs/structured-outputs.md). Every level but `auto` also constrains `tool_choice` auto requests. Rendered from vLLM 0.32 (read in 0.32.0 and 0.33.0); 0.20.x and 0.21.x have no such flag and nothing is rendered: there required and named calls are held to the tool's schema (the JSON-schema path) whatever this says, and auto is not constrained. Empty: vLLM's default (`auto` for kimi_k2).", "model", ("", "auto", "function", "parameter"), flag="--tool-strict-level"),
     F("REASONING_PARSER", "str", "kimi_k2", "vLLM reasoning parser. Empty: off.", "model", flag="--reasoning-parser", omit=("",)),
     # --- network ----------------------------------------------------------
     F("HOST", "str", "127.0.0.1", "Bind address. Anything but loopback needs API_KEY.", "network", flag="--host"),
@@ -112,8 +113,9 @@ GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FIELDS))
 # order of the command line (tests/golden/ pins it). MODEL_DIR (positional with the
 # cli entrypoint), API_KEY (passed in the environment, never on the command line),
 # PRESHARDED_DIR (the model path and `--load-format sharded_state`),
-# SPECULATIVE_METHOD (one JSON from several keys) and HIDDEN_STATES_DIR (the
-# connector's JSON) name their flags but are rendered by hand.
+# SPECULATIVE_METHOD (one JSON from several keys), HIDDEN_STATES_DIR (the
+# connector's JSON) and TOOL_STRICT_LEVEL (only on pins that have it) name their
+# flags but are rendered by hand.
 FLAG_ORDER: tuple[str, ...] = (
     "SERVED_MODEL_NAME", "HOST", "PORT", "TENSOR_PARALLEL_SIZE", "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS",
     "MAX_MODEL_LEN", "GPU_MEMORY_UTILIZATION", "BLOCK_SIZE", "DTYPE", "KV_CACHE_DTYPE", "ENFORCE_EAGER",

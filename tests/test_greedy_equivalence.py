@@ -5,6 +5,11 @@ would blame speculation for rounding. Requests go 8 at a time so the
 verification path sees mixed batches. ngram speculation is included because
 it accepts many tokens (the random DFlash drafter almost none), so accepted
 drafts are proven to change nothing too.
+
+`extra` (-m extra): the same check runs in CI on the two models that matter more, with
+drafters that are accepted: SmolLM2 with the shipped drafter (test_train_slow.py, and
+every structured kind in test_structured_slow.py) and the tiny K2.6 on its MLA target
+(test_cpu_kimi_slow.py). This one, on the generic tiny pair, is left out for CI's time.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import pytest
 
 from .conftest import serving
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extra]
 
 TOPICS = ["the cache", "a drafter", "GPUs", "prime numbers", "the sky", "a detective story", "tokens", "the server",
           "rivers", "music", "chess", "bread", "volcanoes"]

@@ -82,10 +82,19 @@ def test_ab_runs_every_category_per_variant_and_specbench_pools_the_rounds(fake_
     def pooled(slugs: list[str], variant: str) -> float:
         docs = [load_result(out / f"{variant}-{s}-c1-r{r}.json") for s in slugs for r in (1, 2)]
         return sum(d["total_output_tokens"] for d in docs) / sum(d["duration"] for d in docs)
+    def decoded(slugs: list[str], variant: str) -> float:
+        reqs = [q for s in slugs for r in (1, 2) for q in load_result(out / f"{variant}-{s}-c1-r{r}.json")["requests"]
+                if q["output_tokens"] > 1]
+        assert reqs
+        return sum(q["output_tokens"] - 1 for q in reqs) / sum((q["e2el_ms"] - q["ttft_ms"]) / 1e3 for q in reqs)
     for name, slugs in (("he", ["he"]), ("bb (all kinds)", ["bb-code", "bb-math"]), (ALL, ["bb-code", "bb-math", "he"])):
         cell = rows[name]["series"]["mine k=3"]
         assert cell["speedup"] == pytest.approx(pooled(slugs, "mine-k3") / pooled(slugs, "no-speculation"))
         assert cell["acceptance_length"] == pytest.approx(2.5) and cell["runs"] == 2 * len(slugs)
+        assert cell["decode_speedup"] == pytest.approx(decoded(slugs, "mine-k3") / decoded(slugs, "no-speculation"))
+        docs = [load_result(out / f"mine-k3-{s}-c1-r{r}.json") for s in slugs for r in (1, 2)]
+        assert cell["drafted_per_draft"] == pytest.approx(
+            sum(d["spec_decode_draft_tokens"] for d in docs) / sum(d["spec_decode_num_drafts"] for d in docs))
     assert rows["he"]["series"]["mine k=3"]["offline_walk_acceptance_length"] == 1.7
     assert rows["bb/code"]["series"]["mine k=3"]["offline_walk_acceptance_length"] is None
     md = (out / "specbench.md").read_text()

@@ -107,15 +107,31 @@ class _Pool:
     tokens: float = 0.0
     seconds: float = 0.0
     drafts: int = 0
+    draft_tokens: int = 0
     accepted: int = 0
+    decode_tokens: int = 0  # every token after a request's first
+    decode_seconds: float = 0.0  # from each request's first token to its last
     runs: int = 0
 
     def add(self, doc: dict[str, Any]) -> None:
         self.tokens += doc.get("total_output_tokens") or 0
         self.seconds += doc.get("duration") or 0.0
         self.drafts += doc.get("spec_decode_num_drafts") or 0
+        self.draft_tokens += doc.get("spec_decode_draft_tokens") or 0
         self.accepted += doc.get("spec_decode_accepted_tokens") or 0
+        for r in doc.get("requests") or []:
+            if not r.get("error") and r.get("ttft_ms") is not None and (r.get("output_tokens") or 0) > 1:
+                self.decode_tokens += r["output_tokens"] - 1
+                self.decode_seconds += (r["e2el_ms"] - r["ttft_ms"]) / 1e3
         self.runs += 1
+
+    @property
+    def decode_tps(self) -> float | None:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds else None
+
+    @property
+    def tokens_per_draft(self) -> float | None:
+        return self.draft_tokens / self.drafts if self.drafts else None
 
     @property
     def tps(self) -> float | None:
@@ -164,21 +180,30 @@ def specbench(files: Sequence[Path], baseline: str, offline: dict[tuple[str, str
             for d in docs:
                 if cat(d) in members and d["max_concurrency"] == conc:
                     pools[d["label"]].add(d)
-            base = pools[baseline].tps
+            base, base_decode = pools[baseline].tps, pools[baseline].decode_tps
             cells = {}
             for s in series:
                 if s == baseline or not pools[s].runs:
                     continue
                 tps = pools[s].tps
+                decode = pools[s].decode_tps
                 cells[s] = {"acceptance_length": pools[s].acceptance_length, "output_tps": tps,
                             "speedup": tps / base if tps and base else None, "runs": pools[s].runs,
+                            "drafted_per_draft": pools[s].tokens_per_draft,
+                            "decode_speedup": decode / base_decode if decode and base_decode else None,
                             "offline_walk_acceptance_length": _offline(offline or {}, s, name)}
             rows.append({"category": name, "members": members, "concurrency": conc,
                          "baseline_tps": base, "baseline_runs": pools[baseline].runs, "series": cells})
     return {"baseline": baseline, "series": [s for s in series if s != baseline], "rows": rows,
             "definitions": {"output_tps": "total output tokens / total measured seconds, every round pooled",
                             "acceptance_length": "1 + accepted / drafts, vLLM /metrics deltas, every round pooled",
-                            "speedup": "output_tps / the baseline's in the same category and concurrency"},
+                            "speedup": "output_tps / the baseline's in the same category and concurrency",
+                            "drafted_per_draft": "draft tokens / drafts: below k where a grammar cut drafts short "
+                                                 "(a draft cut to nothing is no draft, and leaves the acceptance "
+                                                 "length above the tokens a step gives)",
+                            "decode_speedup": "the same ratio over decode alone: output tokens after each "
+                                              "request's first / the time from its first token to its last, "
+                                              "pooled (no prefill, no queueing)"},
             "files": [f.name for f in files], "left_out_partial": partial}
 
 
@@ -195,14 +220,17 @@ def render(table: dict[str, Any]) -> str:
     series = table["series"]
     head = ["category", "users", f"{table['baseline']} tok/s"]
     for s in series:
-        head += [f"{s} AL online", f"{s} AL offline walk", f"{s} tok/s", f"{s} speedup"]
+        head += [f"{s} AL online", f"{s} AL offline walk", f"{s} drafted/draft", f"{s} tok/s", f"{s} speedup",
+                 f"{s} decode speedup"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table["rows"]:
         cells = [r["category"], str(r["concurrency"]), _f(r["baseline_tps"], ".1f")]
         for s in series:
             c = r["series"].get(s, {})
+            x = lambda v: _f(v, ".2f") + ("x" if v else "")  # noqa: E731
             cells += [_f(c.get("acceptance_length"), ".2f"), _f(c.get("offline_walk_acceptance_length"), ".2f"),
-                      _f(c.get("output_tps"), ".1f"), _f(c.get("speedup"), ".2f") + ("x" if c.get("speedup") else "")]
+                      _f(c.get("drafted_per_draft"), ".2f"), _f(c.get("output_tps"), ".1f"), x(c.get("speedup")),
+                      x(c.get("decode_speedup"))]
         lines.append("| " + " | ".join(cells) + " |")
     d = table["definitions"]
     notes = [f"- {k}: {v}" for k, v in d.items()]

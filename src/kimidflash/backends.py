@@ -78,7 +78,6 @@ def tool_strict_level_option(version: str) -> bool:
     return release(version) >= TOOL_STRICT_LEVEL_SINCE
 
 
-
 def draft_kv_dtype_option(version: str) -> bool:
     """Whether this vLLM takes speculative_config.kv_cache_dtype."""
     return release(version) >= DRAFT_KV_DTYPE_OPTION_SINCE

@@ -223,11 +223,11 @@ def render(table: dict[str, Any]) -> str:
         head += [f"{s} AL online", f"{s} AL offline walk", f"{s} drafted/draft", f"{s} tok/s", f"{s} speedup",
                  f"{s} decode speedup"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    x = lambda v: _f(v, ".2f") + ("x" if v else "")  # noqa: E731  a ratio
     for r in table["rows"]:
         cells = [r["category"], str(r["concurrency"]), _f(r["baseline_tps"], ".1f")]
         for s in series:
             c = r["series"].get(s, {})
-            x = lambda v: _f(v, ".2f") + ("x" if v else "")  # noqa: E731
             cells += [_f(c.get("acceptance_length"), ".2f"), _f(c.get("offline_walk_acceptance_length"), ".2f"),
                       _f(c.get("drafted_per_draft"), ".2f"), _f(c.get("output_tps"), ".1f"), x(c.get("speedup")),
                       x(c.get("decode_speedup"))]

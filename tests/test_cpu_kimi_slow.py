@@ -118,7 +118,8 @@ def test_at_vllms_default_strict_level_kimi_k2_arguments_escape_the_schema(tmp_p
                     satisfies(json.loads(arguments), SCHEMAS[name])
             except (ValueError, KeyError, TypeError, AttributeError):
                 ok = False
-            broken += [] if ok else [(name, arguments)]
+            if not ok:
+                broken.append((name, arguments))
     assert broken, f"every call held to its schema without TOOL_STRICT_LEVEL: {replies}"
 
 

@@ -296,6 +296,60 @@ PATCHES = [
             },
         ],
     },
+    {
+        "id": "S2",
+        "group": "Draft schedule (dynamic speculative decoding)",
+        "what": "after a DFlash step the draft schedule gave k=0, the engine clears the scheduled "
+                "requests' drafts itself instead of asking the worker for them",
+        "why": "without async scheduling the engine core fetches the draft ids from the worker "
+               "after every step (one more engine-worker round trip, serial with the next step); "
+               "a k=0 DFlash step drafts nothing (S1), so the reply is known to be empty",
+        "upstream": None,
+        "runs_when": {"SPECULATIVE_METHOD": ["dflash"], "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": ["?*"]},
+        "proven_by": "tests/test_draft_schedule_slow.py (the patched engine core over fake workers: "
+                     "no round trip after a k=0 step, the same drafts cleared as the worker's reply "
+                     "would, the round trip kept for k>0 and for other methods; and the ramp test "
+                     "of S1) and benchmarks/k0-cost",
+        "variants": [
+            {
+                "versions": [["0.32.0", "0.34.0"]],
+                "file": "v1/engine/core.py",
+                "edits": [
+                    {
+                        "anchor": "        self._attach_weight_version(engine_core_outputs)\n"
+                                  "\n"
+                                  "        return engine_core_outputs, scheduler_output.total_num_scheduled_tokens > 0\n",
+                        "replace": "        self._attach_weight_version(engine_core_outputs)\n"
+                                   "        # kimidflash:S2 a DFlash step the schedule gave k=0 drafted nothing (S1)\n"
+                                   "        spec = self.vllm_config.speculative_config\n"
+                                   "        self.kimidflash_k0_req_ids = (\n"
+                                   "            list(scheduler_output.num_scheduled_tokens)\n"
+                                   "            if spec is not None and spec.method == \"dflash\"\n"
+                                   "            and scheduler_output.num_spec_tokens_to_schedule == 0\n"
+                                   "            else None\n"
+                                   "        )\n"
+                                   "\n"
+                                   "        return engine_core_outputs, scheduler_output.total_num_scheduled_tokens > 0\n",
+                    },
+                    {
+                        "anchor": "        if self.check_for_draft_tokens and not self.async_scheduling and model_executed:\n"
+                                  "            draft_token_ids = self.model_executor.take_draft_token_ids()\n",
+                        "replace": "        if self.check_for_draft_tokens and not self.async_scheduling and model_executed:\n"
+                                   "            # kimidflash:S2 after a k=0 step clear the drafts here, without the worker round trip\n"
+                                   "            k0_req_ids = getattr(self, \"kimidflash_k0_req_ids\", None)\n"
+                                   "            if k0_req_ids is not None:\n"
+                                   "                from vllm.v1.outputs import DraftTokenIds\n"
+                                   "\n"
+                                   "                self.scheduler.update_draft_token_ids(\n"
+                                   "                    DraftTokenIds(k0_req_ids, [[] for _ in k0_req_ids])\n"
+                                   "                )\n"
+                                   "                return\n"
+                                   "            draft_token_ids = self.model_executor.take_draft_token_ids()\n",
+                    },
+                ],
+            },
+        ],
+    },
 ]
 
 # Patches this set no longer ships, each with the reason. Their ids are not reused.

@@ -65,7 +65,7 @@ def test_the_backend_map_has_every_production_config_on_both_pins():
     rows = docs_gen.map_rows()
     cpu = [(n, v["VLLM_VERSION"]) for n, v in docs_gen.cpu_paths()]
     capture = [(n, v["VLLM_VERSION"]) for n, v in docs_gen.capture_paths()]
-    # the CPU configs a patch runs on: the tiny K2.6 (C1), the reference with its draft schedule (S1)
+    # the CPU configs a patch runs on: the tiny K2.6 (C1), the reference with its draft schedule (S1, S2)
     assert cpu == [("cpu-kimi-tiny.env", "0.32.0"), ("cpu-reference.env", "0.32.0")]
     assert [(r["config"], r["pin"]) for r in rows] == [(n, p) for n in PRODUCTION_CONFIGS
                                                        for p in backends.PINS] + cpu + capture

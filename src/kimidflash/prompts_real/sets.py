@@ -1,6 +1,6 @@
 """The real prompt sets: BIG-bench split by task, HumanEval for evaluation only.
 
-Three sets, each written as the benchmark's conversation JSONL (`{"id", "kind",
+Each set is written as the benchmark's conversation JSONL (`{"id", "kind",
 "source", "task", "turns": [prompt]}`, `kind` = category) next to a manifest:
 
 - `bigbench-train`: the training pool (`data.prompts = "bigbench:train"`, or the
@@ -10,7 +10,10 @@ Three sets, each written as the benchmark's conversation JSONL (`{"id", "kind",
   (`data.prompts = "bigbench:train-wide"`); the held-out tasks are the same for both;
 - `bigbench-heldout`: tasks never trained on, for `kimidflash ab --prompts FILE`
   (per-kind results: code, math, language, knowledge, reasoning, other);
-- `humaneval`: all 164 problems, kind `code`, evaluation only.
+- `humaneval`: all 164 problems, kind `code`, evaluation only;
+- `mt-bench`: MT-bench's 80 two-turn questions, kind = its category, evaluation only
+  (`kimidflash ab --category mt-bench=FILE --by-kind --multi-turn mt-bench=2` replays
+  both turns people wrote).
 
 The split is by task, never by example: within each category the tasks are
 ranked by sha256(`SALT`:name) and the first round(`HELDOUT_FRACTION` x n) (at
@@ -31,7 +34,8 @@ from ..fsio import sha256_file, write_json_atomic, write_text_atomic
 from .bigbench import CAP_SALT, CATEGORIES, CATEGORY_RULES, Catalog, cap, read_catalog
 from .errors import RealPromptsError
 from .humaneval import CHAT_PROMPT, read_problems
-from .sources import BIGBENCH, HUMANEVAL, Source
+from .mtbench import read_questions
+from .sources import BIGBENCH, HUMANEVAL, MTBENCH, Source
 
 SALT = "kimidflash-real-prompts-v1"
 HELDOUT_FRACTION = 0.2
@@ -39,7 +43,7 @@ MAX_CHARS = 2000
 PER_TASK = 32
 WIDE_PER_TASK = 512
 SPECS = {"bigbench:train": "bigbench-train", "bigbench:train-wide": "bigbench-train-wide",
-         "bigbench:heldout": "bigbench-heldout", "humaneval": "humaneval"}
+         "bigbench:heldout": "bigbench-heldout", "humaneval": "humaneval", "mt-bench": "mt-bench"}
 TRAINING_SETS = ("bigbench-train", "bigbench-train-wide")
 FORMAT = "kimidflash bench conversation JSONL: one {id, kind, source, task, turns: [user prompt]} per line"
 
@@ -153,9 +157,23 @@ def humaneval_set(wheel: str | Path | None = None) -> PromptSet:
         "prompts": len(records), "categories": _counts(records)})
 
 
-def build_sets(bigbench_archive: str | Path | None = None,
-               humaneval_wheel: str | Path | None = None) -> dict[str, PromptSet]:
-    return {s.name: s for s in (*bigbench_sets(bigbench_archive), humaneval_set(humaneval_wheel))}
+def mtbench_set(wheel: str | Path | None = None) -> PromptSet:
+    """MT-bench's questions with both turns, kind = category, for evaluation (default: the pinned
+    flexeval wheel, fetched)."""
+    path = Path(wheel) if wheel is not None else MTBENCH.fetch()
+    records = [{"id": q.id, "kind": q.category, "source": MTBENCH.requirement, "task": q.id,
+                "turns": list(q.turns)} for q in read_questions(path)]
+    return PromptSet("mt-bench", "eval", records, {
+        "set": "mt-bench", "purpose": "eval", "format": FORMAT.replace("[user prompt]", "[user turns]"),
+        "source": _source(MTBENCH), "archive": path.name,
+        "note": "evaluation only: never a training source; every record carries the turns people wrote",
+        "prompts": len(records), "categories": _counts(records)})
+
+
+def build_sets(bigbench_archive: str | Path | None = None, humaneval_wheel: str | Path | None = None,
+               mtbench_wheel: str | Path | None = None) -> dict[str, PromptSet]:
+    return {s.name: s for s in (*bigbench_sets(bigbench_archive), humaneval_set(humaneval_wheel),
+                                mtbench_set(mtbench_wheel))}
 
 
 def write_sets(out: str | Path, sets: Mapping[str, PromptSet]) -> list[Path]:
@@ -184,8 +202,11 @@ def training_prompts(spec: str, *, evaluation_only: bool = False) -> list[dict[s
                                "(data.heldout_fraction = 1); train on bigbench:train")
     if name == "humaneval":
         return humaneval_set().prompts()
+    if name == "mt-bench":
+        return mtbench_set().prompts()
     return next(s for s in bigbench_sets() if s.name == name).prompts()
 
 
 __all__ = ["CATEGORIES", "HELDOUT_FRACTION", "MAX_CHARS", "PER_TASK", "WIDE_PER_TASK", "SALT", "SPECS", "PromptSet",
-           "bigbench_sets", "build_sets", "humaneval_set", "split_tasks", "training_prompts", "write_sets"]
+           "bigbench_sets", "build_sets", "humaneval_set", "mtbench_set", "split_tasks", "training_prompts",
+           "write_sets"]

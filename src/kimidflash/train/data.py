@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from ..bench.prompts import PromptError, load_builtin, load_file
-from ..prompts_real import RealPromptsError, training_prompts
+from ..prompts_real import SPECS, RealPromptsError, training_prompts
 from .errors import DataError
 from .prompt_sets import TIERS
 
@@ -58,7 +58,7 @@ def synthetic_prompts(n: int, seed: int) -> list[dict[str, str]]:
 
 def load_prompts(spec: str, seed: int, *, evaluation_only: bool = False) -> list[dict[str, str]]:
     """`synthetic:N`, `bigbench:train` or `bigbench:train-wide` (real prompts, `kimidflash.prompts_real`;
-    `bigbench:heldout` and `humaneval` only into an `evaluation_only` run), a JSONL file of {id?, prompt}
+    `bigbench:heldout`, `humaneval` and `mt-bench` only into an `evaluation_only` run), a JSONL file of {id?, prompt}
     / bench conversation records (first user turn), or several of these joined by `+`: one list in
     the order given (regen answers the first source first), an id given twice refused."""
     if "+" in spec:
@@ -71,7 +71,7 @@ def load_prompts(spec: str, seed: int, *, evaluation_only: bool = False) -> list
                 seen.add(p["id"])
                 out.append(p)
         return out
-    if spec.split(":", 1)[0] in ("bigbench", "humaneval"):
+    if spec in SPECS or spec.startswith("bigbench:"):
         try:
             return training_prompts(spec, evaluation_only=evaluation_only)
         except RealPromptsError as e:

@@ -272,6 +272,10 @@ def test_an_mt_bench_question_without_its_second_turn_is_refused_by_line(tmp_pat
     (tmp_path / "x.whl").write_bytes(b"nope")
     with pytest.raises(RealPromptsError, match="mt-en.jsonl"):
         read_questions(tmp_path / "x.whl")
+    with zipfile.ZipFile(tmp_path / "y.whl", "w") as zf:
+        zf.writestr(MT_MEMBER, '{"question_id": 1, "category": "math", "turns": ["a?", "b?"]}\n\n[1, 2]\n')
+    with pytest.raises(RealPromptsError, match=r"mt-en.jsonl:3: not a JSON object"):
+        read_questions(tmp_path / "y.whl")
 
 
 def test_a_broken_wheel_is_refused(tmp_path):

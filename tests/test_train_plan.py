@@ -74,10 +74,12 @@ def test_too_little_gpu_memory_is_refused_naming_what_to_change(tmp_path):
 
 
 def test_speculators_without_gpus_is_refused_unless_a_dry_run(tmp_path):
-    cfg = tcfg.load(CONFIGS / "train-cpu-reference.json", {"train.engine": "speculators"})
+    disk = {"cluster.disk_gb": 100}  # stated, so the plan does not read this machine's free disk
+    cfg = tcfg.load(CONFIGS / "train-cpu-reference.json", {"train.engine": "speculators", **disk})
     data = tplan.count_data(cfg, tmp_path, samples=10, tokens_per_sample=100)
     assert any("speculators trains on GPUs" in r for r in tplan.make_plan(cfg, tmp_path, data).refusals)
-    cfg = tcfg.load(CONFIGS / "train-cpu-reference.json", {"train.engine": "speculators", "speculators.dry_run": True})
+    cfg = tcfg.load(CONFIGS / "train-cpu-reference.json",
+                    {"train.engine": "speculators", "speculators.dry_run": True, **disk})
     assert tplan.make_plan(cfg, tmp_path, data).refusals == []
 
 

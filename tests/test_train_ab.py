@@ -65,8 +65,9 @@ def drafter(tmp_path: Path) -> Path:
 def test_rounds_interleave_variants_and_the_report_averages_them(fake_serving, drafter, tmp_path):
     out = tmp_path / "ab"
     assert ab.main(argv(out, drafter, "--rounds", "2")) == 0
-    # variants alternate within each round: A, baseline, A, baseline
-    assert [o[0] for o in fake_serving] == ["SPECULATIVE_METHOD=dflash", "SPECULATIVE_METHOD=none"] * 2
+    # variants alternate, the second round in reverse order: A, baseline, baseline, A
+    assert [o[0] for o in fake_serving] == ["SPECULATIVE_METHOD=dflash", "SPECULATIVE_METHOD=none",
+                                            "SPECULATIVE_METHOD=none", "SPECULATIVE_METHOD=dflash"]
     names = sorted(p.name for p in out.glob("*.json"))
     assert names == sorted(f"{v}-c{c}-r{r}.json" for v in ("mine-k3", "no-speculation") for c in (1, 2) for r in (1, 2))
     doc = load_result(out / "mine-k3-c2-r2.json")

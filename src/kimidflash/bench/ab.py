@@ -91,7 +91,9 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
     """Serve each variant in turn and benchmark it at each concurrency; with
     `--rounds N` the whole cycle runs N times, so a machine that drifts (a shared
     CPU host does, by ~10% between sessions here) drifts under every variant, and
-    `compare` averages the rounds."""
+    `compare` averages the rounds. Even rounds run the variants in reverse order
+    (A B, B A, ...): whatever a variant's place in the cycle costs (the previous
+    server still exiting, a warmer page cache) falls on each variant equally."""
     if args.rounds < 1:
         raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
     out = Path(args.out)
@@ -106,7 +108,7 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
         prepare(config, log=lambda m: print(f"ab: {m}", file=sys.stderr))  # exists when variants() reads it
     todo = variants(args)
     for r in range(1, args.rounds + 1):
-        for label, sets in todo:
+        for label, sets in (todo if r % 2 else todo[::-1]):
             files += _run_variant(args, out, label, sets + list(args.set), r if args.rounds > 1 else None, cats)
     return files
 

@@ -32,12 +32,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..fsio import utc_now
-from ..paths import portable
 from . import prompts as prompt_mod
+from . import server
 from .client import CONNECTION_ERRORS, RequestRecord, chat_payload, stream_chat
 from .errors import BenchError, MetricsError, PromptError
-from .metrics import (GENERATION_TOKENS, Snapshot, delta, merged, metrics_url_for, server_root,
-                      spec_decode_stats)
+from .metrics import Snapshot, delta, merged, metrics_url_for, spec_decode_stats
 from .provenance import local_provenance, recipe_info
 from .result import RunData, build_result, default_label
 from .settings import BenchConfig
@@ -112,66 +111,6 @@ class Runner:
         if self._progress is not None and not rec.warmup:
             failed = sum(1 for r in self.st.records if r.error and r.error != "cancelled")
             self._progress.update(self._task_id, advance=1, description=f"requests (errors {failed})")
-
-    # --- server queries ----------------------------------------------------------------
-    async def _get_json(self, client: httpx.AsyncClient, url: str) -> Any:
-        r = await client.get(url, headers=self.headers, timeout=10.0)
-        r.raise_for_status()
-        return r.json()
-
-    async def _preflight(self, client: httpx.AsyncClient) -> dict[str, Any]:
-        cfg = self.cfg
-        url = f"{cfg.base_url}/models"
-        try:
-            r = await client.get(url, headers=self.headers, timeout=10.0)
-        except httpx.HTTPError as e:
-            raise BenchError(f"cannot reach {cfg.base_url}: {type(e).__name__}: {e}") from None
-        if r.status_code in (401, 403):
-            raise BenchError(f"{cfg.base_url} refused the API key (HTTP {r.status_code}); pass --api-key")
-        models: list[dict[str, Any]] = []
-        if r.status_code == 200:
-            try:
-                models = [m for m in r.json().get("data", []) if isinstance(m, dict)]
-            except (ValueError, AttributeError):
-                raise BenchError(f"{url} did not answer with a model list; is --base-url the /v1 root?") from None
-        elif r.status_code == 404:
-            raise BenchError(f"{url} is 404; is --base-url the OpenAI /v1 root (e.g. http://host:8262/v1)?")
-        ids = [str(m.get("id")) for m in models]
-        if cfg.model is None:
-            if len(ids) != 1:
-                raise BenchError(f"pass --model: {cfg.base_url} serves {', '.join(ids) or 'no models'}")
-            self.cfg = dataclasses.replace(cfg, model=ids[0])
-        elif ids and cfg.model not in ids:
-            raise BenchError(f"model {cfg.model!r} is not served at {cfg.base_url}; it serves: {', '.join(ids)}")
-        version: Any = None
-        try:
-            version = await self._get_json(client, server_root(cfg.base_url) + "/version")
-        except (httpx.HTTPError, ValueError):
-            version = None
-        return {
-            "base_url": cfg.base_url,
-            "version": version.get("version") if isinstance(version, dict) else None,
-            "models": [{k: (portable(m[k]) if k == "root" and isinstance(m[k], str) else m[k])
-                        for k in ("id", "root", "max_model_len", "owned_by") if k in m} for m in models],
-        }
-
-    async def _scrape(self, client: httpx.AsyncClient, url: str) -> Snapshot:
-        r = await client.get(url, headers=self.headers, timeout=10.0)
-        r.raise_for_status()
-        return Snapshot.from_text(r.text, time.time(), self.cfg.model)
-
-    async def _settled_scrape(self, client: httpx.AsyncClient, url: str) -> Snapshot:
-        """Scrape until the generation counter holds still (servers update
-        counters a moment after the last byte is sent)."""
-        deadline = time.monotonic() + self.cfg.metrics_settle_timeout
-        snap = await self._scrape(client, url)
-        while time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-            nxt = await self._scrape(client, url)
-            if nxt.total(GENERATION_TOKENS) == snap.total(GENERATION_TOKENS) and nxt.counters == snap.counters:
-                return nxt
-            snap = nxt
-        return snap
 
     # --- requests ----------------------------------------------------------------------
     def _body(self, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
@@ -302,8 +241,8 @@ class Runner:
         timeout = httpx.Timeout(connect=10.0, read=cfg.timeout, write=30.0, pool=None)
         w = _Window(metrics_urls=list(cfg.metrics_urls or [metrics_url_for(cfg.base_url)]))
         async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
-            w.server = await self._preflight(client)
-            cfg = self.cfg
+            w.server, model = await server.identify(client, cfg.base_url, cfg.model, self.headers)
+            cfg = self.cfg = dataclasses.replace(cfg, model=model)
             slots = asyncio.Semaphore(cfg.concurrency)
             if warm_prompts and not self.st.stop.is_set():
                 await self._warmup(client, slots, warm_prompts)
@@ -336,7 +275,8 @@ class Runner:
             try:
                 # settle: warm-up tokens must land before the window, not in it
                 settle = when == "after" or bool(self.st.warmup)
-                got[url] = await (self._settled_scrape(client, url) if settle else self._scrape(client, url))
+                got[url] = await server.scrape(client, url, self.headers, self.cfg.model,
+                                               self.cfg.metrics_settle_timeout if settle else None)
             except (httpx.HTTPError, MetricsError) as e:
                 errors.append(f"{when} the window: {type(e).__name__}: {e}")
                 if len(w.metrics_urls) > 1:

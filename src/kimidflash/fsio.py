@@ -1,6 +1,6 @@
 """Files and their provenance: atomic writes (a reader sees the old file or the
 whole new one, never half), atomic directory publish, sha256 of a file, the UTC
-timestamp and the git revision every result records.
+timestamp and the git revision every result records, and the CPU's /proc/cpuinfo fields.
 
 A leaf module (stdlib only) so every part of the package can use it without an
 import cycle. Writes go to a temporary file in the destination's directory, are
@@ -110,6 +110,20 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def cpuinfo_field(cpuinfo: str | os.PathLike[str], name: str) -> str | None:
+    """The first processor's `name` field in a /proc/cpuinfo file ("model name", "flags"), or
+    None when the file or the field is missing. Results record the model; preflight reads the flags."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == name:
+            return value.strip()
+    return None
 
 
 def utc_now() -> str:

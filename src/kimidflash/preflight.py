@@ -17,6 +17,7 @@ from pathlib import Path
 from .config import Config
 from .fp8.checkpoint import CheckpointError, verify
 from .fp8.formats import platform_format
+from .fsio import cpuinfo_field
 from .preshard import manifest as preshard_manifest
 
 NUMA_KNOB = Path("sys/kernel/numa_balancing")
@@ -105,12 +106,7 @@ CPU_FP8_KV_FLAGS = frozenset({"avx512f", "amx_tile"})
 def cpu_flags(proc_root: Path) -> set[str]:
     """The feature flags of the first processor in /proc/cpuinfo (x86 names them `flags`); empty
     when there are none to read."""
-    try:
-        text = (proc_root / "cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.split(":")[0].strip() == "flags"), "")
-    return set(line.partition(":")[2].split())
+    return set((cpuinfo_field(proc_root / "cpuinfo", "flags") or "").split())
 
 
 def check_cpu_fp8_kv(config: Config, proc_root: Path) -> list[Check]:

@@ -23,6 +23,7 @@ from typing import Iterator
 
 import torch
 
+from ..fsio import cpuinfo_field
 from .errors import TrainConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -57,13 +58,7 @@ def describe(device: torch.device) -> str:
 
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The CPU's model name as the kernel reports it, or "unknown CPU"."""
-    try:
-        for line in Path(cpuinfo).read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+    return cpuinfo_field(cpuinfo, "model name") or "unknown CPU"
 
 
 def memory_bytes(device: torch.device, meminfo: str = "/proc/meminfo") -> float:

@@ -45,7 +45,6 @@ async def identify(client: httpx.AsyncClient, base_url: str, model: str | None,
         model = ids[0]
     elif ids and model not in ids:
         raise BenchError(f"model {model!r} is not served at {base_url}; it serves: {', '.join(ids)}")
-    version: Any = None
     try:
         v = await client.get(server_root(base_url) + "/version", headers=headers, timeout=10.0)
         v.raise_for_status()

@@ -1,14 +1,16 @@
 """The drafter A/B command: every variant served in turn, rounds interleaved,
 result files, report, charts and the offline-vs-online table; bad input is one
-clear error. Fast tier: the target is the scripted fake server behind our `served`
+clear error. Fast tier: the target is the scripted fake server behind our `serving_process`
 seam. Slow tier: real vLLM on CPU serving the tiny pair."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
-from typing import Iterator
+from types import SimpleNamespace
+from typing import Any, Iterator
 
 import pytest
 
@@ -36,14 +38,15 @@ def fake_serving(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     launches: list[list[str]] = []
 
     @contextlib.contextmanager
-    def served(config: Path, overrides: list[str], log: Path, timeout: float = 900) -> Iterator[str]:
+    def serving_process(config: Path, overrides: list[str], log: Path,
+                        timeout: float = 900) -> Iterator[tuple[Any, str]]:
         launches.append(overrides)
         spec = 0 if "SPECULATIVE_METHOD=none" in overrides else 3
         with FakeServer(Plan(chunks=(1, 2, 3)) if spec else Plan(chunks=(1,) * 6), model="tiny-qwen3-dflash",
-                        spec_tokens=spec) as s:
-            yield s.base_url.removesuffix("/v1")
+                        spec_tokens=spec) as s:  # the fake serves from this process: its pid is the server's
+            yield SimpleNamespace(pid=os.getpid()), s.base_url.removesuffix("/v1")
 
-    monkeypatch.setattr(ab, "served", served)
+    monkeypatch.setattr(ab, "serving_process", serving_process)
     monkeypatch.setattr(ab, "prepare", lambda config, log: None)  # no venv or models for the fake server
     return launches
 
@@ -73,6 +76,7 @@ def test_rounds_interleave_variants_and_the_report_averages_them(fake_serving, d
     doc = load_result(out / "mine-k3-c2-r2.json")
     assert doc["label"] == "mine k=3" and doc["spec_decode_acceptance_length"] == pytest.approx(2.5)  # drafts of 1 and 2 accepted
     assert doc["provenance"]["recipe_config"]["overrides"]["DRAFT_MODEL_DIR"] == portable(drafter)  # as recorded
+    assert doc["server_cpu"]["root_pid"] == os.getpid() and doc["server_cpu"]["processes"]  # ab passed its server's pid
     report = (out / "report.md").read_text()
     for c in (1, 2):  # the speedup is the ratio of the round means
         tps = {v: [load_result(out / f"{v}-c{c}-r{r}.json")["output_throughput"] for r in (1, 2)]

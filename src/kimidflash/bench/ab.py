@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..background import served
+from ..background import serving_process
 from ..config import SCHEDULE_KEY, load_config, parse_overrides
 from ..config.rules import block_serves, read_json
 from ..fsio import write_json_atomic, write_text_atomic
@@ -139,7 +139,7 @@ def _run_variant(args: argparse.Namespace, out: Path, label: str, sets: list[str
     todo = [key for key, path in paths.items() if not (args.reuse and path.is_file())]
     if todo:
         print(f"ab: serving {name} ({' '.join(sets)})", file=sys.stderr)
-        with served(args.serve_config, sets, out / f"{slug}{suffix}-server.log") as base:
+        with serving_process(args.serve_config, sets, out / f"{slug}{suffix}-server.log") as (proc, base):
             for cat, c in todo:
                 cfg = BenchConfig(base_url=f"{base}/v1", sessions=args.sessions, concurrency=c,
                                   turns_per_session=cat.turns, max_tokens=args.max_tokens,
@@ -147,12 +147,17 @@ def _run_variant(args: argparse.Namespace, out: Path, label: str, sets: list[str
                                   kind=cat.kind, category=cat.name, workload=cat.workload,
                                   warmup=args.warmup, label=label, recipe_config=str(args.serve_config),
                                   recipe_overrides=dict(s.split("=", 1) for s in sets),
-                                  ignore_eos=args.ignore_eos, progress=True)
+                                  ignore_eos=args.ignore_eos, server_pid=proc.pid, progress=True)
                 doc = run_benchmark(cfg)
                 doc.setdefault("notes", []).append(f"kimidflash ab variant '{name}'")
                 write_result(paths[(cat, c)], doc)
                 print(f"ab: {name}{' ' + cat.name if cat.name else ''} c={c}: {doc.get('output_throughput')} "
                       f"output tok/s, acceptance length {doc.get('spec_decode_acceptance_length')}", file=sys.stderr)
+                if doc.get("server_cpu"):
+                    cpu = doc["server_cpu"]
+                    print("ab:   server CPU ms per output token: " + ", ".join(
+                        f"{r['process']} {r['ms_per_output_token']}" for r in cpu["processes"]) +
+                        f"; host busy {cpu['host_busy_fraction']}", file=sys.stderr)
     return list(paths.values())
 
 

@@ -90,6 +90,9 @@ def _run_parser() -> argparse.ArgumentParser:
     role.add_argument("--baseline", dest="speculative", action="store_false",
                       help="mark the run as the autoregressive baseline")
     p.add_argument("--no-metrics", action="store_true", help="do not scrape /metrics")
+    p.add_argument("--server-pid", type=int, default=None, metavar="PID",
+                   help="a server on this host (its launcher's pid): record the CPU time of it and every process "
+                        "under it in the window, per process (the result's server_cpu)")
     p.add_argument("--metrics-url", action="append", default=None, dest="metrics_urls",
                    help="default: <server root>/metrics; repeat for each server behind a router (the fleet is "
                         "read as one, with each server's share)")
@@ -163,7 +166,7 @@ def config_from_args(a: argparse.Namespace, argv: Sequence[str]) -> BenchConfig:
         scrape_metrics=not a.no_metrics, metrics_urls=a.metrics_urls,
         session_header=a.session_header, vllm_extensions=not a.no_vllm_extensions,
         ignore_eos=a.ignore_eos, recipe_config=a.recipe_config, recipe_overrides=overrides or None,
-        speculative=a.speculative,
+        speculative=a.speculative, server_pid=a.server_pid,
         max_connection_errors=a.max_connection_errors, progress=not a.no_progress and sys.stderr.isatty(),
         handle_signals=True, argv=[PROG, *argv],
     )

@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..fsio import utc_now
+from . import hostcpu
 from . import prompts as prompt_mod
 from . import server
 from .client import CONNECTION_ERRORS, RequestRecord, chat_payload, stream_chat
@@ -71,6 +72,7 @@ class _Window:
     t0: float | None = None  # perf_counter at the start of the window
     t_end: float | None = None
     client_cpu: float | None = None
+    server_cpu: tuple[hostcpu.Snapshot, hostcpu.Snapshot] | None = None  # `server_pid`'s tree, around the window
 
 
 class Runner:
@@ -253,9 +255,12 @@ class Runner:
                 w.start_utc = utc_now()
                 w.t0 = time.perf_counter()
                 cpu0 = time.process_time()
+                tree0 = hostcpu.snapshot(cfg.server_pid) if cfg.server_pid else None
                 await self._gather([self._session(client, slots, s, turns, w.t0)
                                     for s, turns in enumerate(session_prompts)])
                 w.client_cpu = time.process_time() - cpu0
+                if tree0 is not None and cfg.server_pid:
+                    w.server_cpu = (tree0, hostcpu.snapshot(cfg.server_pid))
                 ends = [r.end for r in self.st.records if r.end is not None]
                 w.t_end = max(ends) if ends else time.perf_counter()
             if w.before and w.t0 is not None:
@@ -313,6 +318,7 @@ class Runner:
             replica_deltas=deltas if len(w.metrics_urls) > 1 else None, replica_errors=w.replica_errors,
             metrics_delta=d, spec=spec, partial=self.st.reason is not None,
             partial_reason=self.st.reason, notes=notes, client_cpu_seconds=w.client_cpu,
+            server_pid=cfg.server_pid, server_cpu=w.server_cpu,
         )
         return build_result(run)
 

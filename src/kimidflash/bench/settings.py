@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import psutil
+
 from ..paths import portable
 from .errors import BenchError
 from .prompts import BUILTIN
@@ -49,6 +51,7 @@ class BenchConfig:
     recipe_config: str | None = None
     recipe_overrides: dict[str, str] | None = None  # the --set KEY=VALUE the server was launched with
     speculative: bool | None = None  # None: from the recipe config, else from /metrics
+    server_pid: int | None = None  # a local server's launcher: its process tree's CPU time goes in the result
     max_connection_errors: int = 3
     metrics_settle_timeout: float = 5.0
     progress: bool = False
@@ -72,6 +75,8 @@ class BenchConfig:
              f"--max-connection-errors must be at least 1, got {self.max_connection_errors}")
         need(self.timeout > 0, f"--timeout must be positive, got {self.timeout}")
         need(self.think_time >= 0, f"--think-time must be 0 or more, got {self.think_time}")
+        need(self.server_pid is None or (self.server_pid > 0 and psutil.pid_exists(self.server_pid)),
+             f"--server-pid {self.server_pid}: no such process on this host")
         need(self.temperature >= 0, f"--temperature must be 0 or more, got {self.temperature}")
         need(self.workload in WORKLOADS, f"--workload {self.workload!r}: known are {', '.join(WORKLOADS)}")
         need(not (self.ignore_eos and WORKLOADS[self.workload].structured),

@@ -1,0 +1,93 @@
+"""CPU time a local server's own processes spend inside the measured window, per process.
+
+Why: where the benchmark client, vLLM's API server, its engine core and the model's
+worker share a few cores (the CPU reference's two, or a GPU host whose API server
+is the bottleneck at high concurrency), a change that costs the worker nothing can
+still cost throughput in the host processes. A token rate cannot say which process
+pays; CPU seconds per output token, per process, can, and they vary far less from
+round to round than the rate does.
+
+Only for a server on this host whose launcher pid is known (`kimidflash ab` passes
+the one it started; `kimidflash bench --server-pid`); the tree is that process and
+its descendants, read with psutil.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+VLLM_TITLE = "VLLM::"  # vLLM names its engine core and worker processes so (setproctitle)
+
+
+def role(cmdline: list[str], name: str) -> str:
+    """What a process of the tree is: vLLM's own title for its engine core and workers,
+    else the API server (the process running `vllm serve` / vllm.entrypoints), else the
+    launcher (`kimidflash serve`, serve.sh), else the executable's name."""
+    head = cmdline[0] if cmdline else ""
+    if head.startswith(VLLM_TITLE):
+        return head.split()[0]
+    joined = " ".join(cmdline[:4])
+    if "vllm.entrypoints" in joined or "vllm serve" in joined or head.endswith("/vllm"):
+        return "api server"
+    if "kimidflash" in joined or "serve.sh" in joined:
+        return "launcher"
+    return name
+
+
+@dataclass
+class Snapshot:
+    """Cumulative CPU seconds (user + system) of each process in the tree, and of the host."""
+
+    processes: dict[int, tuple[str, float]] = field(default_factory=dict)
+    host_busy: float = 0.0
+    host_total: float = 0.0
+
+
+def snapshot(root_pid: int) -> Snapshot:
+    """The tree under `root_pid` now; processes that exit while it is read are left out."""
+    snap = Snapshot()
+    try:
+        root = psutil.Process(root_pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    for p in procs:
+        try:
+            with p.oneshot():
+                t = p.cpu_times()
+                snap.processes[p.pid] = (role(p.cmdline(), p.name()), t.user + t.system)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    host = psutil.cpu_times()
+    snap.host_total = sum(host)
+    snap.host_busy = snap.host_total - host.idle - getattr(host, "iowait", 0.0)
+    return snap
+
+
+def summary(root_pid: int, before: Snapshot, after: Snapshot, duration: float,
+            output_tokens: int) -> dict[str, Any]:
+    """The result file's `server_cpu`: per process its CPU seconds in the window, its share
+    of one core and its milliseconds per output token, busiest first; and how busy the
+    whole host was (every core, the client and anything else included)."""
+    rows = []
+    for pid, (name, cpu) in after.processes.items():
+        if pid not in before.processes:
+            continue  # started inside the window: its time before is unknown
+        spent = cpu - before.processes[pid][1]
+        rows.append({"process": name, "pid": pid, "cpu_seconds": round(spent, 3),
+                     "utilization": round(spent / duration, 3) if duration > 0 else None,
+                     "ms_per_output_token": round(1000 * spent / output_tokens, 4) if output_tokens else None})
+    rows.sort(key=lambda r: -r["cpu_seconds"])
+    span = after.host_total - before.host_total
+    total = sum(r["cpu_seconds"] for r in rows)
+    return {
+        "root_pid": root_pid,
+        "processes": rows,
+        "total_cpu_seconds": round(total, 3),
+        "total_ms_per_output_token": round(1000 * total / output_tokens, 4) if output_tokens else None,
+        "host_cores": psutil.cpu_count(),
+        "host_busy_fraction": round((after.host_busy - before.host_busy) / span, 3) if span > 0 else None,
+    }

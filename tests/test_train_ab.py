@@ -213,6 +213,9 @@ def test_ab_on_real_vllm_serves_each_variant_and_reads_its_counters(tmp_path):
         assert doc["completed"] == 4 * turns and doc["total_output_tokens"] == 4 * turns * 24, name
         assert doc["server_metrics"]["output_tokens_match_server"] is True, name
         assert doc["config"]["kind"] == kinds[cat], name
+        cpu = {r["process"]: r for r in doc["server_cpu"]["processes"]}  # vLLM's processes, each by its role
+        assert {"VLLM::Worker", "VLLM::EngineCore", "api server", "launcher"} <= set(cpu), (name, list(cpu))
+        assert cpu["VLLM::Worker"]["cpu_seconds"] > 0, name
         if name.startswith("no-speculation"):
             assert doc["spec_decode_num_drafts"] in (None, 0), name
         else:

@@ -3,9 +3,8 @@
 Why: where the benchmark client, vLLM's API server, its engine core and the model's
 worker share a few cores (the CPU reference's two, or a GPU host whose API server
 is the bottleneck at high concurrency), a change that costs the worker nothing can
-still cost throughput in the host processes. A token rate cannot say which process
-pays; CPU seconds per output token, per process, can, and they vary far less from
-round to round than the rate does.
+still cost throughput in the host processes, and the reverse. A token rate cannot
+say which process pays; CPU seconds per output token, per process, can.
 
 Only for a server on this host whose launcher pid is known (`kimidflash ab` passes
 the one it started; `kimidflash bench --server-pid`); the tree is that process and

@@ -40,6 +40,7 @@ def role(cmdline: list[str], name: str) -> str:
 class Snapshot:
     """Cumulative CPU seconds (user + system) of each process in the tree, and of the host."""
 
+    root_pid: int
     processes: dict[int, tuple[str, float]] = field(default_factory=dict)
     host_busy: float = 0.0
     host_total: float = 0.0
@@ -47,7 +48,7 @@ class Snapshot:
 
 def snapshot(root_pid: int) -> Snapshot:
     """The tree under `root_pid` now; processes that exit while it is read are left out."""
-    snap = Snapshot()
+    snap = Snapshot(root_pid)
     try:
         root = psutil.Process(root_pid)
         procs = [root, *root.children(recursive=True)]
@@ -66,8 +67,7 @@ def snapshot(root_pid: int) -> Snapshot:
     return snap
 
 
-def summary(root_pid: int, before: Snapshot, after: Snapshot, duration: float,
-            output_tokens: int) -> dict[str, Any]:
+def summary(before: Snapshot, after: Snapshot, duration: float, output_tokens: int) -> dict[str, Any]:
     """The result file's `server_cpu`: per process its CPU seconds in the window, its share
     of one core and its milliseconds per output token, busiest first; and how busy the
     whole host was (every core, the client and anything else included)."""
@@ -83,7 +83,7 @@ def summary(root_pid: int, before: Snapshot, after: Snapshot, duration: float,
     span = after.host_total - before.host_total
     total = sum(r["cpu_seconds"] for r in rows)
     return {
-        "root_pid": root_pid,
+        "root_pid": before.root_pid,
         "processes": rows,
         "total_cpu_seconds": round(total, 3),
         "total_ms_per_output_token": round(1000 * total / output_tokens, 4) if output_tokens else None,

@@ -49,7 +49,6 @@ class RunData:
     partial_reason: str | None = None
     notes: list[str] = field(default_factory=list)
     client_cpu_seconds: float | None = None  # this process's CPU time inside the window
-    server_pid: int | None = None
     server_cpu: tuple[hostcpu.Snapshot, hostcpu.Snapshot] | None = None  # the server's tree around the window
 
 
@@ -296,8 +295,8 @@ def build_result(run: RunData) -> dict[str, Any]:
         **_latency(ok),
         **spec_decode_fields(run.spec),
         "server_metrics": _server_metrics(run, counts["total_output_tokens"]),
-        "server_cpu": hostcpu.summary(run.server_pid, *run.server_cpu, _duration(run), counts["total_output_tokens"])
-        if run.server_cpu and run.server_pid else None,
+        "server_cpu": hostcpu.summary(*run.server_cpu, _duration(run), counts["total_output_tokens"])
+        if run.server_cpu else None,
         "per_request_spec_decode": _per_request_spec(ok),
         "structured": _structured(run.config.get("workload"), ok),
         "warmup": {"requests": len(run.warmup), "completed": sum(1 for r in run.warmup if r.ok),

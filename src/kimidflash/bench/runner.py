@@ -259,8 +259,8 @@ class Runner:
                 await self._gather([self._session(client, slots, s, turns, w.t0)
                                     for s, turns in enumerate(session_prompts)])
                 w.client_cpu = time.process_time() - cpu0
-                if tree0 is not None and cfg.server_pid:
-                    w.server_cpu = (tree0, hostcpu.snapshot(cfg.server_pid))
+                if tree0 is not None:
+                    w.server_cpu = (tree0, hostcpu.snapshot(tree0.root_pid))
                 ends = [r.end for r in self.st.records if r.end is not None]
                 w.t_end = max(ends) if ends else time.perf_counter()
             if w.before and w.t0 is not None:
@@ -318,7 +318,7 @@ class Runner:
             replica_deltas=deltas if len(w.metrics_urls) > 1 else None, replica_errors=w.replica_errors,
             metrics_delta=d, spec=spec, partial=self.st.reason is not None,
             partial_reason=self.st.reason, notes=notes, client_cpu_seconds=w.client_cpu,
-            server_pid=cfg.server_pid, server_cpu=w.server_cpu,
+            server_cpu=w.server_cpu,
         )
         return build_result(run)
 

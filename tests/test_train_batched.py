@@ -17,7 +17,7 @@ from kimidflash.train.capture import HFCapture, StreamStore  # noqa: E402
 from kimidflash.train.data import make_record, read_records  # noqa: E402
 from kimidflash.train.device import float32_matmul  # noqa: E402
 from kimidflash.train.errors import RegenError, TrainConfigError  # noqa: E402
-from kimidflash.train.regen_hf import regen_hf, split_response  # noqa: E402
+from kimidflash.train.regen_hf import batches, regen_hf, split_response  # noqa: E402
 from kimidflash.train.trainer import train_loop  # noqa: E402
 
 from .helpers import random_llama  # noqa: E402
@@ -161,7 +161,22 @@ def test_hf_regen_writes_served_shaped_records_and_batching_changes_no_token(tmp
             (r.finish_reason == "stop" and response[-1] == tok.eos_token_id and tok.eos_token_id not in response[:-1])
     if device == "cpu":  # float32 on the CPU: padding a batch changes no greedy token
         assert read_records(one) and {r.id: r for r in read_records(one)} == recs
-    assert json.loads(four.read_text().splitlines()[0])["id"] in recs
+    written = [json.loads(line)["id"] for line in four.read_text().splitlines()]
+    assert written[0] == "p1" and sorted(written) == sorted(recs)  # shortest first: one window, by length
+
+
+def test_regen_batches_sort_by_length_within_windows_that_keep_the_set_order():
+    lengths = [50, 3, 7, 2000, 9, 1, 40, 40, 5, 300, 2]
+    got = batches(lengths, batch=2, window=2)
+    assert sorted(i for b in got for i in b) == list(range(len(lengths)))  # every prompt once
+    assert all(1 <= len(b) <= 2 for b in got)
+    windows = [got[i] + got[i + 1] if i + 1 < len(got) else got[i] for i in range(0, len(got), 2)]
+    assert [sorted(w) for w in windows] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10]]  # the set's order kept
+    for w in windows:
+        assert [lengths[i] for i in w] == sorted(lengths[i] for i in w)  # by length inside a window
+    assert got[:2] == [[1, 2], [0, 3]] and batches([4, 4, 4], 8) == [[0, 1, 2]]
+    with pytest.raises(RegenError, match="at least 1"):
+        batches(lengths, 0)
 
 
 def test_hf_regen_halves_a_batch_the_device_has_no_memory_for(tmp_path, tiny_target, monkeypatch):

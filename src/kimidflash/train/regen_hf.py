@@ -71,6 +71,28 @@ def generate_batch(model, pad_id: int, prompts: Sequence[list[int]], max_tokens:
     return [split_response(row[width:].tolist(), stops, max_tokens) for row in out.cpu()]
 
 
+WINDOW_BATCHES = 8  # batches sorted together: widths shrink, and a cut run still spans the set's order
+
+
+def batches(lengths: Sequence[int], batch: int, window: int = WINDOW_BATCHES) -> list[list[int]]:
+    """Indices of the prompts in generation order: windows of `window` batches in the set's order, each
+    window's prompts sorted by length and cut into batches of `batch`.
+
+    Why: a batch is padded to its longest prompt. BIG-bench prompts run from 35 to over 2,000 tokens
+    (median about 100), so batches in the set's order were nearly all padding, and on an H200 their
+    time went to that padding (benchmarks/drafter/gpu-h200-1/). Sorting the whole set would let a run
+    cut short answer only short prompts; windows keep a cut run's answers spread over the set (which
+    `bigbench:train-wide` deals over tasks) and leave the rest to the resumed run."""
+    if batch < 1 or window < 1:
+        raise RegenError(f"batch and window must be at least 1, got {batch} and {window}")
+    out: list[list[int]] = []
+    span = batch * window
+    for start in range(0, len(lengths), span):
+        order = sorted(range(start, min(start + span, len(lengths))), key=lambda i: (lengths[i], i))
+        out += [order[i:i + batch] for i in range(0, len(order), batch)]
+    return out
+
+
 def answer(model, pad_id: int, prompts: Sequence[list[int]], max_tokens: int, stops: set[int],
            device: torch.device) -> list[tuple[list[int], str]]:
     """`generate_batch`, halving a batch the device has no memory for (the prefill's attention
@@ -92,9 +114,10 @@ def regen_hf(model_dir: str | Path, prompts: Sequence[dict], out: Path, *, batch
              temperature: float, device: torch.device, trust_remote_code: bool = False) -> int:
     """Answer `prompts`, `batch` at a time, appending to `out`; returns how many were written.
 
-    Batches follow the prompts' order, so a run stopped early has answered a prefix of the set
-    (not, say, its shortest prompts); each finished batch is appended and flushed, so an
-    interrupted run keeps every whole batch. `trust_remote_code`: as the serve config says
+    Batches come in the order of `batches`: by length within windows that follow the prompts'
+    order, so a run stopped early has answered the windows before it and part of one (not, say,
+    the set's shortest prompts); each finished batch is appended and flushed, so an interrupted
+    run keeps every whole batch and a rerun answers the rest. `trust_remote_code`: as the serve config says
     (target.TargetInfo); Kimi's tokenizer needs it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -115,8 +138,8 @@ def regen_hf(model_dir: str | Path, prompts: Sequence[dict], out: Path, *, batch
     done = 0
     try:
         with float32_matmul("highest"), bar("regen", len(encoded)) as advance:
-            for i in range(0, len(encoded), batch):
-                group = encoded[i:i + batch]
+            for idx in batches([len(ids) for _, ids in encoded], batch):
+                group = [encoded[i] for i in idx]
                 answers = answer(model, pad, [ids for _, ids in group], max_tokens, stops, device)
                 recs: list[Record] = [make_record(p["id"], p["prompt"], ids, resp, why)
                                       for (p, ids), (resp, why) in zip(group, answers)]

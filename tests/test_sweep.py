@@ -8,6 +8,7 @@ test_sweep_slow.py runs the real one."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -18,7 +19,7 @@ from typing import Iterator
 
 import pytest
 
-from kimidflash.background import ServeError
+from kimidflash.background import ServeError, sigterm_as_interrupt
 from kimidflash.cli import main as cli_main
 from kimidflash.config import load_config
 from kimidflash.sweep import execute
@@ -294,6 +295,24 @@ def test_sigterm_ends_a_sweep_like_ctrl_c_and_restores_the_handler(base, tmp_pat
     assert sweep(base, out) == 130
     assert events(out)[-1]["event"] == "interrupted" and (out / "points" / "k4" / "c2-r1.json").is_file()
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_ctrl_c_inside_asyncio_run_is_not_swallowed_by_a_task_that_survives_cancellation():
+    async def stubborn() -> str:  # as the benchmark runner: a cancelled run still returns its result
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            return "finished anyway"
+        return "slept"
+
+    async def ctrl_c_then(coro):
+        asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), signal.SIGINT)
+        return await coro
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt():
+        asyncio.run(ctrl_c_then(stubborn()))
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 # --- summary math -----------------------------------------------------------------------------

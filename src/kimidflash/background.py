@@ -97,15 +97,21 @@ def stop_group(proc: subprocess.Popen, grace: float) -> None:
 def sigterm_as_interrupt() -> Iterator[None]:
     """Within the block SIGTERM ends the caller the way Ctrl-C does, so the
     `finally` of `serving_process` stops the server it started (the server runs
-    in its own session and would otherwise outlive a killed caller)."""
+    in its own session and would otherwise outlive a killed caller).
+
+    Ctrl-C too raises KeyboardInterrupt at once, even inside `asyncio.run`: left
+    to itself asyncio (3.11+) turns it into a cancellation of the main task, and
+    the benchmark runner finishes a cancelled run as a result, so a sweep's
+    Ctrl-C during a benchmark was lost and the sweep went on."""
     def raise_interrupt(signum, frame):  # type: ignore[no-untyped-def]
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    previous = {s: signal.signal(s, raise_interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 @contextlib.contextmanager

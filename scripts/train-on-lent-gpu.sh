@@ -21,7 +21,7 @@
 # batch; wide: the config's 256, since 1024 BIG-bench prompts ran out of an H100's memory), EV (held-out records to evaluate), MODE_CAPTURE (memory or stream), MEM_SHARE (wide:
 # the share of the GPU's free memory the captured features may take; later records are left out),
 # PY (the python with torch); wide: DEADLINE (seconds the call may take: training is cut to fit the
-# capture, CAPTURE_S, and the export before it), EV=0 skips the run's own eval (after the export).
+# capture, CAPTURE_S, and the export before it); EV=0 skips the run's own eval.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:?split, stash, rehearse, run or wide}
@@ -112,13 +112,6 @@ PY
   TRAIN_S=$(( left < ${TRAIN_S:-180} ? left : ${TRAIN_S:-180} )); say "training for $TRAIN_S s"
   T train --max-seconds "$TRAIN_S" || { say "memory mode failed; stream"; SET+=(--set capture.mode=stream)
     T train $([ -f $R/checkpoints/last.pt ] && echo --resume) --max-seconds "$TRAIN_S"; }
-  cp $R/manifest.json "$OUT/run-manifest.json"
-  T export  # the weights first: the walks that decide run here on prompts people wrote (docs/drafter-training.md)
-  tar -C $R -cf - export | split -b 15m - "$OUT/export.tar."
-  [ "${EV:-256}" = 0 ] || { T eval && cp $R/eval.json "$OUT/"; }
-  cp $R/manifest.json "$OUT/run-manifest.json"
-  say done
-  exit 0
 else
   CAL=${CAL:-150}
   T train --max-steps "$CAL" || { cp $R/manifest.json "$OUT/"; exit 5; }
@@ -129,8 +122,11 @@ print(int($CAL + t['steps_done'] / t['chunk_seconds'] * ${TRAIN_S:-180}))")
   T train --resume --max-seconds $(( ${TRAIN_S:-180} + 20 ))
 fi
 cp $R/manifest.json "$OUT/run-manifest.json"
-T eval
-T export
-tar -C $R -cf - export | split -b 15m - "$OUT/export.tar."
+ship() { T export; tar -C $R -cf - export | split -b 15m - "$OUT/export.tar."; }
+# wide ships the weights before the run's own eval, which the call may not reach: the walks that decide
+# run here on prompts people wrote (docs/drafter-training.md). Otherwise the export carries the eval.
+[ "$what" != wide ] || ship
+[ "${EV:-256}" = 0 ] || { T eval && cp $R/eval.json "$OUT/"; }
+[ "$what" = wide ] || ship
 cp $R/manifest.json "$OUT/run-manifest.json"
 say done

@@ -20,7 +20,7 @@ import pytest
 from kimidflash import downloads
 from kimidflash.bench.prompts import kinds, load_file
 from kimidflash.prompts_real import (BIGBENCH, CATEGORIES, HUMANEVAL, MTBENCH, RealPromptsError, bigbench_sets,
-                                     category, humaneval_set, mtbench_set, read_catalog, read_problems,
+                                     category, humaneval_set, mix_set, mtbench_set, read_catalog, read_problems,
                                      read_questions, split_tasks, training_prompts,
                                      write_sets)
 from kimidflash.prompts_real import bigbench as bb
@@ -192,6 +192,27 @@ def test_written_sets_load_in_the_bench_and_in_training(fake_sdist, fake_wheel, 
     assert first.turns == ("Question 0?", "Now say it again, shorter (0).")
     from_file = load_prompts(str(tmp_path / "bigbench-train.jsonl"), 0)
     assert sorted(from_file, key=lambda p: p["id"]) == sorted(train.prompts(), key=lambda p: p["id"])
+
+
+def test_the_held_out_mix_takes_an_equal_share_of_every_evaluation_set_interleaved(fake_sdist, fake_wheel,
+                                                                                  fake_mt_wheel):
+    train, held, wide = bigbench_sets(fake_sdist)
+    sets = {s.name: s for s in (train, held, wide, humaneval_set(fake_wheel), mtbench_set(fake_mt_wheel))}
+    mix = mix_set(sets, per_set=3)
+    assert [r["set"] for r in mix.records[:3]] == ["bigbench-heldout", "humaneval", "mt-bench"]
+    assert [r["set"] for r in mix.records].count("humaneval") == 3 == mix.manifest["sources"]["humaneval"]["prompts"]
+    by_id = {r["id"]: r for s in sets.values() for r in s.records}
+    assert all({k: v for k, v in r.items() if k != "set"} == by_id[r["id"]] for r in mix.records)
+    assert not {r["id"] for r in mix.records} & {r["id"] for r in train.records + wide.records}
+    # the BIG-bench share covers its tasks before repeating one; the others are a fixed draw
+    held_tasks = [r["task"] for r in mix.records if r["set"] == "bigbench-heldout"]
+    assert len(set(held_tasks)) == min(3, len({r["task"] for r in held.records}))
+    assert mix_set(sets, per_set=3).records == mix.records
+    assert mix_set(sets, per_set=3, salt="other").records != mix.records
+    with pytest.raises(RealPromptsError, match="needs the sets mt-bench"):
+        mix_set({k: v for k, v in sets.items() if k != "mt-bench"})
+    with pytest.raises(RealPromptsError, match="per_set must be at least 1, not 0"):
+        mix_set(sets, per_set=0)
 
 
 def test_training_prompts_are_dealt_round_robin_over_tasks_so_a_first_chunk_covers_every_task(fake_sdist):
@@ -375,4 +396,6 @@ def test_the_command_writes_every_set_and_says_what_is_in_it(fake_sdist, fake_wh
     out = capsys.readouterr().out
     assert "bigbench-train [train]" in out and "humaneval [eval]: 7 prompts: code 7 (7 tasks)" in out
     assert "mt-bench [eval]: 6 prompts: coding 2 (2 tasks), math 2 (2 tasks), writing 2 (2 tasks)" in out
-    assert len(list(tmp_path.glob("*.jsonl"))) == 5 and len(list(tmp_path.glob("*.manifest.json"))) == 5
+    mixed = (tmp_path / "heldout-mix.jsonl").read_text().splitlines()
+    assert f"heldout-mix [eval]: {len(mixed)} prompts" in out and 7 + 6 < len(mixed)
+    assert len(list(tmp_path.glob("*.jsonl"))) == 6 and len(list(tmp_path.glob("*.manifest.json"))) == 6

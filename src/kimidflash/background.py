@@ -51,6 +51,8 @@ def serving_process(config: str | Path, overrides: list[str], log_path: Path, ti
     `port` defaults to a free one."""
     port = port or free_port()
     sets = [a for kv in (f"PORT={port}", *overrides) for a in ("--set", kv)]
+    # serve runs from the repository root; a relative config or log is the caller's
+    config, log_path = Path(config).absolute(), Path(log_path).absolute()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = (cmd or [sys.executable, "-m", "kimidflash", "serve"]) + [str(config), *sets, "--quiet",
                                                                       "--log-file", str(log_path)]

@@ -5,9 +5,11 @@ seam. Slow tier: real vLLM on CPU serving the tiny pair."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
@@ -125,6 +127,33 @@ def test_as_shipped_without_the_baseline_is_refused(fake_serving, drafter, tmp_p
     args = [a for a in argv(tmp_path / "ab", drafter, "--as-shipped") if a != "--none"]
     assert ab.main(args) == 2 and "--as-shipped is checked against the best other variant" in capsys.readouterr().err
     assert not fake_serving
+
+
+def test_ctrl_c_during_a_run_stops_ab_and_keeps_only_finished_files(fake_serving, drafter, tmp_path, monkeypatch,
+                                                                  capsys):
+    """The benchmark runner finishes a cancelled run as a result, so asyncio's own Ctrl-C handling let
+    ab write it as a finished file and serve the next variant."""
+    real = ab.run_benchmark
+    calls: list[int] = []
+
+    async def ctrl_c_in_a_run_that_survives_cancellation() -> None:  # as the runner does
+        asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), signal.SIGINT)
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            pass
+
+    def interrupted_second(cfg):
+        calls.append(1)
+        if len(calls) == 2:
+            asyncio.run(ctrl_c_in_a_run_that_survives_cancellation())
+        return real(cfg)
+
+    monkeypatch.setattr(ab, "run_benchmark", interrupted_second)
+    out = tmp_path / "ab"
+    assert ab.main(argv(out, drafter)) == 130
+    assert len(calls) == 2 and len(list(out.glob("*.json"))) == 1
+    assert "interrupted; finished result files are kept" in capsys.readouterr().err
 
 
 def test_reuse_serves_only_what_is_missing(fake_serving, drafter, tmp_path):

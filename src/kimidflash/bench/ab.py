@@ -23,9 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..background import serving_process
+from ..background import serving_process, sigterm_as_interrupt
 from ..config import SCHEDULE_KEY, load_config, parse_overrides
 from ..config.rules import block_serves, read_json
+from ..errors import EXIT_INTERRUPTED
 from ..fsio import write_json_atomic, write_text_atomic
 from ..paths import portable
 from ..prepare import prepare
@@ -281,10 +282,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         offline = offline_files(a.offline, [d.partition("=")[0] for d in a.drafter])
         walks = cat_mod.offline_walks(a.offline_category)
-        files = run_ab(a)
+        with sigterm_as_interrupt():  # else a Ctrl-C inside a benchmark run finishes that run as a result
+            files = run_ab(a)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"ab: interrupted; finished result files are kept in {a.out}: rerun with --reuse to serve only "
+              "what is missing", file=sys.stderr)
+        return EXIT_INTERRUPTED
     base = "no speculation" if a.none else None
     named = bool(a.category) or a.workload != ["free"]  # named categories: a report each, and specbench.md
     table = cat_mod.specbench(files, base, walks) if base is not None and (named or a.as_shipped) else None

@@ -86,6 +86,22 @@ def predict_ready(plan: Plan, folder: RunFolder) -> None:
             folder.event("predicted", family=family, case=case.id, line=doc.get("line"), error=doc.get("error"))
 
 
+def _miss(cmp: dict[str, Any], speedups: dict[int | None, float], base: Measured,
+          runs: dict[int | None, Measured | None]) -> dict[str, Any] | None:
+    """How far the predicted choice measured below the best, and whether the repeats can tell them
+    apart: a gap within the larger spread of the two points' repeats is a tie the sweep did not
+    resolve, not a wrong model. None when the predicted k was not measured."""
+    pred, best = cmp["predicted_best"], cmp["measured_best"]
+    got = speedups.get(pred) if pred else 1.0
+    if not got:
+        return None
+    gap = (speedups[best] if best else 1.0) / got - 1.0
+    spreads = [m.spread("output_throughput") for m in (runs.get(pred) if pred else base,
+                                                         runs.get(best) if best else base) if m is not None]
+    noise = max((x for x in spreads if x is not None), default=0.0)
+    return {"gap": round(gap, 4), "spread": round(noise, 4), "within_spread": gap <= noise}
+
+
 def compare(folder: RunFolder, family: str, pts: list[Point], case: Case,
             rows: dict[tuple[str, str], Measured]) -> dict[str, Any] | None:
     """Prediction and measurement side by side for one family at one case; None
@@ -115,6 +131,8 @@ def compare(folder: RunFolder, family: str, pts: list[Point], case: Case,
         out["measured_best"] = best_k if best > 1.0 else None
         out["predicted_best"] = pred.get("recommended_k")
         out["agree"] = out["measured_best"] == out["predicted_best"]
+        if not out["agree"]:
+            out["miss"] = _miss(out, dict(outcomes), base, {p.k: rows.get((p.id, case.id)) for p in pts})
     if len(outcomes) >= 2:  # two unknowns: fit both costs to every measured k
         refit = fit_cost(pred["profile"], outcomes, "fitted to every measured k")
         out["refit"] = {"cost": asdict(refit), "best": advise(pred["profile"], refit).recommended_k}

@@ -17,6 +17,18 @@ from .schedule import describe
 from .summary import TABLE_COLUMNS, Limits, best_env, cells, summarise
 
 
+def verdict(a: dict[str, Any]) -> str:
+    """'' when the advisor picked the measured best; else whether the repeats could tell the two apart."""
+    if a.get("agree"):
+        return ""
+    miss = a.get("miss")
+    if miss and miss["within_spread"]:
+        return (f" (a different choice, but the predicted one measured {miss['gap']:.1%} below it, within the "
+                f"repeats' spread of {miss['spread']:.1%}: a tie these repeats do not resolve)")
+    return " (the prediction was wrong)" + (f": the predicted choice measured {miss['gap']:.1%} below it, "
+                                            f"beyond the repeats' spread of {miss['spread']:.1%}" if miss else "")
+
+
 def advisor_lines(advisor: list[dict[str, Any]], level: str = "##") -> list[str]:
     out = [f"{level} The advisor: predicted before the other k ran, then measured", ""]
     for a in advisor:
@@ -29,7 +41,7 @@ def advisor_lines(advisor: list[dict[str, Any]], level: str = "##") -> list[str]
         out += [f"{head} over the baseline ({pred['measured_ratio']}x): step cost 1 + {c['draft']:g} + "
                 f"{c['verify']:g}*k. Advisor: `{pred['line']}`. Measured best: "
                 f"{'k=' + str(a['measured_best']) if a.get('measured_best') else 'no speculation'}"
-                f"{'' if a.get('agree') else ' (the prediction was wrong)'}.", "",
+                f"{verdict(a)}.", "",
                 "| k | predicted speedup | measured speedup | error |", "|---|---|---|---|"]
         for b in a["by_k"]:
             err = "-" if b["error"] is None else f"{b['error']:+.1%}"
@@ -111,7 +123,7 @@ def print_table(summary: dict[str, Any], console: Console) -> None:
         elif "measured_best" in a:
             mb = f"k={a['measured_best']}" if a["measured_best"] else "none"
             console.print(f"advisor {a['family']} {a['case']}: predicted {pred['line'].split()[-1]}, "
-                          f"measured best {mb}{'' if a['agree'] else '  (prediction wrong)'}", highlight=False)
+                          f"measured best {mb}{verdict(a)}", highlight=False)
 
 
 def write_summary(plan: Plan, folder: RunFolder, limits: Limits, console: Console | None = None) -> dict[str, Any]:

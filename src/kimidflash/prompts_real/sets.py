@@ -196,6 +196,7 @@ def mix_set(sets: Mapping[str, PromptSet], per_set: int = MIX_PER_SET, salt: str
     return PromptSet("heldout-mix", "eval", records, {
         "set": "heldout-mix", "purpose": "eval", "format": FORMAT + " (MT-bench's with both turns); each also names its `set`",
         "sources": {n: {**sets[n].manifest["source"], "prompts": len(picked[n])} for n in MIX_OF},
+        "canary": sets["bigbench-heldout"].manifest.get("canary", []),
         "selection": {"per_set": per_set, "salt": salt, "order": "interleaved set by set",
                       "bigbench-heldout": "first in round-robin order over its tasks",
                       "humaneval, mt-bench": "first by sha256(salt:id)"},

@@ -58,7 +58,8 @@ def step(server, client: httpx.Client, prompts: list[str], concurrency: int) -> 
 
 def test_the_ramp_crosses_the_threshold_without_collapse_or_a_changed_token():
     prompts = [c.turns[0] for c in load_builtin()][:8]
-    with serving(REFERENCE, "DTYPE=float32", f"NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE={SCHEDULE}") as server, \
+    with serving(REFERENCE, "DTYPE=float32", "NUM_SPECULATIVE_TOKENS=3",
+                 f"NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE={SCHEDULE}") as server, \
             httpx.Client(base_url=server.base_url, timeout=600) as client:
         chat(client, prompts[0], 8)  # warm-up
         ramp = {c: step(server, client, prompts, c) for c in (1, 2, 4, 8)}

@@ -30,9 +30,9 @@ pytestmark = pytest.mark.slow
 
 REFERENCE = CONFIGS / "cpu-reference.env"
 MODEL = "smollm2-135m-dflash"
-STATIC = "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE="  # k=3 at every load: drafts at 8 in flight too
-METHODS = {"none": ["SPECULATIVE_METHOD=none"], "dflash": [STATIC],
-           "ngram": ["SPECULATIVE_METHOD=ngram", STATIC]}
+STATIC = ["NUM_SPECULATIVE_TOKENS=3", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE="]  # k=3 at every load: drafts at 8 too
+METHODS = {"none": ["SPECULATIVE_METHOD=none"], "dflash": STATIC,
+           "ngram": ["SPECULATIVE_METHOD=ngram", *STATIC]}
 CITY = {"type": "object", "additionalProperties": False, "required": ["city", "country", "population"],
         "properties": {"city": {"type": "string", "maxLength": 30}, "country": {"type": "string", "maxLength": 30},
                        "population": {"type": "integer", "minimum": 0}}}

@@ -115,8 +115,9 @@ def test_shipped_drafter_changes_no_greedy_token_in_float32():
     runs, accepted = {}, {}
     for method in ("none", "dflash"):  # the drafter through ./serve.sh itself, as the README runs it
         cmd = [str(ROOT / "serve.sh")] if method == "dflash" else None
-        # a static k: at 8 in flight the shipped schedule drafts nothing, and this is about the drafter
-        with serving(REFERENCE, "DTYPE=float32", f"SPECULATIVE_METHOD={method}",
+        # a static k=3 (the most the drafter serves): at 8 in flight the shipped schedule drafts nothing,
+        # and this is about the drafter
+        with serving(REFERENCE, "DTYPE=float32", f"SPECULATIVE_METHOD={method}", "NUM_SPECULATIVE_TOKENS=3",
                      "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=", cmd=cmd) as server:
             runs[method] = _chat(server.base_url, "smollm2-135m-dflash", prompts, 48, 8, ignore_eos=True)
             accepted[method] = server.metrics().get("vllm:spec_decode_num_accepted_tokens_total", 0.0)

@@ -194,7 +194,8 @@ def mix_set(sets: Mapping[str, PromptSet], per_set: int = MIX_PER_SET, salt: str
         picked[name] = [{**r, "set": name} for r in ordered[:per_set]]
     records = [q[i] for i in range(per_set) for q in picked.values() if i < len(q)]
     return PromptSet("heldout-mix", "eval", records, {
-        "set": "heldout-mix", "purpose": "eval", "format": FORMAT + " (MT-bench's with both turns); each also names its `set`",
+        "set": "heldout-mix", "purpose": "eval",
+        "format": FORMAT + " (MT-bench's with both turns); each also names its `set`",
         "sources": {n: {**sets[n].manifest["source"], "prompts": len(picked[n])} for n in MIX_OF},
         "canary": sets["bigbench-heldout"].manifest.get("canary", []),
         "selection": {"per_set": per_set, "salt": salt, "order": "interleaved set by set",
@@ -242,6 +243,6 @@ def training_prompts(spec: str, *, evaluation_only: bool = False) -> list[dict[s
     return next(s for s in bigbench_sets() if s.name == name).prompts()
 
 
-__all__ = ["CATEGORIES", "HELDOUT_FRACTION", "MAX_CHARS", "MIX_OF", "MIX_PER_SET", "PER_TASK", "WIDE_PER_TASK", "SALT", "SPECS", "PromptSet",
-           "bigbench_sets", "build_sets", "humaneval_set", "mix_set", "mtbench_set", "split_tasks", "training_prompts",
-           "write_sets"]
+__all__ = ["CATEGORIES", "HELDOUT_FRACTION", "MAX_CHARS", "MIX_OF", "MIX_PER_SET", "PER_TASK", "WIDE_PER_TASK",
+           "SALT", "SPECS", "PromptSet", "bigbench_sets", "build_sets", "humaneval_set", "mix_set", "mtbench_set",
+           "split_tasks", "training_prompts", "write_sets"]

@@ -19,8 +19,7 @@ from .errors import RealPromptsError
 from .humaneval import read_problems
 from .mtbench import read_questions
 from .sets import (SPECS, PromptSet, bigbench_sets, build_sets, humaneval_set, mix_set, mtbench_set,
-                   split_tasks,
-                   training_prompts, write_sets)
+                   split_tasks, training_prompts, write_sets)
 from .sources import BIGBENCH, HUMANEVAL, MTBENCH
 
 __all__ = ["BIGBENCH", "CATEGORIES", "HUMANEVAL", "MTBENCH", "SPECS", "PromptSet", "RealPromptsError",

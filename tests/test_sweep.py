@@ -343,11 +343,12 @@ def test_a_missed_pick_within_the_repeats_spread_is_a_tie_and_one_beyond_it_is_w
     base = _measured("none", [10.0, 10.5, 9.5], 10.0, 900)  # spread 10%
     k1, k2 = _measured("k1", [10.3, 10.2, 10.4], 10.0, 900), _measured("k2", [9.0, 9.05, 8.95], 9.0, 900)
     tie = {"agree": False, "predicted_best": None, "measured_best": 1}
-    tie["miss"] = _miss(tie, {1: 1.03, 2: 0.9}, base, {1: k1, 2: k2})
+    speedups, runs = {None: 1.0, 1: 1.03, 2: 0.9}, {None: base, 1: k1, 2: k2}
+    tie["miss"] = _miss(tie, speedups, runs)
     assert tie["miss"] == {"gap": 0.03, "spread": 0.1, "within_spread": True}
     assert "3.0% below it, within the repeats' spread of 10.0%: a tie" in verdict(tie)
     wrong = {"agree": False, "predicted_best": 2, "measured_best": 1}
-    wrong["miss"] = _miss(wrong, {1: 1.03, 2: 0.9}, base, {1: k1, 2: k2})
+    wrong["miss"] = _miss(wrong, speedups, runs)
     assert wrong["miss"]["gap"] == 0.1444 and not wrong["miss"]["within_spread"]
     assert verdict(wrong).startswith(" (the prediction was wrong): the predicted choice measured 14.4% below")
     assert verdict({"agree": True}) == "" and verdict({"agree": False}) == " (the prediction was wrong)"

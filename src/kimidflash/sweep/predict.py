@@ -86,19 +86,19 @@ def predict_ready(plan: Plan, folder: RunFolder) -> None:
             folder.event("predicted", family=family, case=case.id, line=doc.get("line"), error=doc.get("error"))
 
 
-def _miss(cmp: dict[str, Any], speedups: dict[int | None, float], base: Measured,
+def _miss(cmp: dict[str, Any], speedups: dict[int | None, float],
           runs: dict[int | None, Measured | None]) -> dict[str, Any] | None:
     """How far the predicted choice measured below the best, and whether the repeats can tell them
     apart: a gap within the larger spread of the two points' repeats is a tie the sweep did not
-    resolve, not a wrong model. None when the predicted k was not measured."""
+    resolve, not a wrong model. Both maps are keyed by k, None for no speculation (the baseline,
+    speedup 1). None when the predicted k was not measured."""
     pred, best = cmp["predicted_best"], cmp["measured_best"]
-    got = speedups.get(pred) if pred else 1.0
+    got = speedups.get(pred)
     if not got:
         return None
-    gap = (speedups[best] if best else 1.0) / got - 1.0
-    spreads = [m.spread("output_throughput") for m in (runs.get(pred) if pred else base,
-                                                         runs.get(best) if best else base) if m is not None]
-    noise = max((x for x in spreads if x is not None), default=0.0)
+    gap = speedups[best] / got - 1.0
+    noise = max((m.spread("output_throughput") or 0.0 for m in (runs.get(pred), runs.get(best)) if m is not None),
+                default=0.0)
     return {"gap": round(gap, 4), "spread": round(noise, 4), "within_spread": gap <= noise}
 
 
@@ -132,7 +132,8 @@ def compare(folder: RunFolder, family: str, pts: list[Point], case: Case,
         out["predicted_best"] = pred.get("recommended_k")
         out["agree"] = out["measured_best"] == out["predicted_best"]
         if not out["agree"]:
-            out["miss"] = _miss(out, dict(outcomes), base, {p.k: rows.get((p.id, case.id)) for p in pts})
+            out["miss"] = _miss(out, {None: 1.0, **dict(outcomes)},
+                                {None: base, **{p.k: rows.get((p.id, case.id)) for p in pts}})
     if len(outcomes) >= 2:  # two unknowns: fit both costs to every measured k
         refit = fit_cost(pred["profile"], outcomes, "fitted to every measured k")
         out["refit"] = {"cost": asdict(refit), "best": advise(pred["profile"], refit).recommended_k}

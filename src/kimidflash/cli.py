@@ -30,6 +30,8 @@ COMMANDS = (
     Command("train", "kimidflash.train.cli:main", "train a DFlash drafter in resumable phases (train-drafter.sh)"),
     Command("train-compare", "kimidflash.train.compare:main",
             "train variants of a drafter config for equal wall time and compare held-out acceptance"),
+    Command("draft-vocab", "kimidflash.train.draft_vocab:main",
+            "give an exported drafter its own head over fewer tokens (a draft vocabulary, d2t)"),
     Command("ab", "kimidflash.bench.ab:main", "A/B campaign: a drafter against no speculation and ngram"),
     Command("real-prompts", "kimidflash.prompts_real.cli:main",
             "write the BIG-bench train/held-out and HumanEval prompt sets with manifests (from PyPI)"),

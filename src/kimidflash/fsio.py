@@ -103,6 +103,14 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise
 
 
+def make_readable(folder: str | os.PathLike[str]) -> None:
+    """A published folder (and its files) readable by all, as a checkpoint folder is expected to be:
+    atomic_dir's temporary folder is private."""
+    os.chmod(folder, 0o755)
+    for p in Path(folder).iterdir():
+        os.chmod(p, 0o644)
+
+
 def sha256_file(path: str | os.PathLike[str]) -> str:
     """Hex sha256 of a file, read in 1 MiB chunks (checkpoint shards are large)."""
     h = hashlib.sha256()

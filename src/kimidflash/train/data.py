@@ -16,6 +16,7 @@ different source altogether.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -118,10 +119,13 @@ def make_record(rid: str, prompt: str, prompt_ids: list[int], response_ids: list
 
 
 def read_records(path: Path) -> list[Record]:
+    """A regen file's records (none when it does not exist yet); `.gz` is read through gzip, as the
+    shipped drafters' data folders commit it."""
     out: list[Record] = []
     if not path.is_file():
         return out
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

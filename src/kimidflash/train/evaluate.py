@@ -31,6 +31,7 @@ from . import device as dev
 from .batch import collate
 from .capture import ShardStore, StreamStore, check_mode, opened_source, training_records
 from .config import TrainConfig
+from .draft_vocab import draft_vocab_ids
 from .errors import TrainConfigError
 from .model import DFlashDrafter
 from .progress import bar
@@ -97,8 +98,7 @@ def offline_acceptance(model, store, k: int, max_records: int | None = None, chu
                 b = collate([(ids, lm, f, a, valid)], B, mask_id).to(device)
                 with dev.autocast(device, autocast):
                     h = model.hidden(b.feats, b.block_ids, b.block_pos, b.mask)
-                    logits = model.logits(h[0].view(len(a), B, -1)[:, 1:])
-                pred = logits.argmax(-1)
+                    pred = model.predict(h[0].view(len(a), B, -1)[:, 1:])
                 truth = b.labels[0].view(len(a), B)[:, 1:]
                 record.append(acceptance_lengths(pred, truth).cpu())
             if record:
@@ -121,11 +121,13 @@ def load_checkpoint_model(run: Path, model_dir: str | Path) -> tuple[DFlashDraft
 
 def load_exported_model(drafter_dir: str | Path, model_dir: str | Path) -> DFlashDrafter:
     """An exported drafter (its config.json shape, its model.safetensors) with the target's embeddings
-    and head, on the CPU: the same checks as train.init_from_drafter, so a mismatch names its key."""
+    and head, on the CPU: the same checks as train.init_from_drafter, so a mismatch names its key. A
+    draft vocabulary limits its drafts to those tokens, scored by the same target head rows."""
     d = Path(drafter_dir)
     shape = DrafterShape.from_dict(read_json_file(d / "config.json", "exported drafter config"), str(d / "config.json"))
     model = DFlashDrafter(shape, *load_target_head(model_dir))
     model.load_state_dict(drafter_tensors(d, shape), strict=True)
+    model.draft_ids = draft_vocab_ids(d)
     return model.eval()
 
 

@@ -18,11 +18,10 @@ generator imports it, and serving imports that generator's `is_current`.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..fsio import atomic_dir
+from ..fsio import atomic_dir, make_readable
 from .errors import TrainConfigError
 from .shape import DrafterShape
 
@@ -62,7 +61,5 @@ def export_model(state: "dict[str, torch.Tensor]", shape: DrafterShape | dict[st
         (tmp / "config.json").write_text(json.dumps(shape.vllm_config(dtype), indent=2, sort_keys=True) + "\n")
         for name, data in (extra_files or {}).items():
             (tmp / name).write_bytes(data)
-        os.chmod(tmp, 0o755)
-        for p in tmp.iterdir():
-            os.chmod(p, 0o644)
+        make_readable(tmp)
     return out

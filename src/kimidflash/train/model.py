@@ -179,6 +179,8 @@ class DFlashDrafter(nn.Module):
         # Shared with the target and frozen: buffers, so they are neither trained nor exported.
         self.register_buffer("embed_tokens", embed, persistent=False)
         self.register_buffer("lm_head", lm_head, persistent=False)
+        # A draft vocabulary (draft_vocab.py): the target ids the served drafter's own head scores.
+        self.register_buffer("draft_ids", None, persistent=False)
         self.theta = shape.rope_theta
         self.rope = shape.rope
         self.head_dim = shape.head_dim
@@ -215,3 +217,9 @@ class DFlashDrafter(nn.Module):
         Rows flattened first: a strided 3-D `h @ W.t()` falls off the GEMM fast path (6x slower)."""
         head = self.lm_head if ids is None else self.lm_head[ids]
         return F.linear(h.reshape(-1, h.shape[-1]), head.to(h.dtype)).view(*h.shape[:-1], -1)
+
+    def predict(self, h: torch.Tensor) -> torch.Tensor:
+        """Greedy draft tokens (target ids), over the draft vocabulary when the drafter has one, as vLLM drafts."""
+        if self.draft_ids is None:
+            return self.logits(h).argmax(-1)
+        return self.draft_ids[self.logits(h, self.draft_ids).argmax(-1)]

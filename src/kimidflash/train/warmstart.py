@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from .draft_vocab import D2T, HEAD
 from .errors import TrainConfigError
 from .shape import DrafterShape, read_json_file
 from .target_weights import read_tensors, target_layout
@@ -94,7 +95,8 @@ def drafter_tensors(drafter_dir: str | Path, shape: DrafterShape) -> dict[str, t
     if src.num_hidden_layers > shape.num_hidden_layers:
         raise TrainConfigError(f"train.init_from_drafter: {src.source} has {src.num_hidden_layers} layers, the "
                                f"drafter {shape.num_hidden_layers}; a drafter can grow from its source, not shrink")
-    out = {k: v.float() for k, v in load_file(str(weights)).items()}
+    # A draft vocabulary's head is the target's rows (draft_vocab.py), not something the drafter learned.
+    out = {k: v.float() for k, v in load_file(str(weights)).items() if k not in (HEAD, D2T)}
     want = src.expected_tensors()
     for name, size in want.items():
         if name not in out:

@@ -89,6 +89,8 @@ def test_markdown_and_charts_are_written(results: dict[str, Any], tmp_path: Path
         assert p.read_bytes()[:8] == PNG and p.stat().st_size > 5000
         assert f"](charts/{p.name})" in text
     assert "ours, series 'DFlash k=2'" in text  # provenance of every input is listed
+    made_in = str(next(iter(results.values()))[0].parent)
+    assert made_in not in text and "`$TMPDIR/" in text  # as portable(): never this machine's layout
 
 
 def test_the_seed_tables_are_reproduced_from_its_published_figures(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from ..paths import portable
 from .errors import ReportError
 from .metrics import SpecDecodeStats, stats_from_counts
 from .resultfile import SCHEMA_NAME, load_json, validate_result
@@ -127,7 +128,7 @@ def load_inputs(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Row], lis
             r, a = rows_from_published(doc, path)
             rows += r
             acc += a
-            sources.append(f"`{path}`: {doc['source']}; measured by {doc['measured_by']}, not by us. "
+            sources.append(f"`{portable(path)}`: {doc['source']}; measured by {doc['measured_by']}, not by us. "
                            f"Conditions: {_conditions(doc['conditions'])}")
         elif doc.get("schema") == SCHEMA_NAME:
             problems = validate_result(doc)
@@ -140,7 +141,7 @@ def load_inputs(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Row], lis
             server = prov.get("server") or {}
             recipe = prov.get("recipe_config") or {}
             sources.append(
-                f"`{path}`: ours, series '{doc['label']}', {doc['date']} UTC, kimidflash {prov.get('tool_version')} "
+                f"`{portable(path)}`: ours, series '{doc['label']}', {doc['date']} UTC, kimidflash {prov.get('tool_version')} "
                 f"@ {rev}, model {prov.get('model')}, server vLLM {server.get('version')}, host "
                 f"{(prov.get('host') or {}).get('hostname')}"
                 + (f", recipe {recipe.get('path')} (sha256 {str(recipe.get('sha256'))[:12]})" if recipe else "")

@@ -182,6 +182,10 @@ def test_the_fixed_draft_cost_is_what_a_draft_step_reads_over_a_target_step(tmp_
     assert target_step_bytes(target, 1) == (4 * (800 + 64 + 8), 4 * 800)
     assert fixed_draft_cost(target, drafter, 1) == round((2 * 192 + 3200) / 3488, 4)  # stored bytes
     assert fixed_draft_cost(target, drafter, 1, "float32") == round((4 * 192 + 3200) / 3488, 4)  # served upcast
+    # a draft vocabulary: the drafter reads its own 30-row head, not the target's
+    dv = _checkpoint(tmp_path / "dv", {"layers.0.mlp.up_proj.weight": ((8, 8), bf16), "fc.weight": ((8, 16), bf16),
+                                       "lm_head.weight": ((30, 8), f32), "d2t": ((30,), torch.int64)})
+    assert fixed_draft_cost(target, dv, 1) == round((2 * 192 + 4 * 240 + 8 * 30) / 3488, 4)
 
 
 def test_a_moe_target_reads_the_experts_a_batch_can_touch_and_never_its_vision_tower(tmp_path):

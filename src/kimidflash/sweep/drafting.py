@@ -12,7 +12,9 @@ So the fixed part is taken as the bytes one draft step reads over the bytes
 one target decode step reads, from the safetensors headers alone:
 
 - the drafter: all its tensors, plus the target's LM head, which it shares and
-  applies to its block (its embedding rows are a lookup, not a read);
+  applies to its block (its embedding rows are a lookup, not a read), unless
+  it has a head of its own (a draft vocabulary: train/draft_vocab.py), which
+  is then among its tensors;
 - the target at batch size b: every text-model tensor but the embedding (a
   lookup) and, of the routed experts, the share b tokens can touch:
   min(1, b x num_experts_per_tok / n_routed_experts) (an upper bound on what a
@@ -31,6 +33,7 @@ from ..fp8.safetensors_io import SafetensorsError, read_header
 
 FLOATS = {"F32", "BF16", "F16"}
 SERVED_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # DTYPE -> bytes a float weight is served in
+OWN_HEAD = "lm_head.weight"  # a drafter's own head (its draft vocabulary's rows) in vLLM's DFlash format
 
 
 def tensor_bytes(model_dir: str | Path, dtype: str = "auto", wm: dict[str, str] | None = None) -> dict[str, int]:
@@ -77,5 +80,6 @@ def fixed_draft_cost(target_dir: str | Path, drafter_dir: str | Path, batch: int
     """A draft step's reads over a target step's at this batch size, both served at DTYPE `dtype`
     (LayoutError when a checkpoint is missing)."""
     target, head = target_step_bytes(target_dir, batch, dtype)
-    drafter = sum(tensor_bytes(drafter_dir, dtype).values()) + head
+    own = tensor_bytes(drafter_dir, dtype)
+    drafter = sum(own.values()) + (0 if OWN_HEAD in own else head)
     return round(drafter / target, 4)

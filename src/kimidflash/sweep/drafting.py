@@ -29,11 +29,11 @@ from pathlib import Path
 
 from ..checkpoint_layout import LayoutError, locate, read_config, text_field, weight_map
 from ..fp8.safetensors_io import SafetensorsError, read_header
+from ..train.export import DRAFT_HEAD
 
 
 FLOATS = {"F32", "BF16", "F16"}
 SERVED_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # DTYPE -> bytes a float weight is served in
-OWN_HEAD = "lm_head.weight"  # a drafter's own head (its draft vocabulary's rows) in vLLM's DFlash format
 
 
 def tensor_bytes(model_dir: str | Path, dtype: str = "auto", wm: dict[str, str] | None = None) -> dict[str, int]:
@@ -81,5 +81,5 @@ def fixed_draft_cost(target_dir: str | Path, drafter_dir: str | Path, batch: int
     (LayoutError when a checkpoint is missing)."""
     target, head = target_step_bytes(target_dir, batch, dtype)
     own = tensor_bytes(drafter_dir, dtype)
-    drafter = sum(own.values()) + (0 if OWN_HEAD in own else head)
+    drafter = sum(own.values()) + (0 if DRAFT_HEAD in own else head)
     return round(drafter / target, 4)

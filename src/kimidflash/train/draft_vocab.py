@@ -38,15 +38,16 @@ from ..fsio import atomic_dir, make_readable, sha256_file, utc_now
 from ..paths import portable
 from .data import Record, read_records
 from .errors import TrainConfigError
+from .export import DRAFT_D2T, DRAFT_HEAD
 from .target_weights import read_tensors, target_layout
 from .vocab import frequent_tokens
 
-HEAD = "lm_head.weight"
-D2T = "d2t"
+HEAD, D2T = DRAFT_HEAD, DRAFT_D2T
 MANIFEST = "draft-vocab.json"
+FREQUENT = 0.5  # the share of the tokens chosen by frequency in the records, by default
 
 
-def choose(records: list[Record], size: int, vocab_size: int, frequent: float = 0.5) -> torch.Tensor:
+def choose(records: list[Record], size: int, vocab_size: int, frequent: float = FREQUENT) -> torch.Tensor:
     """The sorted target ids of a `size`-token draft vocabulary (see the module docstring)."""
     if not 0 < size <= vocab_size:
         raise TrainConfigError(f"draft vocabulary size {size}: must be in 1..{vocab_size} (the target's vocabulary)")
@@ -59,6 +60,11 @@ def choose(records: list[Record], size: int, vocab_size: int, frequent: float = 
             break
         picked.add(t)
     return torch.tensor(sorted(picked), dtype=torch.long)
+
+
+def rule(frequent: float, records: str) -> str:
+    """How `choose` picked the tokens, as the manifest records it."""
+    return f"{frequent:g} of the tokens by answer-token frequency in {records}, the rest lowest ids first"
 
 
 def coverage(records: Iterable[Record], ids: torch.Tensor) -> float | None:
@@ -123,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=Path, action="append", required=True,
                    help="regen records the drafter trained on (.jsonl or .jsonl.gz; repeatable)")
     p.add_argument("--size", type=int, required=True, help="tokens in the draft vocabulary")
-    p.add_argument("--frequent", type=float, default=0.5,
+    p.add_argument("--frequent", type=float, default=FREQUENT,
                    help="the share chosen by answer-token frequency in --records (the rest: lowest ids)")
     p.add_argument("--out", type=Path, required=True, help="the new drafter folder (replaced whole)")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
@@ -137,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = choose(records, a.size, vocab_size, a.frequent)
     cov = coverage(records, ids)
     attach(a.drafter, a.target, ids, a.out, {
-        "rule": f"{a.frequent:g} of the tokens by answer-token frequency in the records, the rest lowest ids first",
+        "rule": rule(a.frequent, "the records"),
         "records": [{"path": portable(r), "sha256": sha256_file(r)} for r in a.records],
         "record_count": len(records), "record_answer_coverage": cov})
     print(f"draft-vocab: {a.out}: {len(ids)} of {vocab_size} tokens; they cover {cov:.2%} of the records' answer tokens")

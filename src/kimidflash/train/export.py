@@ -28,6 +28,11 @@ from .shape import DrafterShape
 if TYPE_CHECKING:
     import torch
 
+# A drafter with a draft vocabulary (draft_vocab.py) also holds its own head and the draft-to-target id
+# offsets, under the names vLLM's DFlash loader reads.
+DRAFT_HEAD = "lm_head.weight"
+DRAFT_D2T = "d2t"
+
 
 def expected_tensors(shape: DrafterShape | dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Every exported name and its shape, from the drafter JSON alone."""

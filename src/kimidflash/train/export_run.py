@@ -14,7 +14,7 @@ from typing import Any
 
 from .capture import training_records
 from .config import TrainConfig
-from .draft_vocab import attach, choose, coverage
+from .draft_vocab import FREQUENT, attach, choose, coverage, rule
 from .errors import TrainConfigError
 from .evaluate import load_checkpoint_model
 from .export import export_model
@@ -124,8 +124,8 @@ def export_run(cfg: TrainConfig, run: Path, log=print) -> Path:
         train = training_records(cfg, run)[0]
         ids = choose(train, n, shape.vocab_size)
         attach(out, target_info(cfg).model_dir, ids, out,
-               {"rule": "export.draft_vocab_size: half by answer-token frequency in the run's training records, "
-                        "the rest lowest ids first", "record_count": len(train),
+               {"rule": "export.draft_vocab_size: " + rule(FREQUENT, "the run's training records"),
+                "record_count": len(train),
                 "record_answer_coverage": coverage(train, ids)})
         log(f"export: {out} drafts from {n} of {shape.vocab_size} tokens (export.draft_vocab_size)")
     return out

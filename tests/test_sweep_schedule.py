@@ -216,3 +216,67 @@ def test_a_bad_point_table_refuses_the_sweep_naming_it(base, tmp_path, table, wo
     with pytest.raises(SweepError, match=None) as e:
         points(read_grid_file(grid), base)
     assert words in str(e.value)
+
+
+def _check(lost: set[int], concurrencies=(1, 2, 4, 8)) -> dict:
+    return {"definition": "d", "rows": [
+        {"category": None, "concurrency": c, "as_shipped_tps": 9.0 if c in lost else 10.0, "best_other":
+         "no speculation" if c in lost else "as shipped", "best_other_tps": 10.0, "ratio": 0.9 if c in lost else 1.0,
+         "runs": 3, "lost_to_none": c in lost} for c in concurrencies]}
+
+
+def _swept(tmp_path: Path) -> Path:
+    """The CPU reference with the schedule its sweep wrote (k=2 up to two users), whatever it ships now."""
+    return write_env(tmp_path / "swept.env", f"INCLUDE={CONFIGS / 'cpu-reference.env'}\n"
+                                             "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-2:2,3-8:0\n")
+
+
+@pytest.mark.parametrize("config, lost, schedule, sets", [
+    # 1-2:2,3-8:0 lost at two users: drafting stays at one
+    ("swept", {2}, "1-1:2,2-8:0", ["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:2,2-8:0"]),
+    # lost wherever it drafts: no speculation at all
+    ("swept", {1, 2}, None, ["SPECULATIVE_METHOD=none"]),
+    # a static k=3 that lost under load becomes a schedule; batch size 3, not measured, keeps its k
+    ("cpu-tiny", {4, 8}, "1-3:3,4-8:0", ["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-3:3,4-8:0"]),
+])
+def test_an_as_shipped_check_that_lost_to_no_speculation_writes_the_schedule_without_drafting_there(
+        tmp_path, config, lost, schedule, sets):
+    from kimidflash.bench.ab import checked, write_shipped_check
+
+    env = _swept(tmp_path) if config == "swept" else CONFIGS / f"{config}.env"
+    out = tmp_path / "check"
+    out.mkdir()
+    check = _check(lost)
+    check["checked_schedule"] = fix = checked(check, env, ["DTYPE=float32"])
+    assert fix["schedule"] == schedule and fix["lost_at"] == sorted(lost)
+    assert fix["sets"] == ["DTYPE=float32", *sets]
+    text = write_shipped_check(check, out, env)
+    assert f"below 0.98x no speculation at {', '.join(map(str, sorted(lost)))} users" in text
+    served = load_config(out / "checked.env")
+    assert served["DTYPE"] == "float32"
+    assert served["SPECULATIVE_METHOD"] == ("none" if schedule is None else "dflash")
+    assert schedule is None or served["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"] == schedule
+    assert served["MODEL_DIR"] == load_config(env)["MODEL_DIR"]  # INCLUDE= the config it checked
+
+
+def test_a_check_at_one_concurrency_changes_only_what_it_measured():
+    from kimidflash.bench.ab import checked
+
+    fix = checked(_check({2}, concurrencies=(2,)), CONFIGS / "cpu-tiny.env", [])
+    assert fix["schedule"] == "1-1:3,2-8:0"  # batch size 1 was not measured: it keeps the static k=3
+    assert fix["by_concurrency"] == [{"concurrency": 2, "shipped_k": 3, "k": 0}]
+
+
+def test_a_check_that_held_wherever_it_drafts_writes_no_checked_env(tmp_path):
+    from kimidflash.bench.ab import checked, write_shipped_check
+    from kimidflash.sweep.schedule import k_at
+
+    env = _swept(tmp_path)
+    check = _check({4, 8})  # lost only where it drafts nothing already: a k=0 step's cost, no schedule's
+    check["checked_schedule"] = checked(check, env, [])
+    assert check["checked_schedule"] is None and checked(_check(set()), env, []) is None
+    assert "checked.env" not in write_shipped_check(check, tmp_path, env)
+    assert not (tmp_path / "checked.env").exists()
+    assert [k_at(load_config(env), b) for b in (1, 2, 3, 8)] == [2, 2, 0, 0]
+    assert k_at(load_config(CONFIGS / "cpu-tiny.env"), 8) == 3
+    assert k_at(load_config(CONFIGS / "cpu-tiny.env", {"SPECULATIVE_METHOD": "none"}), 1) == 0

@@ -33,6 +33,8 @@ COMMANDS = (
     Command("draft-vocab", "kimidflash.train.draft_vocab:main",
             "give an exported drafter its own head over fewer tokens (a draft vocabulary, d2t)"),
     Command("ab", "kimidflash.bench.ab:main", "A/B campaign: a drafter against no speculation and ngram"),
+    Command("profile", "kimidflash.bench.profile:main",
+            "where a served step's time goes: py-spy samples of the vLLM worker per variant"),
     Command("real-prompts", "kimidflash.prompts_real.cli:main",
             "write the BIG-bench train/held-out and HumanEval prompt sets with manifests (from PyPI)"),
     Command("advise", "kimidflash.sweep.advise_cli:main",

@@ -105,6 +105,13 @@ def portable_argv(argv: str | list[str] | tuple[str, ...]) -> str | list[str]:
     return [_portable_arg(a) for a in argv]
 
 
+def include_path(config: str | os.PathLike[str], env_dir: str | os.PathLike[str]) -> str:
+    """What an env file written in `env_dir` puts in INCLUDE= to name `config`: relative when the two
+    share a folder (a checkout: the file travels with it), else absolute."""
+    target, here = Path(config).resolve(), Path(env_dir).resolve()
+    return os.path.relpath(target, here) if os.path.commonpath([target, here]) != "/" else str(target)
+
+
 def link_targets(directory: str | os.PathLike[str]) -> list[str]:
     """Directories outside ``directory`` that its top-level symlinks point into.
 

@@ -28,8 +28,9 @@ from ..config import SCHEDULE_KEY, load_config, parse_overrides
 from ..config.rules import block_serves, read_json
 from ..errors import EXIT_INTERRUPTED
 from ..fsio import write_json_atomic, write_text_atomic
-from ..paths import portable
+from ..paths import include_path, portable
 from ..prepare import prepare
+from ..sweep.schedule import checked_schedule
 from . import categories as cat_mod
 from .categories import Category
 from .report import compare
@@ -38,6 +39,7 @@ from .runner import BenchConfig, run_benchmark
 from .workloads import WORKLOADS
 
 SHIPPED = "as shipped"
+HOLDS = 0.98  # the shipped config holds where it serves at least this share of no speculation
 
 
 def drafter_block_size(label: str, path: Path) -> int | None:
@@ -221,16 +223,42 @@ def shipped_check(table: dict[str, Any]) -> dict[str, Any]:
         best = max((s for s in others if others[s]), key=lambda s: others[s])
         rows.append({"category": r["category"], "concurrency": r["concurrency"], "as_shipped_tps": cell["output_tps"],
                      "best_other": best, "best_other_tps": others[best],
-                     "ratio": cell["output_tps"] / others[best], "runs": cell["runs"]})
+                     "ratio": cell["output_tps"] / others[best], "runs": cell["runs"],
+                     "lost_to_none": bool(r["baseline_tps"]) and cell["output_tps"] < HOLDS * r["baseline_tps"]})
     return {"definition": "as-shipped output tok/s / the best other variant's in the same category and "
                           "concurrency, every round pooled", "rows": rows}
 
 
-def write_shipped_check(check: dict[str, Any], out: Path) -> str:
+def checked(check: dict[str, Any], config: Path, sets: list[str]) -> dict[str, Any] | None:
+    """The config's schedule without drafting where the check measured it below HOLDS x no speculation
+    (in any category at that concurrency), with the overrides that make it; None where it held."""
+    cfg = load_config(config, parse_overrides(sets))
+    lost: dict[int, bool] = {}
+    for r in check["rows"]:
+        lost[r["concurrency"]] = lost.get(r["concurrency"], False) or r["lost_to_none"]
+    fix = checked_schedule(cfg, lost)
+    if fix is not None:
+        load_config(config, parse_overrides([*sets, *fix["sets"]]))  # the rules accept what is written
+        fix["sets"] = [*sets, *fix["sets"]]
+    return fix
+
+
+def write_shipped_check(check: dict[str, Any], out: Path, config: Path) -> str:
     lines = ["| category | users | as shipped tok/s | best other | its tok/s | ratio |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['category'] or 'all'} | {r['concurrency']} | {r['as_shipped_tps']:.1f} | {r['best_other']} | "
               f"{r['best_other_tps']:.1f} | {r['ratio']:.3f}x |" for r in check["rows"]]
-    text = "\n".join(lines + ["", f"- ratio: {check['definition']}"]) + "\n"
+    lines += ["", f"- ratio: {check['definition']}"]
+    fix = check.get("checked_schedule")
+    if fix is not None:
+        what = f"the schedule {fix['schedule']}" if fix["schedule"] else "no speculation"
+        users = ", ".join(map(str, fix["lost_at"]))
+        lines.append(f"- below {HOLDS}x no speculation at {users} users: `checked.env` serves {what} (no drafting "
+                     "where it lost, the rest as shipped); verify it with another interleaved run before shipping it")
+        write_text_atomic(out / "checked.env", "\n".join([
+            f"# {config.name} without drafting where `kimidflash ab --as-shipped` measured it below {HOLDS}x no",
+            f"# speculation ({users} users; shipped-check.md beside this file). Serve it with: ./serve.sh <this file>",
+            f"INCLUDE={include_path(config, out)}", *fix["sets"]]) + "\n")
+    text = "\n".join(lines) + "\n"
     write_json_atomic(out / "shipped-check.json", check)
     write_text_atomic(out / "shipped-check.md", text)
     return text
@@ -306,7 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         compare([str(f) for f in files], baseline=base, markdown=Path(a.out) / "report.md",
                 charts=Path(a.out) / "charts")
     if a.as_shipped and table is not None:
-        print(write_shipped_check(shipped_check(table), Path(a.out)))
+        check = shipped_check(table)
+        check["checked_schedule"] = checked(check, a.serve_config, a.set)
+        print(write_shipped_check(check, Path(a.out), a.serve_config))
     if offline:
         print(offline_vs_online(files, offline, Path(a.out)))
     return 0

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import SCHEDULE_KEY, Schedule, format_schedule, load_config
+from ..config import SCHEDULE_KEY, Config, Schedule, draft_schedule, format_schedule, load_config
 from .grid import Plan, Point, families
 
 NEAR = 0.02  # a k this close to the fastest at a concurrency is a tie (3 repeats on 2 cores spread about this much)
@@ -112,6 +112,41 @@ def predicted_schedule(plan: Plan, advisor: list[dict[str, Any]], measured: dict
     sched = ranges([(d["concurrency"], d["predicted_k"]) for d in per_c], measured["max_num_seqs"])
     return {"schedule": format_schedule(sched), "by_concurrency": per_c,
             "agree": all(d["measured_k"] == d["predicted_k"] for d in per_c)}
+
+
+def k_at(cfg: Config, batch: int) -> int:
+    """The k a config drafts at this batch size: its schedule's, else its static k (0 without speculation)."""
+    if cfg["SPECULATIVE_METHOD"] == "none":
+        return 0
+    for lo, hi, k in draft_schedule(cfg[SCHEDULE_KEY]) if cfg[SCHEDULE_KEY] else ():
+        if lo <= batch <= hi:
+            return k
+    return cfg["NUM_SPECULATIVE_TOKENS"]
+
+
+def checked_schedule(cfg: Config, lost: dict[int, bool]) -> dict[str, Any] | None:
+    """The config's schedule with no drafting from each measured concurrency where an interleaved check
+    found it drafting and losing to no speculation (`lost`: concurrency -> lost) up to the next measured
+    one; batch sizes the check did not reach keep their k. None when it lost nowhere it drafts: where it
+    already drafts nothing, what it lost is a k=0 step's cost, which no schedule removes."""
+    if cfg["SPECULATIVE_METHOD"] == "none":
+        return None
+    top = cfg["MAX_NUM_SEQS"]
+    shipped = [k_at(cfg, b) for b in range(1, top + 1)]
+    measured = sorted(c for c in lost if c <= top)
+    lost_at = [c for c in measured if lost[c] and shipped[c - 1] > 0]
+    if not lost_at:
+        return None
+    ks = list(shipped)
+    for c in lost_at:
+        above = [m for m in measured if m > c]
+        ks[c - 1:above[0] - 1 if above else top] = [0] * ((above[0] if above else top + 1) - c)
+    out: dict[str, Any] = {"lost_at": lost_at, "by_concurrency": [
+        {"concurrency": c, "shipped_k": shipped[c - 1], "k": ks[c - 1]} for c in measured]}
+    if not any(ks):
+        return {**out, "schedule": None, "sets": ["SPECULATIVE_METHOD=none"]}
+    sched = format_schedule(ranges(list(enumerate(ks, 1)), top))
+    return {**out, "schedule": sched, "sets": [f"{SCHEDULE_KEY}={sched}"]}
 
 
 def checks(plan: Plan, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -9,12 +9,11 @@ what is finished), so it never disagrees with the results it summarises.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from ..fsio import utc_now
-from ..paths import portable
+from ..paths import include_path, portable
 from .grid import Case, Plan, Point, families
 from .measured import Measured, measured
 from .predict import compare
@@ -105,12 +104,6 @@ def pick_schedule(schedules: list[dict[str, Any]], rows: list[dict[str, Any]]) -
     return max(written, key=lambda s: next(d["output_tps"] for d in s["by_concurrency"] if d["concurrency"] == low))
 
 
-def _include(plan: Plan, folder: RunFolder) -> str:
-    target, here = plan.base_config.resolve(), folder.root.resolve()
-    # Relative when the two share a folder (a checkout: the file travels with it), else absolute.
-    return os.path.relpath(target, here) if os.path.commonpath([target, here]) != "/" else str(target)
-
-
 def best_env(summary: dict[str, Any], plan: Plan, folder: RunFolder) -> dict[str, str]:
     """Env files serve.sh takes (INCLUDE= the base config, then the keys), by name: `best.env` is the
     measured draft schedule when the winners differ by concurrency, with the best static point beside
@@ -120,7 +113,7 @@ def best_env(summary: dict[str, Any], plan: Plan, folder: RunFolder) -> dict[str
         return {}
     point: Point = next(p for p in plan.points if p.id == b["point"])
     case: Case = next(c for c in plan.cases if c.id == b["case"])
-    include = _include(plan, folder)
+    include = include_path(plan.base_config, folder.root)
     lat = b["latency_p95_ms"] / 1000 if b["latency_p95_ms"] is not None else float("nan")
     lines = [f"# The best point of the sweep in this folder (kimidflash sweep, {summary['date']}):",
              f"# {point.label}, measured at concurrency {case.concurrency} ({case.id}): {b['output_tps']} output tok/s,",

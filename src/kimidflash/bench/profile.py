@@ -1,0 +1,212 @@
+"""Where a served step's time goes: py-spy samples of the vLLM worker under load, per variant.
+
+A throughput ratio says that a variant costs; a profile says what. `kimidflash
+profile` serves each variant in turn, drives it with the benchmark client, and
+records the process that runs the model (`VLLM::Worker`, else the engine core)
+with py-spy for the whole run. Each function's inclusive share of the samples
+goes to profile.json and profile.md, and the collapsed stacks to
+`<label>-stacks.txt` for a flame graph. The share of a function that only one
+variant runs (a drafter's context store under a k=0 draft schedule) is what that
+variant pays for it. py-spy slows what it samples, so the throughput beside a
+profile is not a speed figure: `kimidflash ab` measures those.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable
+
+import psutil
+
+from ..background import serving_process, sigterm_as_interrupt
+from ..config import parse_overrides
+from ..fsio import write_json_atomic, write_text_atomic
+from ..paths import portable
+from .errors import BenchError
+from .markdown import to_markdown
+from .provenance import local_provenance
+from .resultfile import write_result
+from .runner import BenchConfig, run_benchmark
+from .tables import Table
+
+MODEL_PROCESSES = ("VLLM::Worker", "VLLM::EngineCore")  # the first one found is recorded
+FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
+SHOWN = 0.01  # profile.md lists the functions with at least this share in some variant
+
+
+def frame_key(frame: str) -> str:
+    """'func (path/to/file.py:123)' -> 'func (path/to/file.py)', the path cut below site-packages so
+    no machine's prefix is kept."""
+    m = FRAME.match(frame.strip())
+    if not m:
+        return frame.strip()
+    path = re.sub(r"^.*/(site|dist)-packages/", "", m["file"])
+    if path.startswith("/"):
+        path = "/".join(path.split("/")[-2:])
+    return f"{m['func']} ({path})"
+
+
+def read_collapsed(text: str) -> Counter[tuple[str, ...]]:
+    """py-spy's raw output ('frame;frame;... COUNT' per line) -> stack -> samples; the 'process ...'
+    frames that --subprocesses adds are dropped."""
+    stacks: Counter[tuple[str, ...]] = Counter()
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            raise BenchError(f"py-spy output line {n} is not 'STACK COUNT': {line[:80]!r}")
+        frames = tuple(frame_key(f) for f in stack.split(";") if not f.startswith("process "))
+        stacks[frames] += int(count)
+    return stacks
+
+
+def shares(stacks: Counter[tuple[str, ...]]) -> dict[str, float]:
+    """Function -> share of all samples in which it is on the stack (inclusive, once per sample)."""
+    total = sum(stacks.values())
+    if not total:
+        raise BenchError("py-spy recorded no samples")
+    inclusive: Counter[str] = Counter()
+    for frames, count in stacks.items():
+        for f in set(frames):
+            inclusive[f] += count
+    return {f: round(c / total, 4) for f, c in inclusive.most_common()}
+
+
+def table(variants: list[dict[str, Any]], floor: float = SHOWN) -> list[list[str]]:
+    """Rows of profile.md: each function over `floor` in some variant, its share per variant and,
+    for every later variant, the change from the first, largest change first."""
+    first = variants[0]["shares"]
+    names = {f for v in variants for f, s in v["shares"].items() if s >= floor}
+
+    def change(f: str) -> float:
+        return max((abs(v["shares"].get(f, 0.0) - first.get(f, 0.0)) for v in variants[1:]), default=0.0)
+
+    rows = []
+    for f in sorted(names, key=lambda f: (-change(f), -first.get(f, 0.0), f)):
+        cells = [f"{v['shares'].get(f, 0.0) * 100:.1f}%" for v in variants]
+        cells += [f"{(v['shares'].get(f, 0.0) - first.get(f, 0.0)) * 100:+.1f}" for v in variants[1:]]
+        rows.append([f, *cells])
+    return rows
+
+
+def model_process(serve_pid: int) -> tuple[int, str]:
+    """(pid, title) of the serve process's descendant that runs the model."""
+    procs = psutil.Process(serve_pid).children(recursive=True)
+    for title in MODEL_PROCESSES:
+        for p in procs:
+            try:
+                if title in " ".join(p.cmdline()):
+                    return p.pid, title
+            except psutil.Error:
+                continue
+    raise BenchError(f"no {' or '.join(MODEL_PROCESSES)} process under serve (pid {serve_pid})")
+
+
+def py_spy() -> str:
+    found = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if not found:
+        raise BenchError("py-spy not found: pip install py-spy (the project's test extra has it)")
+    return found
+
+
+def parse_variant(spec: str) -> tuple[str, list[str]]:
+    """'LABEL' or 'LABEL:KEY=VALUE,KEY=VALUE' -> (label, overrides)."""
+    label, _, sets = spec.partition(":")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", label):
+        raise BenchError(f"--variant {spec!r}: the label must be letters, digits, '.', '_' or '-'")
+    overrides = [s for s in sets.split(",") if s]
+    parse_overrides(overrides)  # a malformed KEY=VALUE is named here, before any server starts
+    return label, overrides
+
+
+def profile_variant(a: argparse.Namespace, label: str, sets: list[str], out: Path) -> dict[str, Any]:
+    """Serve one variant, benchmark it under py-spy, and return its record for profile.json."""
+    raw = out / f".{label}.pyspy.part"
+    with serving_process(a.serve_config, [*a.set, *sets], out / f"{label}-server.log") as (proc, base):
+        pid, title = model_process(proc.pid)
+        spy = subprocess.Popen([py_spy(), "record", "--pid", str(pid), "--rate", str(a.rate), "--format",
+                                "raw", "--output", str(raw), "--nonblocking"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            doc = run_benchmark(BenchConfig(
+                base_url=f"{base}/v1", sessions=a.sessions, concurrency=a.concurrency, max_tokens=a.max_tokens,
+                prompts=a.prompts, warmup=a.warmup, label=label, recipe_config=str(a.serve_config),
+                recipe_overrides=dict(s.split("=", 1) for s in [*a.set, *sets]), server_pid=proc.pid))
+        finally:
+            spy.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
+            log, _ = spy.communicate(timeout=120)
+    if not raw.is_file():
+        raise BenchError(f"py-spy wrote nothing for {label} ({title}, pid {pid}): {log.strip()[-500:]}")
+    stacks = read_collapsed(raw.read_text())
+    raw.unlink()
+    write_text_atomic(out / f"{label}-stacks.txt",
+                      "".join(f"{';'.join(frames)} {n}\n" for frames, n in stacks.most_common()))
+    doc.setdefault("notes", []).append(f"kimidflash profile variant '{label}': measured under py-spy at "
+                                       f"{a.rate} Hz, not a speed figure")
+    write_result(out / f"{label}-c{a.concurrency}.json", doc)
+    return {"label": label, "overrides": sets, "process": title, "samples": sum(stacks.values()),
+            "output_tps_under_profiler": doc.get("output_throughput"), "shares": shares(stacks)}
+
+
+def write_report(doc: dict[str, Any], out: Path) -> str:
+    variants = doc["variants"]
+    first = variants[0]["label"]
+    shares_t = Table("Inclusive share of the samples, in percent",
+                     ["function", *(v["label"] for v in variants), *(f"{v['label']} - {first}" for v in variants[1:])],
+                     table(variants), right=set(range(1, 2 * len(variants))))
+    runs = Table("Variants", ["variant", "overrides", "process", "samples", "output tok/s under the profiler"],
+                 [[v["label"], " ".join(v["overrides"]) or "(the config as it is)", v["process"], str(v["samples"]),
+                   str(v["output_tps_under_profiler"])] for v in variants], right={3, 4})
+    text = "\n".join([
+        f"# Where the worker's time goes at {doc['concurrency']} users", "",
+        "Written by `kimidflash profile`: py-spy samples of the process that runs the model, over the whole "
+        "benchmark run of each variant. A function's share counts every sample in which it is on the stack. "
+        f"Functions at {SHOWN:.0%} or more in some variant are listed, largest change first; `profile.json` "
+        "holds them all, with the provenance.", "", to_markdown(shares_t), to_markdown(runs)])
+    write_text_atomic(out / "profile.md", text)
+    return text
+
+
+def run(a: argparse.Namespace, specs: Iterable[tuple[str, list[str]]]) -> dict[str, Any]:
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    variants = [profile_variant(a, label, sets, out) for label, sets in specs]
+    doc = {"provenance": local_provenance(), "config": portable(a.serve_config), "overrides": a.set,
+           "concurrency": a.concurrency, "sessions": a.sessions, "max_tokens": a.max_tokens, "rate_hz": a.rate,
+           "variants": variants}
+    write_json_atomic(out / "profile.json", doc)
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="kimidflash profile", description=__doc__.splitlines()[0])
+    p.add_argument("serve_config", type=Path)
+    p.add_argument("--variant", action="append", required=True, metavar="LABEL[:KEY=VALUE,...]",
+                   help="a variant to serve and profile, the config with these overrides (repeatable; the "
+                        "first is what profile.md compares the others with)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every variant")
+    p.add_argument("--prompts", default=None, help="builtin (default), a JSONL or a ShareGPT file")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--sessions", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    p.add_argument("--out", required=True, help="folder for profile.json, profile.md and the stacks")
+    a = p.parse_args(argv)
+    specs = [parse_variant(v) for v in a.variant]
+    if len({label for label, _ in specs}) != len(specs):
+        raise BenchError("--variant labels must differ")
+    parse_overrides(a.set)
+    py_spy()  # before any server starts
+    with sigterm_as_interrupt():
+        doc = run(a, specs)
+    print(write_report(doc, Path(a.out)))
+    return 0

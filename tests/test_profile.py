@@ -36,9 +36,13 @@ def test_shares_are_inclusive_and_count_a_recursive_function_once_per_sample():
     assert s["wait (vllm/distributed/shm_broadcast.py)"] == 0.2
 
 
-def test_a_line_that_is_not_a_stack_is_named_and_no_samples_is_an_error():
+def test_a_line_that_is_not_a_stack_is_named_an_empty_stack_counts_and_no_samples_is_an_error():
     with pytest.raises(BenchError, match="line 2 is not 'STACK COUNT'"):
         profile.read_collapsed("a;b 3\nnot a stack\n")
+    with pytest.raises(BenchError, match="line 1 is not 'STACK COUNT'"):
+        profile.read_collapsed("12\n")
+    # py-spy writes a sample it found no frames for as ' COUNT': it stays in the total
+    assert profile.shares(profile.read_collapsed("a;b 3\n 1\n")) == {"a": 0.75, "b": 0.75, profile.NO_STACK: 0.25}
     with pytest.raises(BenchError, match="no samples"):
         profile.shares(profile.read_collapsed(""))
 

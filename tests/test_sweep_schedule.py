@@ -275,6 +275,7 @@ def test_a_check_that_held_wherever_it_drafts_writes_no_checked_env(tmp_path):
     check = _check({4, 8})  # lost only where it drafts nothing already: a k=0 step's cost, no schedule's
     check["checked_schedule"] = checked(check, env, [])
     assert check["checked_schedule"] is None and checked(_check(set()), env, []) is None
+    (tmp_path / "checked.env").write_text("# an older check's\n")
     assert "checked.env" not in write_shipped_check(check, tmp_path, env)
     assert not (tmp_path / "checked.env").exists()
     assert [k_at(load_config(env), b) for b in (1, 2, 3, 8)] == [2, 2, 0, 0]

@@ -258,6 +258,8 @@ def write_shipped_check(check: dict[str, Any], out: Path, config: Path) -> str:
             f"# {config.name} without drafting where `kimidflash ab --as-shipped` measured it below {HOLDS}x no",
             f"# speculation ({users} users; shipped-check.md beside this file). Serve it with: ./serve.sh <this file>",
             f"INCLUDE={include_path(config, out)}", *fix["sets"]]) + "\n")
+    else:
+        (out / "checked.env").unlink(missing_ok=True)  # an older check's correction no longer applies
     text = "\n".join(lines) + "\n"
     write_json_atomic(out / "shipped-check.json", check)
     write_text_atomic(out / "shipped-check.md", text)

@@ -38,6 +38,7 @@ from .tables import Table
 
 MODEL_PROCESSES = ("VLLM::Worker", "VLLM::EngineCore")  # the first one found is recorded
 FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
+NO_STACK = "(no Python stack)"  # py-spy's empty-stack samples, kept so every share has the same total
 SHOWN = 0.01  # profile.md lists the functions with at least this share in some variant
 
 
@@ -55,16 +56,16 @@ def frame_key(frame: str) -> str:
 
 def read_collapsed(text: str) -> Counter[tuple[str, ...]]:
     """py-spy's raw output ('frame;frame;... COUNT' per line) -> stack -> samples; the 'process ...'
-    frames that --subprocesses adds are dropped."""
+    frames that --subprocesses adds are dropped, and a sample with no frames counts as NO_STACK."""
     stacks: Counter[tuple[str, ...]] = Counter()
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
+        stack, sep, count = line.rpartition(" ")
+        if not sep or not count.isdigit():
             raise BenchError(f"py-spy output line {n} is not 'STACK COUNT': {line[:80]!r}")
-        frames = tuple(frame_key(f) for f in stack.split(";") if not f.startswith("process "))
-        stacks[frames] += int(count)
+        frames = tuple(frame_key(f) for f in stack.split(";") if f.strip() and not f.startswith("process "))
+        stacks[frames or (NO_STACK,)] += int(count)
     return stacks
 
 
@@ -145,8 +146,10 @@ def profile_variant(a: argparse.Namespace, label: str, sets: list[str], out: Pat
             log, _ = spy.communicate(timeout=120)
     if not raw.is_file():
         raise BenchError(f"py-spy wrote nothing for {label} ({title}, pid {pid}): {log.strip()[-500:]}")
-    stacks = read_collapsed(raw.read_text())
-    raw.unlink()
+    try:
+        stacks = read_collapsed(raw.read_text())
+    finally:
+        raw.unlink()  # a partial file, never a result
     write_text_atomic(out / f"{label}-stacks.txt",
                       "".join(f"{';'.join(frames)} {n}\n" for frames, n in stacks.most_common()))
     doc.setdefault("notes", []).append(f"kimidflash profile variant '{label}': measured under py-spy at "

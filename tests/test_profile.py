@@ -107,15 +107,15 @@ def test_a_real_profile_samples_the_worker_and_finds_the_drafter_in_the_speculat
 
     out = tmp_path / "profile"
     assert cli_main(["profile", str(CONFIGS / "cpu-tiny.env"), "--variant", "dflash",
-                     "--variant", "none:SPECULATIVE_METHOD=none", "--concurrency", "2", "--sessions", "4",
-                     "--max-tokens", "16", "--warmup", "1", "--out", str(out)]) == 0
+                     "--variant", "none:SPECULATIVE_METHOD=none", "--concurrency", "2", "--sessions", "8",
+                     "--max-tokens", "64", "--warmup", "1", "--rate", "250", "--out", str(out)]) == 0
     doc = json.loads((out / "profile.json").read_text())
     dflash, none = doc["variants"]
     assert dflash["process"] == none["process"] == "VLLM::Worker"
-    assert min(dflash["samples"], none["samples"]) > 20
+    assert min(dflash["samples"], none["samples"]) > 200  # a few seconds at 250 Hz: enough for small shares
     forward = "GPUModelRunner.execute_model (vllm/v1/worker/gpu_model_runner.py)"
     propose = "GPUModelRunner.propose_draft_token_ids (vllm/v1/worker/gpu_model_runner.py)"
-    assert dflash["shares"][forward] > 0.2 and none["shares"][forward] > 0.2
+    assert dflash["shares"][forward] > 0.01 and none["shares"][forward] > 0.01  # the tiny pair mostly waits
     assert dflash["shares"].get(propose, 0) > 0 and propose not in none["shares"]
     assert "| dflash | (the config as it is) | VLLM::Worker |" in (out / "profile.md").read_text()
     for f in ("profile.json", "profile.md", "dflash-stacks.txt", "none-stacks.txt"):

@@ -139,8 +139,8 @@ def checked_schedule(cfg: Config, lost: dict[int, bool]) -> dict[str, Any] | Non
         return None
     ks = list(shipped)
     for c in lost_at:
-        above = [m for m in measured if m > c]
-        ks[c - 1:above[0] - 1 if above else top] = [0] * ((above[0] if above else top + 1) - c)
+        end = next((m for m in measured if m > c), top + 1)  # the next measured concurrency, or past the top
+        ks[c - 1:end - 1] = [0] * (end - c)
     out: dict[str, Any] = {"lost_at": lost_at, "by_concurrency": [
         {"concurrency": c, "shipped_k": shipped[c - 1], "k": ks[c - 1]} for c in measured]}
     if not any(ks):

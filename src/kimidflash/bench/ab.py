@@ -149,7 +149,7 @@ def _run_variant(args: argparse.Namespace, out: Path, label: str, sets: list[str
                                   temperature=args.temperature, seed=args.seed, prompts=cat.prompts,
                                   kind=cat.kind, category=cat.name, workload=cat.workload,
                                   warmup=args.warmup, label=label, recipe_config=str(args.serve_config),
-                                  recipe_overrides=dict(s.split("=", 1) for s in sets),
+                                  recipe_overrides=parse_overrides(sets),
                                   ignore_eos=args.ignore_eos, server_pid=proc.pid, progress=True)
                 doc = run_benchmark(cfg)
                 doc.setdefault("notes", []).append(f"kimidflash ab variant '{name}'")

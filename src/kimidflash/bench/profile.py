@@ -140,7 +140,7 @@ def profile_variant(a: argparse.Namespace, label: str, sets: list[str], out: Pat
             doc = run_benchmark(BenchConfig(
                 base_url=f"{base}/v1", sessions=a.sessions, concurrency=a.concurrency, max_tokens=a.max_tokens,
                 prompts=a.prompts, warmup=a.warmup, label=label, recipe_config=str(a.serve_config),
-                recipe_overrides=dict(s.split("=", 1) for s in [*a.set, *sets]), server_pid=proc.pid))
+                recipe_overrides=parse_overrides([*a.set, *sets]), server_pid=proc.pid))
         finally:
             spy.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
             log, _ = spy.communicate(timeout=120)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import SCHEDULE_KEY, Config, Schedule, draft_schedule, format_schedule, load_config
+from ..config import SCHEDULE_KEY, Config, Schedule, draft_schedule, format_schedule, load_config, parse_overrides
 from .grid import Plan, Point, families
 
 NEAR = 0.02  # a k this close to the fastest at a concurrency is a tie (3 repeats on 2 cores spread about this much)
@@ -93,7 +93,7 @@ def measured_schedule(plan: Plan, rows: list[dict[str, Any]], family: str | None
             if k not in ("NUM_SPECULATIVE_TOKENS", "SPECULATIVE_METHOD", SCHEDULE_KEY)]
     sets = ["SPECULATIVE_METHOD=dflash", *rest, f"NUM_SPECULATIVE_TOKENS={top}",
             f"{SCHEDULE_KEY}={format_schedule(sched)}"]
-    load_config(plan.base_config, dict(s.split("=", 1) for s in sets))  # the rules accept what is written
+    load_config(plan.base_config, parse_overrides(sets))  # the rules accept what is written
     return {**out, "schedule": format_schedule(sched), "num_speculative_tokens": top, "sets": sets}
 
 

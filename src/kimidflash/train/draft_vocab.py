@@ -42,7 +42,6 @@ from .export import DRAFT_D2T, DRAFT_HEAD
 from .target_weights import read_tensors, target_layout
 from .vocab import frequent_tokens
 
-HEAD, D2T = DRAFT_HEAD, DRAFT_D2T
 MANIFEST = "draft-vocab.json"
 FREQUENT = 0.5  # the share of the tokens chosen by frequency in the records, by default
 
@@ -89,8 +88,8 @@ def attach(drafter_dir: str | Path, model_dir: str | Path, ids: torch.Tensor, ou
         raise TrainConfigError(f"{model_dir}: head {list(head.shape)} does not fit {src}/config.json "
                                f"(vocab_size {cfg['vocab_size']}, hidden_size {cfg['hidden_size']})")
     tensors = load_file(str(src / "model.safetensors"))
-    tensors[HEAD] = head[ids].contiguous()
-    tensors[D2T] = ids - torch.arange(len(ids))
+    tensors[DRAFT_HEAD] = head[ids].contiguous()
+    tensors[DRAFT_D2T] = ids - torch.arange(len(ids))
     cfg.update(draft_vocab_size=len(ids), tie_word_embeddings=False)
     manifest = {"tokens": len(ids), "of": cfg["vocab_size"], "from_drafter": portable(src),
                 "drafter_weights_sha256": sha256_file(src / "model.safetensors"), "target": portable(model_dir),
@@ -114,11 +113,11 @@ def draft_vocab_ids(drafter_dir: str | Path) -> torch.Tensor | None:
     weights = Path(drafter_dir) / "model.safetensors"
     with safe_open(str(weights), "pt") as f:
         names = set(f.keys())
-        if not names & {HEAD, D2T}:
+        if not names & {DRAFT_HEAD, DRAFT_D2T}:
             return None
-        if not {HEAD, D2T} <= names:
-            raise TrainConfigError(f"{weights}: a draft vocabulary needs both {HEAD} and {D2T}")
-        d2t = f.get_tensor(D2T).long()
+        if not {DRAFT_HEAD, DRAFT_D2T} <= names:
+            raise TrainConfigError(f"{weights}: a draft vocabulary needs both {DRAFT_HEAD} and {DRAFT_D2T}")
+        d2t = f.get_tensor(DRAFT_D2T).long()
     return d2t + torch.arange(len(d2t))
 
 

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from .draft_vocab import D2T, HEAD
 from .errors import TrainConfigError
+from .export import DRAFT_D2T, DRAFT_HEAD
 from .shape import DrafterShape, read_json_file
 from .target_weights import read_tensors, target_layout
 
@@ -96,7 +96,7 @@ def drafter_tensors(drafter_dir: str | Path, shape: DrafterShape) -> dict[str, t
         raise TrainConfigError(f"train.init_from_drafter: {src.source} has {src.num_hidden_layers} layers, the "
                                f"drafter {shape.num_hidden_layers}; a drafter can grow from its source, not shrink")
     # A draft vocabulary's head is the target's rows (draft_vocab.py), not something the drafter learned.
-    out = {k: v.float() for k, v in load_file(str(weights)).items() if k not in (HEAD, D2T)}
+    out = {k: v.float() for k, v in load_file(str(weights)).items() if k not in (DRAFT_HEAD, DRAFT_D2T)}
     want = src.expected_tensors()
     for name, size in want.items():
         if name not in out:

@@ -350,6 +350,99 @@ PATCHES = [
             },
         ],
     },
+    {
+        "id": "S3",
+        "group": "Draft schedule (dynamic speculative decoding)",
+        "what": "a DFlash step the draft schedule gives k=0 stashes its context instead of storing "
+                "it; the stash is stored in one call, latest write per slot, before the next "
+                "drafting step or at 256 rows",
+        "why": "S1 still projects and stores the drafter's context K/V at every k=0 step, a few "
+               "rows against the whole K/V projection weight each time (0.8% of the worker's "
+               "time at 2 and 8 users, benchmarks/k0-cost/profile-c2 and profile-c8); drafts "
+               "read it only once drafting resumes, and one batched store reads the weight once",
+        "upstream": None,
+        "runs_when": {"SPECULATIVE_METHOD": ["dflash"], "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": ["?*"]},
+        "proven_by": "tests/test_draft_schedule_slow.py (the patched proposer over a fake drafter: "
+                     "k=0 steps store nothing until a drafting step or 256 rows, then the cache holds "
+                     "exactly what storing every step would have left, slots rewritten or reused "
+                     "included; and the ramp test of S1 served with it) and benchmarks/k0-cost",
+        "variants": [
+            {
+                "versions": [["0.32.0", "0.34.0"]],
+                "file": "v1/spec_decode/dflash.py",
+                "edits": [
+                    {
+                        "anchor": "        num_context = self._dflash_num_context\n"
+                                  "\n"
+                                  "        # Pre-insert context KVs directly into cache\n",
+                        "replace": "        num_context = self._dflash_num_context\n"
+                                   "\n"
+                                   "        # kimidflash:S3 a k=0 step stashes its context; drafts read it only after the\n"
+                                   "        # next drafting step's flush (or one at 256 rows), which stores it in one call\n"
+                                   "        stash = self.__dict__.setdefault(\"kimidflash_context_stash\", [])\n"
+                                   "        if self.num_speculative_tokens == 0:\n"
+                                   "            stash.append((\n"
+                                   "                self._dflash_hidden_states.clone(),\n"
+                                   "                self._context_positions_buffer[:num_context].clone(),\n"
+                                   "                self._context_slot_mapping_buffer[:num_context].clone(),\n"
+                                   "            ))\n"
+                                   "        if stash and (self.num_speculative_tokens > 0 or sum(len(s[2]) for s in stash) >= 256):\n"
+                                   "            states, positions, slots = (torch.cat(t) for t in zip(*stash))\n"
+                                   "            stash.clear()\n"
+                                   "            # a slot stashed twice (rejected tokens rewritten, a freed block reused)\n"
+                                   "            # keeps its latest write, as storing every step would have; padding (<0) none\n"
+                                   "            unique, inverse = torch.unique(slots, return_inverse=True)\n"
+                                   "            order = torch.arange(len(slots), device=slots.device)\n"
+                                   "            latest = torch.full_like(unique, -1).scatter_reduce_(0, inverse, order, \"amax\")\n"
+                                   "            latest = latest[unique >= 0]\n"
+                                   "            states = states[latest]\n"
+                                   "            if states.shape[-1] != self.hidden_size:  # raw target states (S4)\n"
+                                   "                states = self.model.combine_hidden_states(states)\n"
+                                   "            self.model.precompute_and_store_context_kv(states, positions[latest], slots[latest])\n"
+                                   "        if self.num_speculative_tokens == 0:\n"
+                                   "            return {}, num_input_tokens\n"
+                                   "\n"
+                                   "        # Pre-insert context KVs directly into cache\n",
+                    },
+                ],
+            },
+        ],
+    },
+    {
+        "id": "S4",
+        "group": "Draft schedule (dynamic speculative decoding)",
+        "what": "a DFlash step the draft schedule gives k=0 leaves the target's hidden states "
+                "uncombined; S3 stashes them and combines the stash when it stores it",
+        "why": "the drafter's combining projection (fc) ran over every k=0 step's few rows, "
+               "another read of a whole weight per step (1.0 to 1.1% of the worker's time at 2 "
+               "and 8 users, benchmarks/k0-cost/profile-c2 and profile-c8) for states drafts may "
+               "never read",
+        "upstream": None,
+        "runs_when": {"SPECULATIVE_METHOD": ["dflash"], "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": ["?*"]},
+        "proven_by": "tests/test_draft_schedule_slow.py (the fake-drafter test of S3 with raw "
+                     "states stashed; the ramp test of S1, served with the combining left to S3's "
+                     "store: a width mismatch would fail its requests) and benchmarks/k0-cost",
+        "variants": [
+            {
+                "versions": [["0.32.0", "0.34.0"]],
+                "file": "v1/spec_decode/llm_base_proposer.py",
+                "edits": [
+                    {
+                        "anchor": "            target_hidden_states = self.model.combine_hidden_states(\n"
+                                  "                target_hidden_states\n"
+                                  "            )\n"
+                                  "            assert target_hidden_states.shape[-1] == self.hidden_size\n",
+                        "replace": "            # kimidflash:S4 a k=0 DFlash step's states are combined when S3 stores them\n"
+                                   "            if num_speculative_tokens > 0 or self.method != \"dflash\":\n"
+                                   "                target_hidden_states = self.model.combine_hidden_states(\n"
+                                   "                    target_hidden_states\n"
+                                   "                )\n"
+                                   "                assert target_hidden_states.shape[-1] == self.hidden_size\n",
+                    },
+                ],
+            },
+        ],
+    },
 ]
 
 # Patches this set no longer ships, each with the reason. Their ids are not reused.

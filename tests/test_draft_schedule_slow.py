@@ -183,8 +183,9 @@ def step(drafter, k, raw, positions, slots):
     p.model, p.hidden_size, p.num_speculative_tokens = drafter, 2, k
     p.input_ids, p._get_positions = torch.zeros(64, dtype=torch.int64), lambda n: torch.zeros(n)
     p._dflash_num_context = len(slots)
-    # what propose hands over: the raw target states at k=0 when S4 is applied, else combined
-    p._dflash_hidden_states = raw if (k == 0 and drafter.raw_at_k0) else drafter.combine_hidden_states(raw)
+    # what propose hands over: the raw target states at k=0 when S4 is applied (and says so), else combined
+    p.kimidflash_uncombined = k == 0 and drafter.raw_at_k0
+    p._dflash_hidden_states = raw if p.kimidflash_uncombined else drafter.combine_hidden_states(raw)
     p._context_positions_buffer = torch.tensor(positions + [99] * 8)
     p._context_slot_mapping_buffer = torch.tensor(slots + [12345] * 8)
     p.build_model_inputs_first_pass(len(slots), len(slots), None)

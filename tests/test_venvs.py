@@ -64,3 +64,34 @@ def test_a_failed_build_leaves_no_stamp(made, tmp_path):
     assert not (venv / venvs.STAMP).exists()
     venvs.ensure_venv(venv, "1.0\n", "thing", lambda pip: None, log=lambda m: None)
     assert len(made) == 2 and (venv / venvs.STAMP).is_file()
+
+
+def test_a_failed_patch_leaves_no_report_that_would_pass_the_next_call(tmp_path):
+    """The patcher writes its --json report on failure too (drift: a tree patched by another
+    patch set). Had that report taken its place, its hash would let the next serve through
+    on the drifted tree; so each call that cannot patch says so."""
+    import json
+    import stat
+
+    from kimidflash.cpu_reference import venv as cpu_venv
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    # the patcher as the venv's Python runs it: writes the report it was given, exits 3 (drift)
+    python.write_text('#!/bin/sh\nwhile [ "$1" != --json ]; do shift; done\n'
+                      f'echo \'{{"patchset_hash": "{cpu_venv.patchset_hash()}"}}\' > "$2"\n'
+                      'echo "patch S3: drift" >&2\nexit 3\n')
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    for _ in range(2):
+        with pytest.raises(cpu_venv.VenvPatchError, match="S3: drift"):
+            cpu_venv.patch_venv(venv, log=lambda m: None)
+        assert not cpu_venv.report_path(venv).exists()
+    assert sorted(p.name for p in venv.iterdir()) == ["bin"]
+
+    # the same patcher succeeding: its report takes its place and the next call reuses it
+    python.write_text(python.read_text().replace("exit 3", "exit 0"))
+    report = cpu_venv.patch_venv(venv, log=lambda m: None)
+    assert json.loads(report.read_text())["patchset_hash"] == cpu_venv.patchset_hash()
+    python.unlink()
+    assert cpu_venv.patch_venv(venv, log=lambda m: None) == report

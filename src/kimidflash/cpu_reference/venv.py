@@ -63,7 +63,9 @@ def report_path(venv: Path) -> Path:
 def patch_venv(venv: Path, log=print) -> Path:
     """Apply the patch set to the venv's vLLM unless its report already has this
     patch set's hash; return the report. Drift (a tree patched by another patch
-    set) is refused by the patcher and reported here with the way out."""
+    set) is refused by the patcher and reported here with the way out. The report
+    takes its place only after the patcher succeeded: the patcher writes one on
+    failure too, and one with this hash would pass the next call unpatched."""
     python = str(venv / "bin" / "python")
     want = patchset_hash()
     report = report_path(venv)
@@ -75,10 +77,14 @@ def patch_venv(venv: Path, log=print) -> Path:
         if have == want:
             return report
         log(f"applying the vLLM patch set {want} to {venv}")
+        attempt = report.with_name(report.name + ".partial")
         # run by the venv's Python, the patcher finds the venv's vllm itself (without importing it)
-        r = subprocess.run([python, str(PATCHER), "--json", str(report)], capture_output=True, text=True)
+        r = subprocess.run([python, str(PATCHER), "--json", str(attempt)], capture_output=True, text=True)
         if r.returncode != 0:
+            attempt.unlink(missing_ok=True)
+            report.unlink(missing_ok=True)
             raise VenvPatchError(f"patching the vLLM in {venv} failed (exit {r.returncode}):\n"
                                  f"{(r.stdout + r.stderr).strip()}\n"
                                  f"the venv is a cache: remove {venv} and serve again to rebuild it")
+        attempt.replace(report)
     return report

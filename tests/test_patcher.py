@@ -284,7 +284,7 @@ def test_shipped_patch_set_is_complete():
     what/why, where each runs and what proves it; the retired ones keep their ids and
     a reason; the helper it installs exists and compiles without torch."""
     patches, retired, base = engine.load_patchset_and_retired()
-    assert [p["id"] for p in patches] == ["P3", "P5", "P10", "H1", "H2", "C1", "S1", "S2", "S3", "S4"]
+    assert [p["id"] for p in patches] == ["P3", "P5", "P10", "H1", "H2", "C1", "S1", "S2", "S3", "S4", "S5"]
     assert [r["id"] for r in retired] == ["P1", "P2", "P4", "P6", "P7", "P8", "P9"]
     for p in patches:
         assert p["what"] and "\n" not in p["what"] and p["why"] and "\n" not in p["why"]

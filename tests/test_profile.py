@@ -80,6 +80,25 @@ def test_a_server_without_a_vllm_process_is_named():
 
     with pytest.raises(BenchError, match=f"no VLLM::Worker or VLLM::EngineCore process under serve \\(pid {os.getpid()}\\)"):
         profile.model_process(os.getpid())
+    with pytest.raises(BenchError, match=f"no VLLM::EngineCore process under serve \\(pid {os.getpid()}\\)"):
+        profile.model_process(os.getpid(), profile.PROCESSES["engine-core"][0])
+
+
+def test_process_picks_the_engine_core_over_the_worker(monkeypatch):
+    """`--process engine-core` samples the engine core even where a worker runs the model."""
+    class Proc:
+        def __init__(self, pid, title):
+            self.pid, self.title = pid, title
+
+        def cmdline(self):
+            return [self.title]
+
+        def children(self, recursive):
+            return [Proc(11, "VLLM::EngineCore"), Proc(12, "VLLM::Worker")]
+
+    monkeypatch.setattr(profile.psutil, "Process", lambda pid: Proc(pid, "serve"))
+    assert profile.model_process(1) == (12, "VLLM::Worker")
+    assert profile.model_process(1, profile.PROCESSES["engine-core"][0]) == (11, "VLLM::EngineCore")
 
 
 def test_the_report_is_written_whole(tmp_path):
@@ -90,6 +109,9 @@ def test_the_report_is_written_whole(tmp_path):
          "output_tps_under_profiler": 48.0, "shares": {"forward": 0.85, "propose": 0.05}}]}
     text = profile.write_report(doc, tmp_path)
     assert (tmp_path / "profile.md").read_text() == text
+    assert text.startswith("# Where the worker's time goes at 8 users")
+    assert profile.write_report({**doc, "process": "engine-core"}, tmp_path).startswith(
+        "# Where the engine core's time goes at 8 users")
     assert "| propose | 0.0% | 5.0% | +5.0 |" in text
     assert "| k0 | (the config as it is) | VLLM::Worker | 12 | 48.0 |" in text
 

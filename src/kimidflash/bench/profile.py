@@ -3,7 +3,8 @@
 A throughput ratio says that a variant costs; a profile says what. `kimidflash
 profile` serves each variant in turn, drives it with the benchmark client, and
 records the process that runs the model (`VLLM::Worker`, else the engine core)
-with py-spy for the whole run. Each function's inclusive share of the samples
+with py-spy for the whole run; `--process engine-core` records the engine core
+instead, whose scheduling and output handling run serially with each step. Each function's inclusive share of the samples
 goes to profile.json and profile.md, and the collapsed stacks to
 `<label>-stacks.txt` for a flame graph. The share of a function that only one
 variant runs (a drafter's context store under a k=0 draft schedule) is what that
@@ -37,6 +38,10 @@ from .runner import BenchConfig, run_benchmark
 from .tables import Table
 
 MODEL_PROCESSES = ("VLLM::Worker", "VLLM::EngineCore")  # the first one found is recorded
+PROCESSES = {  # --process: the titles looked for, in order, and what the report calls the one found
+    "model": (MODEL_PROCESSES, "worker"),
+    "engine-core": (("VLLM::EngineCore",), "engine core"),
+}
 FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
 NO_STACK = "(no Python stack)"  # py-spy's empty-stack samples, kept so every share has the same total
 SHOWN = 0.01  # profile.md lists the functions with at least this share in some variant
@@ -98,17 +103,17 @@ def table(variants: list[dict[str, Any]], floor: float = SHOWN) -> list[list[str
     return rows
 
 
-def model_process(serve_pid: int) -> tuple[int, str]:
-    """(pid, title) of the serve process's descendant that runs the model."""
+def model_process(serve_pid: int, titles: tuple[str, ...] = MODEL_PROCESSES) -> tuple[int, str]:
+    """(pid, title) of the serve process's descendant with the first of these titles found."""
     procs = psutil.Process(serve_pid).children(recursive=True)
-    for title in MODEL_PROCESSES:
+    for title in titles:
         for p in procs:
             try:
                 if title in " ".join(p.cmdline()):
                     return p.pid, title
             except psutil.Error:
                 continue
-    raise BenchError(f"no {' or '.join(MODEL_PROCESSES)} process under serve (pid {serve_pid})")
+    raise BenchError(f"no {' or '.join(titles)} process under serve (pid {serve_pid})")
 
 
 def py_spy() -> str:
@@ -132,7 +137,7 @@ def profile_variant(a: argparse.Namespace, label: str, sets: list[str], out: Pat
     """Serve one variant, benchmark it under py-spy, and return its record for profile.json."""
     raw = out / f".{label}.pyspy.part"
     with serving_process(a.serve_config, [*a.set, *sets], out / f"{label}-server.log") as (proc, base):
-        pid, title = model_process(proc.pid)
+        pid, title = model_process(proc.pid, PROCESSES[a.process][0])
         spy = subprocess.Popen([py_spy(), "record", "--pid", str(pid), "--rate", str(a.rate), "--format",
                                 "raw", "--output", str(raw), "--nonblocking"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -169,9 +174,9 @@ def write_report(doc: dict[str, Any], out: Path) -> str:
                  [[v["label"], " ".join(v["overrides"]) or "(the config as it is)", v["process"], str(v["samples"]),
                    str(v["output_tps_under_profiler"])] for v in variants], right={3, 4})
     text = "\n".join([
-        f"# Where the worker's time goes at {doc['concurrency']} users", "",
-        "Written by `kimidflash profile`: py-spy samples of the process that runs the model, over the whole "
-        "benchmark run of each variant. A function's share counts every sample in which it is on the stack. "
+        f"# Where the {PROCESSES[doc.get('process', 'model')][1]}'s time goes at {doc['concurrency']} users", "",
+        "Written by `kimidflash profile`: py-spy samples of one server process (the table of variants names it), "
+        "over the whole benchmark run of each variant. A function's share counts every sample in which it is on the stack. "
         f"Functions at {SHOWN:.0%} or more in some variant are listed, largest change first; `profile.json` "
         "holds them all, with the provenance.", "", to_markdown(shares_t), to_markdown(runs)])
     write_text_atomic(out / "profile.md", text)
@@ -183,7 +188,7 @@ def run(a: argparse.Namespace, specs: Iterable[tuple[str, list[str]]]) -> dict[s
     out.mkdir(parents=True, exist_ok=True)
     variants = [profile_variant(a, label, sets, out) for label, sets in specs]
     doc = {"provenance": local_provenance(), "config": portable(a.serve_config), "overrides": a.set,
-           "concurrency": a.concurrency, "sessions": a.sessions, "max_tokens": a.max_tokens, "rate_hz": a.rate,
+           "process": a.process, "concurrency": a.concurrency, "sessions": a.sessions, "max_tokens": a.max_tokens, "rate_hz": a.rate,
            "variants": variants}
     write_json_atomic(out / "profile.json", doc)
     return doc
@@ -202,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    p.add_argument("--process", choices=sorted(PROCESSES), default="model",
+                   help="what py-spy samples: the process that runs the model (the worker; default) or the "
+                        "engine core (scheduling and output handling, serial with each step)")
     p.add_argument("--out", required=True, help="folder for profile.json, profile.md and the stacks")
     a = p.parse_args(argv)
     specs = [parse_variant(v) for v in a.variant]

@@ -354,23 +354,35 @@ PATCHES = [
         "id": "S3",
         "group": "Draft schedule (dynamic speculative decoding)",
         "what": "a DFlash step the draft schedule gives k=0 stashes its context instead of storing "
-                "it; the stash is stored in one call, latest write per slot, before the next "
-                "drafting step or at 256 rows",
+                "it; a drafting step stores the stash in one call, latest write per slot; without "
+                "prefix caching, rows of blocks no request in the step holds are dropped; the stash "
+                "is compacted so at 4096 rows and stored once that leaves 2048 or more",
         "why": "S1 still projects and stores the drafter's context K/V at every k=0 step, a few "
                "rows against the whole K/V projection weight each time (0.8% of the worker's "
                "time at 2 and 8 users, benchmarks/k0-cost/profile-c2 and profile-c8); drafts "
-               "read it only once drafting resumes, and one batched store reads the weight once",
+               "read it only once drafting resumes, one batched store reads the weight once, and "
+               "the context of a request that finished while drafting was off is never read",
         "upstream": None,
         "runs_when": {"SPECULATIVE_METHOD": ["dflash"], "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": ["?*"]},
         "proven_by": "tests/test_draft_schedule_slow.py (the patched proposer over a fake drafter: "
-                     "k=0 steps store nothing until a drafting step or 256 rows, then the cache holds "
-                     "exactly what storing every step would have left, slots rewritten or reused "
-                     "included; and the ramp test of S1 served with it) and benchmarks/k0-cost",
+                     "k=0 steps store nothing until a drafting step or a full stash, then the cache "
+                     "holds what storing every step would have left, slots rewritten or reused "
+                     "included, for every block a running request holds, and nothing of a finished "
+                     "request's without prefix caching; and the ramp test of S1 served with it) and "
+                     "benchmarks/k0-cost",
         "variants": [
             {
                 "versions": [["0.32.0", "0.34.0"]],
                 "file": "v1/spec_decode/dflash.py",
                 "edits": [
+                    {
+                        "anchor": "        # Store for build_model_inputs_first_pass to use\n"
+                                  "        self._dflash_num_context = num_context\n",
+                        "replace": "        # Store for build_model_inputs_first_pass to use\n"
+                                   "        self._dflash_num_context = num_context\n"
+                                   "        # kimidflash:S3 the blocks this step's requests hold, for the stash's flush\n"
+                                   "        self.kimidflash_live_blocks = cad.block_table_tensor[:batch_size]\n",
+                    },
                     {
                         "anchor": "        num_context = self._dflash_num_context\n"
                                   "\n"
@@ -378,7 +390,7 @@ PATCHES = [
                         "replace": "        num_context = self._dflash_num_context\n"
                                    "\n"
                                    "        # kimidflash:S3 a k=0 step stashes its context; drafts read it only after the\n"
-                                   "        # next drafting step's flush (or one at 256 rows), which stores it in one call\n"
+                                   "        # next drafting step's flush, which stores it in one call\n"
                                    "        stash = self.__dict__.setdefault(\"kimidflash_context_stash\", [])\n"
                                    "        if self.num_speculative_tokens == 0:\n"
                                    "            stash.append((\n"
@@ -387,7 +399,7 @@ PATCHES = [
                                    "                self._context_slot_mapping_buffer[:num_context].clone(),\n"
                                    "                getattr(self, \"kimidflash_uncombined\", False),  # S4 left them raw\n"
                                    "            ))\n"
-                                   "        if stash and (self.num_speculative_tokens > 0 or sum(len(s[2]) for s in stash) >= 256):\n"
+                                   "        if stash and (self.num_speculative_tokens > 0 or sum(len(s[2]) for s in stash) >= 4096):\n"
                                    "            (raw,) = {entry[3] for entry in stash}  # every k=0 step alike, S4 or not\n"
                                    "            states, positions, slots = (torch.cat(t) for t in list(zip(*stash))[:3])\n"
                                    "            stash.clear()\n"
@@ -396,11 +408,19 @@ PATCHES = [
                                    "            unique, inverse = torch.unique(slots, return_inverse=True)\n"
                                    "            order = torch.arange(len(slots), device=slots.device)\n"
                                    "            latest = torch.full_like(unique, -1).scatter_reduce_(0, inverse, order, \"amax\")\n"
-                                   "            latest = latest[unique >= 0]\n"
-                                   "            states = states[latest]\n"
-                                   "            if raw:\n"
-                                   "                states = self.model.combine_hidden_states(states)\n"
-                                   "            self.model.precompute_and_store_context_kv(states, positions[latest], slots[latest])\n"
+                                   "            keep = unique >= 0\n"
+                                   "            if not self.vllm_config.cache_config.enable_prefix_caching:\n"
+                                   "                # no request in this step holds the block: its request finished, and\n"
+                                   "                # without prefix caching no later one reads what it left there\n"
+                                   "                keep &= torch.isin(unique // self.block_size, self.kimidflash_live_blocks)\n"
+                                   "            latest = latest[keep]\n"
+                                   "            if self.num_speculative_tokens == 0 and len(latest) < 2048:\n"
+                                   "                stash.append((states[latest], positions[latest], slots[latest], raw))  # compacted\n"
+                                   "            else:\n"
+                                   "                states = states[latest]\n"
+                                   "                if raw:\n"
+                                   "                    states = self.model.combine_hidden_states(states)\n"
+                                   "                self.model.precompute_and_store_context_kv(states, positions[latest], slots[latest])\n"
                                    "        if self.num_speculative_tokens == 0:\n"
                                    "            return {}, num_input_tokens\n"
                                    "\n"

@@ -163,12 +163,14 @@ def test_s2_a_k0_dflash_step_clears_its_drafts_without_the_worker_round_trip():
 # cache holds after a run of steps, against storing every step's context at once (S1 alone).
 # (Served, a dropped store is not visible in acceptance here: the shipped drafter's drafts after
 # a crossing were accepted about as often with the stash thrown away as with it stored.)
-S3_PROBE = r'''
+S3_PROBE = r"""
 import json
+from types import SimpleNamespace
 import torch
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
 W = torch.arange(12, dtype=torch.float64).reshape(6, 2) - 5  # the fake fc: 3 aux states of width 2 -> 2
+BLOCK = 16
 
 class Drafter:
     def __init__(self, raw_at_k0):
@@ -184,10 +186,12 @@ class Drafter:
             if slot >= 0:
                 self.cache[slot] = (state, pos)
 
-def step(drafter, k, raw, positions, slots):
+def step(drafter, k, raw, positions, slots, blocks, prefix_caching):
     p = DFlashProposer.__new__(DFlashProposer)
     p.__dict__.update(drafter.state)
-    p.model, p.hidden_size, p.num_speculative_tokens = drafter, 2, k
+    p.model, p.hidden_size, p.num_speculative_tokens, p.block_size = drafter, 2, k, BLOCK
+    p.vllm_config = SimpleNamespace(cache_config=SimpleNamespace(enable_prefix_caching=prefix_caching))
+    p.kimidflash_live_blocks = torch.tensor(blocks + [0] * 3, dtype=torch.int32)  # what S3 keeps of the block table
     p.input_ids, p._get_positions = torch.zeros(64, dtype=torch.int64), lambda n: torch.zeros(n)
     p._dflash_num_context = len(slots)
     # what propose hands over: the raw target states at k=0 when S4 is applied (and says so), else combined
@@ -198,37 +202,64 @@ def step(drafter, k, raw, positions, slots):
     p.build_model_inputs_first_pass(len(slots), len(slots), None)
     drafter.state = {"kimidflash_context_stash": p.__dict__.get("kimidflash_context_stash", [])}
 
-steps = []  # (k, positions, slots)
-steps.append((2, [0, 1, 2, 3], [100, 101, 102, 103]))          # request a prefills while drafting
-steps.append((0, [4, 5, 6], [104, 105, 106]))                  # a verifies 2 drafts at k=0 (all kept)
-steps.append((0, [5, 6, 7, -1], [105, 106, 107, -1]))          # two rejected: positions 5, 6 rewritten; padding
-steps.append((0, [0, 1, 2], [200, 201, 202]))                  # request b prefills
-steps.append((0, [3, 4], [100, 101]))                          # a finished; c got its freed block
-for n in range(60):                                            # eight requests decode at k=0 past 256 rows
-    steps.append((0, [10 + n] * 8, [300 + 8 * n + i for i in range(8)]))
-steps.append((0, [8, 3], [108, 203]))
-steps.append((3, [9, 4], [109, 204]))                          # the load falls: a drafting step
-
-def run(raw_at_k0, deferred):
+def run(steps, raw_at_k0, deferred, prefix_caching=True):
     g = torch.Generator().manual_seed(1)
     d, trace = Drafter(raw_at_k0), []
-    for k, positions, slots in steps:
+    for k, positions, slots, blocks in steps:
         raw = torch.randn(len(slots), 6, generator=g, dtype=torch.float64).round()
         if deferred:
-            step(d, k, raw, positions, slots)
+            step(d, k, raw, positions, slots, blocks, prefix_caching)
         else:  # S1 alone: every step stores its own context at once
             d.precompute_and_store_context_kv(raw @ W, torch.tensor(positions), torch.tensor(slots))
         trace.append(len(d.calls))
     return d, trace
 
+# 1. slots rewritten and reused, with prefix caching (so nothing is dropped and blocks are not read)
+mixed = []  # (k, positions, slots, blocks held)
+mixed.append((2, [0, 1, 2, 3], [100, 101, 102, 103], []))      # request a prefills while drafting
+mixed.append((0, [4, 5, 6], [104, 105, 106], []))              # a verifies 2 drafts at k=0 (all kept)
+mixed.append((0, [5, 6, 7, -1], [105, 106, 107, -1], []))      # two rejected: positions 5, 6 rewritten; padding
+mixed.append((0, [0, 1, 2], [200, 201, 202], []))              # request b prefills
+mixed.append((0, [3, 4], [100, 101], []))                      # a finished; c got its freed block
+for n in range(60):                                            # eight requests decode at k=0
+    mixed.append((0, [10 + n] * 8, [300 + 8 * n + i for i in range(8)], []))
+mixed.append((0, [8, 3], [108, 203], []))
+mixed.append((3, [9, 4], [109, 204], []))                      # the load falls: a drafting step
+
+def slot(r, t):  # request r's t-th token; request r holds blocks 64(r + 1), 64(r + 1) + 1, ...
+    return 1024 * (r + 1) + t  # (block 0 is vLLM's null block, what pads a block table)
+
+def holds(rs, t):  # the blocks requests rs hold once they have t + 1 tokens
+    return [64 * (r + 1) + b for r in rs for b in range(t // BLOCK + 1)]
+
+# 2. without prefix caching: requests come and go at k=0, eight at a time for 50 steps each
+waves = []
+for s in range(600):
+    wave, t = divmod(s, 50)
+    rs = range(8 * wave, 8 * wave + 8)
+    waves.append((0, [t] * 8, [slot(r, t) for r in rs], holds(rs, t)))
+waves.append((3, [50], [slot(88, 50)], holds([88], 50)))       # the load falls: request 88 alone drafts
+
+# 3. without prefix caching: eight long prompts, decoding at k=0 until the stash is full of live rows
+long = [(0, list(range(300)) * 8, [slot(r, t) for r in range(8) for t in range(300)], holds(range(8), 299))]
+for t in range(300, 600):
+    long.append((0, [t] * 8, [slot(r, t) for r in range(8)], holds(range(8), t)))
+long.append((3, [600], [slot(0, 600)], holds([0], 600)))       # seven finished: request 0 alone drafts
+
 out = {}
 for name, raw_at_k0 in (("S3+S4", True), ("S3", False)):
-    ref, _ = run(raw_at_k0, deferred=False)
-    got, trace = run(raw_at_k0, deferred=True)
+    ref, _ = run(mixed, raw_at_k0, deferred=False)
+    got, trace = run(mixed, raw_at_k0, deferred=True)
     out[name] = {"same_cache": got.cache == ref.cache, "cached": len(got.cache), "calls": got.calls,
                  "calls_after_k0_steps": trace[1:5], "stash_left": len(got.state["kimidflash_context_stash"])}
+for name, steps in (("waves", waves), ("long", long)):
+    ref, _ = run(steps, True, deferred=False)
+    got, _ = run(steps, True, deferred=True, prefix_caching=False)
+    out[name] = {"same_where_cached": all(ref.cache[s] == v for s, v in got.cache.items()),
+                 "cached": sorted(got.cache), "calls": got.calls,
+                 "stash_left": len(got.state["kimidflash_context_stash"])}
 print(json.dumps(out))
-'''
+"""
 
 
 def test_s3_s4_k0_steps_store_their_context_once_and_leave_what_every_step_would_have():
@@ -247,8 +278,18 @@ def test_s3_s4_k0_steps_store_their_context_once_and_leave_what_every_step_would
         assert run["same_cache"] and run["cached"] == 10 + 5 + 480, (name, run)
         # the first step drafts (one store); the k=0 steps after it store nothing ...
         assert run["calls_after_k0_steps"] == [1, 1, 1, 1], (name, run)
-        # ... until 256 stashed rows (3 + 4 + 3 + 2 + 31 steps of 8 = 260: 257 slots once the
-        # rewritten 105, 106 and the padding are dropped); the drafting step stores the other
-        # 29 steps of 8 and the step before it, then its own two rows
-        assert run["calls"] == [4, 257, 29 * 8 + 2, 2], (name, run)
+        # ... until the drafting step stores the stash (9 slots of a, b and c once 105, 106 and
+        # the padding are counted once or dropped, 480 of the eight, 108 and 203), then its own two
+        assert run["calls"] == [4, 9 + 480 + 2, 2], (name, run)
         assert run["stash_left"] == 0, (name, run)
+    # Without prefix caching a finished request's rows are never stored. Waves of eight requests,
+    # 50 steps each: at 4096 rows (step 512) the stash is compacted to the 8 x 12 rows the running
+    # wave holds; the drafting step stores request 88's 50 rows and then its own one.
+    waves = got["waves"]
+    assert waves["same_where_cached"] and waves["calls"] == [50, 1], waves
+    assert waves["cached"] == [1024 * 89 + t for t in range(51)] and waves["stash_left"] == 0, waves
+    # Eight long prompts (2,400 rows) decoding: at 4096 rows every row is live, so the stash is
+    # stored; 88 steps later seven finish and the drafting step stores request 0's 88 rows.
+    long = got["long"]
+    assert long["same_where_cached"] and long["calls"] == [4096, 88, 1], long
+    assert len(long["cached"]) == 4096 + 88 + 1 and long["stash_left"] == 0, long

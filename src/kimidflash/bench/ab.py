@@ -30,7 +30,7 @@ from ..errors import EXIT_INTERRUPTED
 from ..fsio import write_json_atomic, write_text_atomic
 from ..paths import include_path, portable
 from ..prepare import prepare
-from ..sweep.schedule import checked_schedule
+from ..sweep.schedule import checked_schedule, fastest_k, k_at
 from . import categories as cat_mod
 from .categories import Category
 from .report import compare
@@ -218,9 +218,11 @@ def offline_vs_online(files: list[Path], offline: dict[str | None, Path], out: P
     return text
 
 
-def shipped_check(table: dict[str, Any]) -> dict[str, Any]:
+def shipped_check(table: dict[str, Any], statics: dict[str, int]) -> dict[str, Any]:
     """Per row of the specbench table: the config as shipped against the best of every other variant
-    (no speculation included), rounds pooled: the check that a shipped draft schedule never loses."""
+    (no speculation included), rounds pooled: the check that a shipped draft schedule never loses.
+    `statics` (series label -> k) are the config's own drafter at a static k: with no speculation, the
+    candidates a row offers for the k to serve at its concurrency."""
     rows = []
     for r in table["rows"]:
         cell = r["series"].get(SHIPPED)
@@ -232,19 +234,33 @@ def shipped_check(table: dict[str, Any]) -> dict[str, Any]:
         rows.append({"category": r["category"], "concurrency": r["concurrency"], "as_shipped_tps": cell["output_tps"],
                      "best_other": best, "best_other_tps": others[best],
                      "ratio": cell["output_tps"] / others[best], "runs": cell["runs"],
-                     "lost_to_none": bool(r["baseline_tps"]) and cell["output_tps"] < HOLDS * r["baseline_tps"]})
+                     "lost_to_none": bool(r["baseline_tps"]) and cell["output_tps"] < HOLDS * r["baseline_tps"],
+                     "pooled": r["members"] != [r["category"]],  # several categories' rows again: not a candidate
+                     "candidates": [[0, r["baseline_tps"]]] + [[k, others[s]] for s, k in statics.items()
+                                                               if s in others]})
     return {"definition": "as-shipped output tok/s / the best other variant's in the same category and "
                           "concurrency, every round pooled", "rows": rows}
 
 
+def own_statics(series: list[str], drafters: list[str], config: Path, sets: list[str]) -> dict[str, int]:
+    """The series that serve the config's own drafter (`--drafter LABEL=DIR` naming its DRAFT_MODEL_DIR) at a
+    static k: label -> k."""
+    own = load_config(config, parse_overrides(sets))["DRAFT_MODEL_DIR"]
+    labels = [d.split("=", 1)[0] for d in drafters
+              if own and "=" in d and Path(d.split("=", 1)[1]).expanduser().resolve() == Path(own).resolve()]
+    return {s: int(s.rpartition(" k=")[2]) for s in series for label in labels
+            if s.startswith(f"{label} k=") and s.rpartition(" k=")[2].isdigit()}
+
+
 def checked(check: dict[str, Any], config: Path, sets: list[str]) -> dict[str, Any] | None:
-    """The config's schedule without drafting where the check measured it below HOLDS x no speculation
-    (in any category at that concurrency), with the overrides that make it; None where it held."""
+    """The config with the k the check measured fastest at each concurrency (no speculation, the config as
+    shipped, its drafter at each static k measured; in every category), with the overrides that make it;
+    None where the config as shipped was that."""
     cfg = load_config(config, parse_overrides(sets))
-    lost: dict[int, bool] = {}
-    for r in check["rows"]:
-        lost[r["concurrency"]] = lost.get(r["concurrency"], False) or r["lost_to_none"]
-    fix = checked_schedule(cfg, lost)
+    rows = [r for r in check["rows"] if not r.get("pooled")]
+    best = {c: fastest_k([r for r in rows if r["concurrency"] == c], k_at(cfg, c))
+            for c in sorted({r["concurrency"] for r in rows})}
+    fix = checked_schedule(cfg, best)
     if fix is not None:
         load_config(config, parse_overrides([*sets, *fix["sets"]]))  # the rules accept what is written
         fix["sets"] = [*sets, *fix["sets"]]
@@ -258,13 +274,14 @@ def write_shipped_check(check: dict[str, Any], out: Path, config: Path) -> str:
     lines += ["", f"- ratio: {check['definition']}"]
     fix = check.get("checked_schedule")
     if fix is not None:
-        what = f"the schedule {fix['schedule']}" if fix["schedule"] else "no speculation"
-        users = ", ".join(map(str, fix["lost_at"]))
-        lines.append(f"- below {HOLDS}x no speculation at {users} users: `checked.env` serves {what} (no drafting "
-                     "where it lost, the rest as shipped); verify it with another interleaved run before shipping it")
+        where = "; ".join(f"{d['concurrency']} users: k={d['k']}, not the shipped k={d['shipped_k']}"
+                          for d in fix["by_concurrency"] if d["concurrency"] in fix["changed_at"])
+        lines.append(f"- measured faster at {where}. `checked.env` serves {fix['serves']} (each such k from "
+                     "its concurrency up to the next measured, the rest as shipped); verify it with another "
+                     "interleaved run before shipping it")
         write_text_atomic(out / "checked.env", "\n".join([
-            f"# {config.name} without drafting where `kimidflash ab --as-shipped` measured it below {HOLDS}x no",
-            f"# speculation ({users} users; shipped-check.md beside this file). Serve it with: ./serve.sh <this file>",
+            f"# {config.name} with the k that `kimidflash ab --as-shipped` measured fastest where it differs",
+            f"# ({where}; shipped-check.md beside this file). Serve it with: ./serve.sh <this file>",
             f"INCLUDE={include_path(config, out)}", *fix["sets"]]) + "\n")
     else:
         (out / "checked.env").unlink(missing_ok=True)  # an older check's correction no longer applies
@@ -345,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         compare([str(f) for f in files], baseline=base, markdown=Path(a.out) / "report.md",
                 charts=Path(a.out) / "charts")
     if a.as_shipped and table is not None:
-        check = shipped_check(table)
+        check = shipped_check(table, own_statics(table["series"], a.drafter, a.serve_config, a.set))
         check["checked_schedule"] = checked(check, a.serve_config, a.set)
         print(write_shipped_check(check, Path(a.out), a.serve_config))
     if offline:

@@ -124,29 +124,53 @@ def k_at(cfg: Config, batch: int) -> int:
     return cfg["NUM_SPECULATIVE_TOKENS"]
 
 
-def checked_schedule(cfg: Config, lost: dict[int, bool]) -> dict[str, Any] | None:
-    """The config's schedule with no drafting from each measured concurrency where an interleaved check
-    found it drafting and losing to no speculation (`lost`: concurrency -> lost) up to the next measured
-    one; batch sizes the check did not reach keep their k. None when it lost nowhere it drafts: where it
-    already drafts nothing, what it lost is a k=0 step's cost, which no schedule removes."""
+def fastest_k(rows: list[dict[str, Any]], shipped_k: int) -> int:
+    """The k to serve at one concurrency from an interleaved check's rows there (one a category): each row's
+    `candidates` ([k, tps] for no speculation, k=0, and the config's drafter at each static k measured) and
+    `as_shipped_tps` (the config as shipped, drafting `shipped_k` at this batch size). A candidate scores
+    its worst share of the fastest across the categories; the shipped k stays while it scores within NEAR
+    of the best (a switch on a tie follows the noise)."""
+    per_row, shipped = [], 1.0
+    for r in rows:
+        tps = [(int(k), t) for k, t in r["candidates"] if t] + [(shipped_k, r["as_shipped_tps"])]
+        top = max(t for _, t in tps)
+        shipped = min(shipped, r["as_shipped_tps"] / top)
+        shares: dict[int, float] = {}
+        for k, t in tps:  # the shipped k's share is the better of as shipped and its static run
+            shares[k] = max(shares.get(k, 0.0), t / top)
+        per_row.append(shares)
+    scores = {k: min(s.get(k, 0.0) for s in per_row) for k in per_row[0]}
+    best = max(scores, key=lambda k: (scores[k], -k))  # a tie goes to the smaller k
+    return shipped_k if shipped >= scores[best] * (1 - NEAR) else best
+
+
+def checked_schedule(cfg: Config, best: dict[int, int]) -> dict[str, Any] | None:
+    """The config with the k an interleaved check measured fastest (`best`: concurrency -> k) wherever that
+    differs from the k it ships, from that concurrency up to the next measured one; batch sizes below the
+    smallest measured keep their k. None when the check changes nothing: where the config drafts nothing
+    and still loses to no speculation, what it lost is a k=0 step's cost, which no schedule removes."""
     if cfg["SPECULATIVE_METHOD"] == "none":
         return None
     top = cfg["MAX_NUM_SEQS"]
     shipped = [k_at(cfg, b) for b in range(1, top + 1)]
-    measured = sorted(c for c in lost if c <= top)
-    lost_at = [c for c in measured if lost[c] and shipped[c - 1] > 0]
-    if not lost_at:
+    measured = sorted(c for c in best if c <= top)
+    changed = [c for c in measured if best[c] != shipped[c - 1]]
+    if not changed:
         return None
     ks = list(shipped)
-    for c in lost_at:
+    for c in changed:
         end = next((m for m in measured if m > c), top + 1)  # the next measured concurrency, or past the top
-        ks[c - 1:end - 1] = [0] * (end - c)
-    out: dict[str, Any] = {"lost_at": lost_at, "by_concurrency": [
+        ks[c - 1:end - 1] = [best[c]] * (end - c)
+    out: dict[str, Any] = {"changed_at": changed, "by_concurrency": [
         {"concurrency": c, "shipped_k": shipped[c - 1], "k": ks[c - 1]} for c in measured]}
     if not any(ks):
-        return {**out, "schedule": None, "sets": ["SPECULATIVE_METHOD=none"]}
+        return {**out, "schedule": None, "serves": "no speculation", "sets": ["SPECULATIVE_METHOD=none"]}
+    if len(set(ks)) == 1:
+        return {**out, "schedule": None, "serves": f"static k={ks[0]}",
+                "sets": [f"NUM_SPECULATIVE_TOKENS={ks[0]}", f"{SCHEDULE_KEY}="]}
     sched = format_schedule(ranges(list(enumerate(ks, 1)), top))
-    return {**out, "schedule": sched, "sets": [f"{SCHEDULE_KEY}={sched}"]}
+    return {**out, "schedule": sched, "serves": f"the schedule {sched}",
+            "sets": [f"NUM_SPECULATIVE_TOKENS={max(ks)}", f"{SCHEDULE_KEY}={sched}"]}
 
 
 def checks(plan: Plan, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -58,6 +58,14 @@ def drafter_block_size(label: str, path: Path) -> int | None:
 DEFAULT_K = [7]  # --k when a --drafter or --ngram variant is given without it
 
 
+def drafter_spec(spec: str) -> tuple[str, Path]:
+    """`--drafter LABEL=DIR` as its label and resolved directory."""
+    if "=" not in spec:
+        raise ValueError(f"--drafter {spec}: expected LABEL=DIR")
+    label, d = spec.split("=", 1)
+    return label, Path(d).expanduser().resolve()
+
+
 def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     out: list[tuple[str, list[str]]] = []
     if args.k and not (args.drafter or args.ngram):
@@ -65,10 +73,7 @@ def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
                          "none is given; to serve the config's own drafter at a static k, name it: --drafter LABEL=DIR")
     given_k = args.k or DEFAULT_K
     for spec in args.drafter:
-        if "=" not in spec:
-            raise ValueError(f"--drafter {spec}: expected LABEL=DIR")
-        label, d = spec.split("=", 1)
-        path = Path(d).expanduser().resolve()
+        label, path = drafter_spec(spec)
         if not (path / "config.json").is_file():
             raise ValueError(f"--drafter {label}: {path}/config.json not found")
         block = drafter_block_size(label, path)
@@ -246,8 +251,7 @@ def own_statics(series: list[str], drafters: list[str], config: Path, sets: list
     """The series that serve the config's own drafter (`--drafter LABEL=DIR` naming its DRAFT_MODEL_DIR) at a
     static k: label -> k."""
     own = load_config(config, parse_overrides(sets))["DRAFT_MODEL_DIR"]
-    labels = [d.split("=", 1)[0] for d in drafters
-              if own and "=" in d and Path(d.split("=", 1)[1]).expanduser().resolve() == Path(own).resolve()]
+    labels = [label for label, path in map(drafter_spec, drafters) if own and path == Path(own).resolve()]
     return {s: int(s.rpartition(" k=")[2]) for s in series for label in labels
             if s.startswith(f"{label} k=") and s.rpartition(" k=")[2].isdigit()}
 

@@ -244,7 +244,7 @@ def _swept(tmp_path: Path) -> Path:
 ])
 def test_an_as_shipped_check_that_lost_to_no_speculation_writes_the_schedule_without_drafting_there(
         tmp_path, config, lost, schedule, sets):
-    from kimidflash.bench.ab import checked, write_shipped_check
+    from kimidflash.bench.shipped import checked, write_shipped_check
     from kimidflash.sweep.schedule import k_at
 
     env = _swept(tmp_path) if config == "swept" else CONFIGS / f"{config}.env"
@@ -266,7 +266,7 @@ def test_an_as_shipped_check_that_lost_to_no_speculation_writes_the_schedule_wit
 
 
 def test_a_check_at_one_concurrency_changes_only_what_it_measured():
-    from kimidflash.bench.ab import checked
+    from kimidflash.bench.shipped import checked
 
     fix = checked(_check({2}, concurrencies=(2,)), CONFIGS / "cpu-tiny.env", [])
     assert fix["schedule"] == "1-1:3,2-8:0"  # batch size 1 was not measured: it keeps the static k=3
@@ -284,7 +284,7 @@ def test_a_check_at_one_concurrency_changes_only_what_it_measured():
     ({c: {2: 12.0} for c in (1, 2, 4, 8)}, None, ["NUM_SPECULATIVE_TOKENS=2", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE="]),
 ])
 def test_a_check_with_static_k_writes_the_k_it_measured_fastest(tmp_path, statics, schedule, sets):
-    from kimidflash.bench.ab import checked, write_shipped_check
+    from kimidflash.bench.shipped import checked, write_shipped_check
 
     env = write_env(tmp_path / "shipped.env", f"INCLUDE={CONFIGS / 'cpu-reference.env'}\n"
                                                "NUM_SPECULATIVE_TOKENS=2\n"
@@ -313,17 +313,19 @@ def test_a_k_must_win_in_every_category_to_be_served():
 
 
 def test_the_checks_statics_are_the_configs_own_drafter(tmp_path):
-    from kimidflash.bench.ab import own_statics
+    from kimidflash.bench.ab import drafter_spec
+    from kimidflash.bench.shipped import own_statics
 
     env = CONFIGS / "cpu-reference.env"
     own = load_config(env)["DRAFT_MODEL_DIR"]
     series = ["shipped k=1", "shipped k=3", "other k=2", "as shipped", "ngram k=2"]
-    assert own_statics(series, [f"shipped={own}", f"other={tmp_path}"], env, []) == {"shipped k=1": 1, "shipped k=3": 3}
-    assert own_statics(series, [f"other={tmp_path}"], env, []) == {}
+    given = [drafter_spec(f"shipped={own}"), drafter_spec(f"other={tmp_path}")]
+    assert own_statics(series, given, env, []) == {"shipped k=1": 1, "shipped k=3": 3}
+    assert own_statics(series, given[1:], env, []) == {}
 
 
 def test_a_check_that_held_wherever_it_drafts_writes_no_checked_env(tmp_path):
-    from kimidflash.bench.ab import checked, write_shipped_check
+    from kimidflash.bench.shipped import checked, write_shipped_check
     from kimidflash.sweep.schedule import k_at
 
     env = _swept(tmp_path)

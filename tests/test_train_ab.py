@@ -89,6 +89,31 @@ def test_rounds_interleave_variants_and_the_report_averages_them(fake_serving, d
     assert f"| mine k=3 | 2 | 3 | {shipped_offline()} | 2.5 |" in table
 
 
+def test_interleave_serves_every_variant_once_and_alternates_them_at_each_concurrency(fake_serving, drafter,
+                                                                                      tmp_path, monkeypatch):
+    """Two runs compared are a run apart, not a cycle of server starts: drift slower than one run cancels."""
+    real = ab.run_benchmark
+    runs: list[tuple[str, int]] = []
+
+    def recorded(cfg):
+        runs.append((cfg.label, cfg.concurrency))
+        return real(cfg)
+
+    monkeypatch.setattr(ab, "run_benchmark", recorded)
+    out = tmp_path / "ab"
+    assert ab.main(argv(out, drafter, "--rounds", "2", "--interleave")) == 0
+    assert [o[0] for o in fake_serving] == ["SPECULATIVE_METHOD=dflash", "SPECULATIVE_METHOD=none"]  # once each
+    a, b = "mine k=3", "no speculation"
+    assert runs == [(a, 1), (b, 1), (b, 2), (a, 2), (a, 1), (b, 1), (b, 2), (a, 2)]
+    assert sorted(p.name for p in out.glob("*.json")) == sorted(
+        f"{v}-c{c}-r{r}.json" for v in ("mine-k3", "no-speculation") for c in (1, 2) for r in (1, 2))
+    assert "--interleave" in load_result(out / "no-speculation-c2-r2.json")["notes"][-1]
+    (out / "mine-k3-c2-r1.json").unlink()  # resumed: only the missing run's variant is served, only that run runs
+    runs.clear()
+    assert ab.main(argv(out, drafter, "--rounds", "2", "--interleave", "--reuse")) == 0
+    assert fake_serving[2:] == [fake_serving[0]] and runs == [(a, 2)]
+
+
 def test_as_shipped_serves_the_config_as_it_is_and_is_checked_against_the_best_other_variant(
         fake_serving, drafter, tmp_path):
     out = tmp_path / "ab"

@@ -18,6 +18,7 @@ with (provenance), so a reader can tell which drafter produced which figure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -27,20 +28,15 @@ from ..background import serving_process, sigterm_as_interrupt
 from ..config import SCHEDULE_KEY, load_config, parse_overrides
 from ..config.rules import block_serves, read_json
 from ..errors import EXIT_INTERRUPTED
-from ..fsio import write_json_atomic, write_text_atomic
-from ..paths import include_path, portable
+from ..paths import portable
 from ..prepare import prepare
-from ..sweep.schedule import checked_schedule, fastest_k, k_at
 from . import categories as cat_mod
 from .categories import Category
 from .report import compare
 from .resultfile import load_result, write_result
 from .runner import BenchConfig, run_benchmark
+from .shipped import SHIPPED, checked, own_statics, shipped_check, write_shipped_check
 from .workloads import WORKLOADS
-
-SHIPPED = "as shipped"
-HOLDS = 0.98  # the shipped config holds where it serves at least this share of no speculation
-
 
 def drafter_block_size(label: str, path: Path) -> int | None:
     """The block size in a drafter's config.json, so `--k 3 7` serves each drafter
@@ -109,12 +105,17 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
     CPU host does, by ~10% between sessions here) drifts under every variant, and
     `compare` averages the rounds. Even rounds run the variants in reverse order
     (A B, B A, ...): whatever a variant's place in the cycle costs (the previous
-    server still exiting, a warmer page cache) falls on each variant equally."""
+    server still exiting, a warmer page cache) falls on each variant equally.
+
+    `--interleave` serves every variant at once instead, each on its own port, and
+    runs the variants back to back at each concurrency, the order reversed from one
+    concurrency to the next (A B, B A, ...). Two runs compared are then a run apart
+    rather than a cycle of servers, so drift slower than one run cancels; it needs
+    every variant's server to fit beside the others (a small model on a CPU host)."""
     if args.rounds < 1:
         raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    files: list[Path] = []
     config = load_config(args.serve_config, parse_overrides(list(args.set)))
     cats = categories(args)
     if "tools" in args.workload and not config["TOOL_CALL_PARSER"]:
@@ -122,11 +123,87 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
                          "tool_choice without one (--set TOOL_CALL_PARSER=...)")
     if config["RUNTIME"] != "docker":  # serve's own step, run first so a --drafter it generates (the tiny pair)
         prepare(config, log=lambda m: print(f"ab: {m}", file=sys.stderr))  # exists when variants() reads it
-    todo = variants(args)
-    for r in range(1, args.rounds + 1):
-        for label, sets in (todo if r % 2 else todo[::-1]):
-            files += _run_variant(args, out, label, sets + list(args.set), r if args.rounds > 1 else None, cats)
+    todo = [(label, sets + list(args.set)) for label, sets in variants(args)]
+    rounds = [r if args.rounds > 1 else None for r in range(1, args.rounds + 1)]
+    if args.interleave:
+        return _run_interleaved(args, out, todo, rounds, cats)
+    files: list[Path] = []
+    for i, rnd in enumerate(rounds):
+        for label, sets in (todo if i % 2 == 0 else todo[::-1]):
+            paths = _paths(args, out, label, rnd, cats)
+            name = f"{label} round {rnd}" if rnd else label
+            if any(_missing(args, paths)):
+                with _serving(args, out, label, sets, rnd) as (proc, base):
+                    for key in _missing(args, paths):
+                        _bench(args, name, label, sets, proc, base, *key, paths[key])
+            files += paths.values()
     return files
+
+
+def _run_interleaved(args: argparse.Namespace, out: Path, todo: list[tuple[str, list[str]]],
+                     rounds: list[int | None], cats: list[Category]) -> list[Path]:
+    """`--interleave`: every variant served for the whole run; at each concurrency of each
+    category, every variant in turn, each block in the reverse order of the one before."""
+    paths = {(label, rnd): _paths(args, out, label, rnd, cats) for label, _ in todo for rnd in rounds}
+    needed = [(label, sets) for label, sets in todo if any(any(_missing(args, paths[label, r])) for r in rounds)]
+    with contextlib.ExitStack() as stack:
+        servers = {label: stack.enter_context(_serving(args, out, label, sets, None)) for label, sets in needed}
+        block = 0
+        for rnd in rounds:
+            for key in [(cat, c) for cat in cats for c in args.concurrency]:
+                order = [v for v in todo if v[0] in servers and key in _missing(args, paths[v[0], rnd])]
+                for label, sets in (order if block % 2 == 0 else order[::-1]):
+                    _bench(args, f"{label} round {rnd}" if rnd else label, label, sets, *servers[label], *key,
+                           paths[label, rnd][key])
+                block += 1 if order else 0
+    return [p for v in paths.values() for p in v.values()]
+
+
+def _paths(args: argparse.Namespace, out: Path, label: str, rnd: int | None,
+           cats: list[Category]) -> dict[tuple[Category, int], Path]:
+    """A variant's result file for each category and concurrency of one round."""
+    suffix = f"-r{rnd}" if rnd else ""
+    slug = _slug(label)
+    return {(cat, c): out / f"{slug}{'-' + cat.slug if cat.name else ''}-c{c}{suffix}.json"
+            for cat in cats for c in args.concurrency}
+
+
+def _slug(label: str) -> str:
+    return label.replace(" ", "-").replace("=", "")
+
+
+def _missing(args: argparse.Namespace, paths: dict[tuple[Category, int], Path]) -> list[tuple[Category, int]]:
+    """What is still to run: everything, or with `--reuse` what is not on disk yet."""
+    return [key for key, path in paths.items() if not (args.reuse and path.is_file())]
+
+
+def _serving(args: argparse.Namespace, out: Path, label: str, sets: list[str],
+             rnd: int | None) -> contextlib.AbstractContextManager[tuple[Any, str]]:
+    print(f"ab: serving {label}{f' round {rnd}' if rnd else ''} ({' '.join(sets)})", file=sys.stderr)
+    return serving_process(args.serve_config, sets, out / f"{_slug(label)}{f'-r{rnd}' if rnd else ''}-server.log")
+
+
+def _bench(args: argparse.Namespace, name: str, label: str, sets: list[str], proc: Any, base: str,
+           cat: Category, c: int, path: Path) -> None:
+    """One benchmark run of one variant at one concurrency in one category, written to `path`."""
+    cfg = BenchConfig(base_url=f"{base}/v1", sessions=args.sessions, concurrency=c,
+                      turns_per_session=cat.turns, max_tokens=args.max_tokens,
+                      temperature=args.temperature, seed=args.seed, prompts=cat.prompts,
+                      kind=cat.kind, category=cat.name, workload=cat.workload,
+                      warmup=args.warmup, label=label, recipe_config=str(args.serve_config),
+                      recipe_overrides=parse_overrides(sets),
+                      ignore_eos=args.ignore_eos, server_pid=proc.pid, progress=True)
+    doc = run_benchmark(cfg)
+    doc.setdefault("notes", []).append(f"kimidflash ab variant '{name}'" +
+                                       (" (--interleave: every variant served at once)" if args.interleave else ""))
+    write_result(path, doc)
+    print(f"ab: {name}{' ' + cat.name if cat.name else ''} c={c}: {doc.get('output_throughput')} "
+          f"output tok/s, acceptance length {doc.get('spec_decode_acceptance_length')}", file=sys.stderr)
+    if doc.get("server_cpu"):
+        cpu = doc["server_cpu"]
+        print("ab:   server CPU ms per output token: " + ", ".join(
+            f"{r['process']} {r['ms_per_output_token']}" for r in cpu["processes"]) +
+            f"; host busy {cpu['host_busy_fraction']}", file=sys.stderr)
 
 
 def categories(args: argparse.Namespace) -> list[Category]:
@@ -141,40 +218,6 @@ def categories(args: argparse.Namespace) -> list[Category]:
     else:
         cats = [Category(None, args.prompts, None, args.turns)]
     return cat_mod.with_workloads(cats, args.workload)
-
-
-def _run_variant(args: argparse.Namespace, out: Path, label: str, sets: list[str], rnd: int | None,
-                 cats: list[Category]) -> list[Path]:
-    """One variant served once, benchmarked in every category at every concurrency not already on disk
-    (`--reuse`)."""
-    suffix = f"-r{rnd}" if rnd else ""
-    name = f"{label} round {rnd}" if rnd else label
-    slug = label.replace(" ", "-").replace("=", "")
-    paths = {(cat, c): out / f"{slug}{'-' + cat.slug if cat.name else ''}-c{c}{suffix}.json"
-             for cat in cats for c in args.concurrency}
-    todo = [key for key, path in paths.items() if not (args.reuse and path.is_file())]
-    if todo:
-        print(f"ab: serving {name} ({' '.join(sets)})", file=sys.stderr)
-        with serving_process(args.serve_config, sets, out / f"{slug}{suffix}-server.log") as (proc, base):
-            for cat, c in todo:
-                cfg = BenchConfig(base_url=f"{base}/v1", sessions=args.sessions, concurrency=c,
-                                  turns_per_session=cat.turns, max_tokens=args.max_tokens,
-                                  temperature=args.temperature, seed=args.seed, prompts=cat.prompts,
-                                  kind=cat.kind, category=cat.name, workload=cat.workload,
-                                  warmup=args.warmup, label=label, recipe_config=str(args.serve_config),
-                                  recipe_overrides=parse_overrides(sets),
-                                  ignore_eos=args.ignore_eos, server_pid=proc.pid, progress=True)
-                doc = run_benchmark(cfg)
-                doc.setdefault("notes", []).append(f"kimidflash ab variant '{name}'")
-                write_result(paths[(cat, c)], doc)
-                print(f"ab: {name}{' ' + cat.name if cat.name else ''} c={c}: {doc.get('output_throughput')} "
-                      f"output tok/s, acceptance length {doc.get('spec_decode_acceptance_length')}", file=sys.stderr)
-                if doc.get("server_cpu"):
-                    cpu = doc["server_cpu"]
-                    print("ab:   server CPU ms per output token: " + ", ".join(
-                        f"{r['process']} {r['ms_per_output_token']}" for r in cpu["processes"]) +
-                        f"; host busy {cpu['host_busy_fraction']}", file=sys.stderr)
-    return list(paths.values())
 
 
 def offline_files(specs: list[str], labels: list[str]) -> dict[str | None, Path]:
@@ -223,78 +266,6 @@ def offline_vs_online(files: list[Path], offline: dict[str | None, Path], out: P
     return text
 
 
-def shipped_check(table: dict[str, Any], statics: dict[str, int]) -> dict[str, Any]:
-    """Per row of the specbench table: the config as shipped against the best of every other variant
-    (no speculation included), rounds pooled: the check that a shipped draft schedule never loses.
-    `statics` (series label -> k) are the config's own drafter at a static k: with no speculation, the
-    candidates a row offers for the k to serve at its concurrency."""
-    rows = []
-    for r in table["rows"]:
-        cell = r["series"].get(SHIPPED)
-        if not cell or not cell["output_tps"]:
-            continue
-        others = {table["baseline"]: r["baseline_tps"]} | {
-            s: c["output_tps"] for s, c in r["series"].items() if s != SHIPPED and c["output_tps"]}
-        best = max((s for s in others if others[s]), key=lambda s: others[s])
-        rows.append({"category": r["category"], "concurrency": r["concurrency"], "as_shipped_tps": cell["output_tps"],
-                     "best_other": best, "best_other_tps": others[best],
-                     "ratio": cell["output_tps"] / others[best], "runs": cell["runs"],
-                     "lost_to_none": bool(r["baseline_tps"]) and cell["output_tps"] < HOLDS * r["baseline_tps"],
-                     "pooled": r["members"] != [r["category"]],  # several categories' rows again: not a candidate
-                     "candidates": [[0, r["baseline_tps"]]] + [[k, others[s]] for s, k in statics.items()
-                                                               if s in others]})
-    return {"definition": "as-shipped output tok/s / the best other variant's in the same category and "
-                          "concurrency, every round pooled", "rows": rows}
-
-
-def own_statics(series: list[str], drafters: list[str], config: Path, sets: list[str]) -> dict[str, int]:
-    """The series that serve the config's own drafter (`--drafter LABEL=DIR` naming its DRAFT_MODEL_DIR) at a
-    static k: label -> k."""
-    own = load_config(config, parse_overrides(sets))["DRAFT_MODEL_DIR"]
-    labels = [label for label, path in map(drafter_spec, drafters) if own and path == Path(own).resolve()]
-    return {s: int(s.rpartition(" k=")[2]) for s in series for label in labels
-            if s.startswith(f"{label} k=") and s.rpartition(" k=")[2].isdigit()}
-
-
-def checked(check: dict[str, Any], config: Path, sets: list[str]) -> dict[str, Any] | None:
-    """The config with the k the check measured fastest at each concurrency (no speculation, the config as
-    shipped, its drafter at each static k measured; in every category), with the overrides that make it;
-    None where the config as shipped was that."""
-    cfg = load_config(config, parse_overrides(sets))
-    rows = [r for r in check["rows"] if not r.get("pooled")]
-    best = {c: fastest_k([r for r in rows if r["concurrency"] == c], k_at(cfg, c))
-            for c in sorted({r["concurrency"] for r in rows})}
-    fix = checked_schedule(cfg, best)
-    if fix is not None:
-        load_config(config, parse_overrides([*sets, *fix["sets"]]))  # the rules accept what is written
-        fix["sets"] = [*sets, *fix["sets"]]
-    return fix
-
-
-def write_shipped_check(check: dict[str, Any], out: Path, config: Path) -> str:
-    lines = ["| category | users | as shipped tok/s | best other | its tok/s | ratio |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['category'] or 'all'} | {r['concurrency']} | {r['as_shipped_tps']:.1f} | {r['best_other']} | "
-              f"{r['best_other_tps']:.1f} | {r['ratio']:.3f}x |" for r in check["rows"]]
-    lines += ["", f"- ratio: {check['definition']}"]
-    fix = check.get("checked_schedule")
-    if fix is not None:
-        where = "; ".join(f"{d['concurrency']} users: k={d['k']}, not the shipped k={d['shipped_k']}"
-                          for d in fix["by_concurrency"] if d["concurrency"] in fix["changed_at"])
-        lines.append(f"- measured faster at {where}. `checked.env` serves {fix['serves']} (each such k from "
-                     "its concurrency up to the next measured, the rest as shipped); verify it with another "
-                     "interleaved run before shipping it")
-        write_text_atomic(out / "checked.env", "\n".join([
-            f"# {config.name} with the k that `kimidflash ab --as-shipped` measured fastest where it differs",
-            f"# ({where}; shipped-check.md beside this file). Serve it with: ./serve.sh <this file>",
-            f"INCLUDE={include_path(config, out)}", *fix["sets"]]) + "\n")
-    else:
-        (out / "checked.env").unlink(missing_ok=True)  # an older check's correction no longer applies
-    text = "\n".join(lines) + "\n"
-    write_json_atomic(out / "shipped-check.json", check)
-    write_text_atomic(out / "shipped-check.md", text)
-    return text
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="kimidflash ab", description=__doc__.splitlines()[0])
     p.add_argument("serve_config", type=Path)
@@ -331,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reuse", action="store_true", help="skip variants whose result files exist (resume)")
     p.add_argument("--rounds", type=int, default=1,
                    help="cycle through all variants this many times (files get -rN); compare averages the rounds")
+    p.add_argument("--interleave", action="store_true",
+                   help="serve every variant at once, each on its own port, and run them back to back at each "
+                        "concurrency (order reversed each time): drift slower than one run cancels; every "
+                        "variant's server must fit beside the others")
     p.add_argument("--out", required=True, help="folder for result files, report.md and charts")
     p.add_argument("--offline", action="append", default=[], metavar="[LABEL=]FILE",
                    help="an eval.json / offline-acceptance.json to set beside online figures: LABEL=FILE for "
@@ -366,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         compare([str(f) for f in files], baseline=base, markdown=Path(a.out) / "report.md",
                 charts=Path(a.out) / "charts")
     if a.as_shipped and table is not None:
-        check = shipped_check(table, own_statics(table["series"], a.drafter, a.serve_config, a.set))
+        check = shipped_check(table, own_statics(table["series"], [drafter_spec(d) for d in a.drafter],
+                                                  a.serve_config, a.set))
         check["checked_schedule"] = checked(check, a.serve_config, a.set)
         print(write_shipped_check(check, Path(a.out), a.serve_config))
     if offline:

@@ -104,14 +104,15 @@ def test_interleave_serves_every_variant_once_and_alternates_them_at_each_concur
     assert ab.main(argv(out, drafter, "--rounds", "2", "--interleave")) == 0
     assert [o[0] for o in fake_serving] == ["SPECULATIVE_METHOD=dflash", "SPECULATIVE_METHOD=none"]  # once each
     a, b = "mine k=3", "no speculation"
-    assert runs == [(a, 1), (b, 1), (b, 2), (a, 2), (a, 1), (b, 1), (b, 2), (a, 2)]
+    assert runs == [(a, 1), (b, 1), (b, 2), (a, 2),  # each concurrency's order reversed from round to round too
+                    (b, 1), (a, 1), (a, 2), (b, 2)]
     assert sorted(p.name for p in out.glob("*.json")) == sorted(
         f"{v}-c{c}-r{r}.json" for v in ("mine-k3", "no-speculation") for c in (1, 2) for r in (1, 2))
     assert "--interleave" in load_result(out / "no-speculation-c2-r2.json")["notes"][-1]
     (out / "mine-k3-c2-r1.json").unlink()  # resumed: only the missing run's variant is served, only that run runs
     runs.clear()
     assert ab.main(argv(out, drafter, "--rounds", "2", "--interleave", "--reuse")) == 0
-    assert fake_serving[2:] == [fake_serving[0]] and runs == [(a, 2)]
+    assert fake_serving[2:] == [fake_serving[0]] and runs == [(a, 2)]  # alone in its block
 
 
 def test_as_shipped_serves_the_config_as_it_is_and_is_checked_against_the_best_other_variant(

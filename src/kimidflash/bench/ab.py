@@ -109,7 +109,7 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
 
     `--interleave` serves every variant at once instead, each on its own port, and
     runs the variants back to back at each concurrency, the order reversed from one
-    concurrency to the next (A B, B A, ...). Two runs compared are then a run apart
+    concurrency to the next (A B, B A, ...) and, at each concurrency, from one round to the next. Two runs compared are then a run apart
     rather than a cycle of servers, so drift slower than one run cancels; it needs
     every variant's server to fit beside the others (a small model on a CPU host)."""
     if args.rounds < 1:
@@ -143,19 +143,18 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
 def _run_interleaved(args: argparse.Namespace, out: Path, todo: list[tuple[str, list[str]]],
                      rounds: list[int | None], cats: list[Category]) -> list[Path]:
     """`--interleave`: every variant served for the whole run; at each concurrency of each
-    category, every variant in turn, each block in the reverse order of the one before."""
+    category, every variant in turn. The order is reversed from one block to the next and, for
+    the same block, from one round to the next: a place in the order favours no variant."""
     paths = {(label, rnd): _paths(args, out, label, rnd, cats) for label, _ in todo for rnd in rounds}
     needed = [(label, sets) for label, sets in todo if any(any(_missing(args, paths[label, r])) for r in rounds)]
     with contextlib.ExitStack() as stack:
         servers = {label: stack.enter_context(_serving(args, out, label, sets, None)) for label, sets in needed}
-        block = 0
-        for rnd in rounds:
-            for key in [(cat, c) for cat in cats for c in args.concurrency]:
+        for i, rnd in enumerate(rounds):
+            for j, key in enumerate([(cat, c) for cat in cats for c in args.concurrency]):
                 order = [v for v in todo if v[0] in servers and key in _missing(args, paths[v[0], rnd])]
-                for label, sets in (order if block % 2 == 0 else order[::-1]):
+                for label, sets in (order if (i + j) % 2 == 0 else order[::-1]):
                     _bench(args, f"{label} round {rnd}" if rnd else label, label, sets, *servers[label], *key,
                            paths[label, rnd][key])
-                block += 1 if order else 0
     return [p for v in paths.values() for p in v.values()]
 
 

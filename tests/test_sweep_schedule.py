@@ -239,8 +239,8 @@ def _swept(tmp_path: Path) -> Path:
     ("swept", {2}, "1-1:2,2-8:0", ["NUM_SPECULATIVE_TOKENS=2", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:2,2-8:0"]),
     # lost wherever it drafts: no speculation at all
     ("swept", {1, 2}, None, ["SPECULATIVE_METHOD=none"]),
-    # a static k=3 that lost under load becomes a schedule; batch size 3, not measured, keeps its k
-    ("cpu-tiny", {4, 8}, "1-3:3,4-8:0", ["NUM_SPECULATIVE_TOKENS=3", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-3:3,4-8:0"]),
+    # a static k=3 that lost under load becomes a schedule; batch size 3, not measured, takes the k of four users
+    ("cpu-tiny", {4, 8}, "1-2:3,3-8:0", ["NUM_SPECULATIVE_TOKENS=3", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-2:3,3-8:0"]),
 ])
 def test_an_as_shipped_check_that_lost_to_no_speculation_writes_the_schedule_without_drafting_there(
         tmp_path, config, lost, schedule, sets):
@@ -256,8 +256,8 @@ def test_an_as_shipped_check_that_lost_to_no_speculation_writes_the_schedule_wit
     assert fix["sets"] == ["DTYPE=float32", *sets]
     text = write_shipped_check(check, out, env)
     shipped_k = {c: k_at(load_config(env), c) for c in lost}
-    assert "measured faster at " + "; ".join(f"{c} users: k=0, not the shipped k={shipped_k[c]}"
-                                             for c in sorted(lost)) in text
+    assert "; ".join(f"measured faster at {c} users: k=0, not the shipped k={shipped_k[c]}"
+                     for c in sorted(lost)) in text
     served = load_config(out / "checked.env")
     assert served["DTYPE"] == "float32"
     assert served["SPECULATIVE_METHOD"] == ("none" if schedule is None else "dflash")
@@ -275,9 +275,9 @@ def test_a_check_at_one_concurrency_changes_only_what_it_measured():
 
 @pytest.mark.parametrize("statics, schedule, sets", [
     # the AVX-512 machine's pattern: static k=3 beats the shipped k=2 at one user, k=2 pays at two where
-    # 1-1:2,2-8:0 drafts nothing; four and eight stay without drafts
-    ({1: {1: 9.5, 3: 10.7}, 2: {2: 14.0, 3: 13.1}, 4: {2: 9.0}, 8: {2: 8.0}}, "1-1:3,2-3:2,4-8:0",
-     ["NUM_SPECULATIVE_TOKENS=3", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:3,2-3:2,4-8:0"]),
+    # 1-1:2,2-8:0 drafts nothing; four and eight stay without drafts, and so does three, between two and four
+    ({1: {1: 9.5, 3: 10.7}, 2: {2: 14.0, 3: 13.1}, 4: {2: 9.0}, 8: {2: 8.0}}, "1-1:3,2-2:2,3-8:0",
+     ["NUM_SPECULATIVE_TOKENS=3", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:3,2-2:2,3-8:0"]),
     # within 2% of the shipped k is a tie: nothing changes
     ({1: {3: 10.15}, 2: {2: 10.15}}, None, None),
     # k=2 wins everywhere it was measured: a static k
@@ -299,6 +299,22 @@ def test_a_check_with_static_k_writes_the_k_it_measured_fastest(tmp_path, static
     served = load_config(tmp_path / "checked.env")
     assert served["NUM_SPECULATIVE_TOKENS"] == int(sets[0].split("=")[1])
     assert served["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"] == (schedule or "")
+
+
+def test_a_check_that_changed_no_measured_k_still_takes_drafting_out_between_a_drafting_and_a_plain_load(
+        tmp_path):
+    """k=2 at two users and none at four, measured, say nothing of three: the sweep's schedule gives three
+    the k of four (k falls with load), so a config drafting there is corrected like a measured loss."""
+    from kimidflash.bench.shipped import checked, write_shipped_check
+
+    env = write_env(tmp_path / "shipped.env", f"INCLUDE={CONFIGS / 'cpu-reference.env'}\n"
+                                               "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:3,2-3:2,4-8:0\n")
+    check = _check(set(), statics={1: {3: 10.0}, 2: {2: 10.0}})  # as shipped level with its own k at 1 and 2
+    check["checked_schedule"] = fix = checked(check, env, [])
+    assert fix["changed_at"] == [] and fix["between"] == [3] and fix["schedule"] == "1-1:3,2-2:2,3-8:0"
+    text = write_shipped_check(check, tmp_path, env)
+    assert "batch size 3, not measured, at the k of the next measured load above" in text
+    assert load_config(tmp_path / "checked.env")["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"] == "1-1:3,2-2:2,3-8:0"
 
 
 def test_a_k_must_win_in_every_category_to_be_served():

@@ -72,11 +72,14 @@ def write_shipped_check(check: dict[str, Any], out: Path, config: Path) -> str:
     lines += ["", f"- ratio: {check['definition']}"]
     fix = check.get("checked_schedule")
     if fix is not None:
-        where = "; ".join(f"{d['concurrency']} users: k={d['k']}, not the shipped k={d['shipped_k']}"
-                          for d in fix["by_concurrency"] if d["concurrency"] in fix["changed_at"])
-        lines.append(f"- measured faster at {where}. `checked.env` serves {fix['serves']} (each such k from "
-                     "its concurrency up to the next measured, the rest as shipped); verify it with another "
-                     "interleaved run before shipping it")
+        where = "; ".join(
+            [f"measured faster at {d['concurrency']} users: k={d['k']}, not the shipped k={d['shipped_k']}"
+             for d in fix["by_concurrency"] if d["concurrency"] in fix["changed_at"]] +
+            ([f"batch size{'s' if len(fix['between']) > 1 else ''} {', '.join(map(str, fix['between']))}, not "
+              "measured, at the k of the next measured load above (k falls with load)"] if fix["between"] else []))
+        lines.append(f"- {where}. `checked.env` serves {fix['serves']} (batch sizes between two measured loads "
+                     "at the k of the one above, as a sweep's schedule; below the smallest as shipped); verify it "
+                     "with another interleaved run before shipping it")
         write_text_atomic(out / "checked.env", "\n".join([
             f"# {config.name} with the k that `kimidflash ab --as-shipped` measured fastest where it differs",
             f"# ({where}; shipped-check.md beside this file). Serve it with: ./serve.sh <this file>",

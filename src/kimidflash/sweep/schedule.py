@@ -145,24 +145,29 @@ def fastest_k(rows: list[dict[str, Any]], shipped_k: int) -> int:
 
 
 def checked_schedule(cfg: Config, best: dict[int, int]) -> dict[str, Any] | None:
-    """The config with the k an interleaved check measured fastest (`best`: concurrency -> k) wherever that
-    differs from the k it ships, from that concurrency up to the next measured one; batch sizes below the
-    smallest measured keep their k. None when the check changes nothing: where the config drafts nothing
+    """The config with the k an interleaved check measured fastest (`best`: concurrency -> k), spread over
+    the batch sizes as a sweep's schedule is (`ranges`): those between two measured concurrencies take the
+    k of the next one above, those above the largest its k; those below the smallest keep the shipped k
+    (nothing measured there). So a check also corrects a schedule that drafts more between two measured
+    loads than the load above it does. None when that changes nothing: where the config drafts nothing
     and still loses to no speculation, what it lost is a k=0 step's cost, which no schedule removes."""
     if cfg["SPECULATIVE_METHOD"] == "none":
         return None
     top = cfg["MAX_NUM_SEQS"]
     shipped = [k_at(cfg, b) for b in range(1, top + 1)]
     measured = sorted(c for c in best if c <= top)
-    changed = [c for c in measured if best[c] != shipped[c - 1]]
-    if not changed:
+    if not measured:
         return None
     ks = list(shipped)
-    for c in changed:
-        end = next((m for m in measured if m > c), top + 1)  # the next measured concurrency, or past the top
-        ks[c - 1:end - 1] = [best[c]] * (end - c)
-    out: dict[str, Any] = {"changed_at": changed, "by_concurrency": [
-        {"concurrency": c, "shipped_k": shipped[c - 1], "k": ks[c - 1]} for c in measured]}
+    for lo, hi, k in ranges([(c, best[c]) for c in measured], top):
+        lo = max(lo, measured[0])  # below the smallest measured: as shipped
+        ks[lo - 1:hi] = [k] * (hi - lo + 1)
+    if ks == shipped:
+        return None
+    out: dict[str, Any] = {
+        "changed_at": [c for c in measured if best[c] != shipped[c - 1]],
+        "between": [b for b in range(1, top + 1) if ks[b - 1] != shipped[b - 1] and b not in measured],
+        "by_concurrency": [{"concurrency": c, "shipped_k": shipped[c - 1], "k": ks[c - 1]} for c in measured]}
     if not any(ks):
         return {**out, "schedule": None, "serves": "no speculation", "sets": ["SPECULATIVE_METHOD=none"]}
     if len(set(ks)) == 1:

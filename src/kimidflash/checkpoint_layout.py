@@ -147,6 +147,19 @@ def weight_map(model_dir: str | Path) -> dict[str, str]:
     return out
 
 
+def tensor_shapes(model_dir: str | Path) -> dict[str, list[int]]:
+    """Tensor name -> shape over every *.safetensors file in the folder, from the headers alone;
+    empty when the folder holds none (a config-only stand-in)."""
+    out: dict[str, list[int]] = {}
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        try:
+            header = read_header(f)
+        except SafetensorsError as exc:
+            raise LayoutError(str(exc)) from None
+        out.update((name, list(meta["shape"])) for name, meta in header.items() if name != "__metadata__")
+    return out
+
+
 @dataclass(frozen=True)
 class TextLayout:
     """The text model's tensor names in one checkpoint.

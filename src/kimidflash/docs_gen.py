@@ -126,7 +126,7 @@ def map_rows() -> list[dict]:
     patches, _ = backends.load_patch_data()
     rows = []
     for path in production_configs():
-        for pin in backends.PINS:
+        for pin in backends.served_pins(load_config(path, environ={})["SPECULATIVE_METHOD"]):
             values = load_config(path, {"VLLM_VERSION": pin}, environ={}).values
             rows.append({"config": path.name, "pin": pin, "plan": backends.attention_plan(values),
                          "values": values, "patches": backends.exercised(values, patches)})
@@ -176,7 +176,8 @@ def _kv(values: dict) -> str:
 
 def backend_map_table() -> str:
     patches, _ = backends.load_patch_data()
-    out = ["| config | vLLM | target (MLA) | DFlash draft | KV cache (target and draft) | patches that run |",
+    out = ["| config | vLLM | target (MLA) | draft (DFlash: standard attention; EAGLE-3: the target's) | "
+           "KV cache (target and draft) | patches that run |",
            "|---|---|---|---|---|---|"]
     for r in map_rows():
         plan = r["plan"]

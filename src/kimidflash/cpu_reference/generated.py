@@ -9,19 +9,19 @@ import argparse
 from pathlib import Path
 from types import ModuleType
 
-from . import tiny, tiny_kimi
+from . import tiny, tiny_kimi, tiny_kimi_eagle3
 
-# --kind -> the module with generate(target, draft, seed) and is_current(path).
-KINDS: dict[str, ModuleType] = {"qwen3": tiny, "kimi-k2.6": tiny_kimi}
+# --kind -> the module with generate(target, draft, seed), is_current(target) and draft_is_current(draft).
+KINDS: dict[str, ModuleType] = {"qwen3": tiny, "kimi-k2.6": tiny_kimi, "kimi-k2.6-eagle3": tiny_kimi_eagle3}
 # PREPARE_MODELS value -> --kind.
-PREPARE_KIND = {"tiny": "qwen3", "tiny-kimi": "kimi-k2.6"}
+PREPARE_KIND = {"tiny": "qwen3", "tiny-kimi": "kimi-k2.6", "tiny-kimi-eagle3": "kimi-k2.6-eagle3"}
 
 
 def pair_is_current(prepare_value: str, target: Path, draft: Path) -> bool:
     """Whether PREPARE_MODELS=prepare_value has nothing to generate: the target is current, and the
     drafter is current or is one the generator did not write (a trained drafter, which it leaves alone)."""
     gen = KINDS[PREPARE_KIND[prepare_value]]
-    return gen.is_current(target) and (gen.is_current(draft) or tiny.foreign(draft))
+    return gen.is_current(target) and (gen.draft_is_current(draft) or tiny.foreign(draft))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("draft_dir", type=Path)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kind", choices=sorted(KINDS), default="qwen3",
-                   help="qwen3: the tiny Qwen3 pair (tiny.py); kimi-k2.6: the tiny Kimi K2.6 (tiny_kimi.py)")
+                   help="qwen3: the tiny Qwen3 pair (tiny.py); kimi-k2.6: the tiny Kimi K2.6 (tiny_kimi.py); "
+                        "kimi-k2.6-eagle3: the same target and an EAGLE-3 MLA head (tiny_kimi_eagle3.py)")
     args = p.parse_args(argv)
     KINDS[args.kind].generate(args.target_dir, args.draft_dir, args.seed)
     print(f"tiny {args.kind} target: {args.target_dir}\ntiny drafter: {args.draft_dir}")

@@ -135,6 +135,9 @@ def is_current(path: Path) -> bool:
     return stamp_is(path, GENERATOR_VERSION)
 
 
+draft_is_current = is_current  # the drafter carries the same stamp
+
+
 def write_target(target_dir: Path, version: str, build: Callable[[Path], None]) -> None:
     """Publish a generated target whole (atomically), stamped with its generator's version and
     readable by all: the one way every tiny generator writes its target."""

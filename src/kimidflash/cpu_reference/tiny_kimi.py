@@ -259,6 +259,9 @@ def is_current(path: Path) -> bool:
     return tiny.stamp_is(path, GENERATOR_VERSION)
 
 
+draft_is_current = is_current  # the drafter carries the same stamp
+
+
 def generate(target_dir: Path, draft_dir: Path, seed: int = 0) -> None:
     """Create both checkpoints (each published atomically) unless already current."""
     if not is_current(target_dir):

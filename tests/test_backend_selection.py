@@ -21,7 +21,7 @@ import pytest
 from kimidflash import backends
 from kimidflash.config import load_config
 from kimidflash.render import render
-from tests.helpers import CONFIGS, PRODUCTION_CONFIGS
+from tests.helpers import CONFIGS, DFLASH_PRODUCTION_CONFIGS, EAGLE3_PRODUCTION_CONFIGS
 from tests.test_patcher_wheels import PATCHER, apply, states
 from tests.vllm_wheels import copy_vllm_package, run_probe, vllm_tree
 
@@ -52,6 +52,8 @@ def models(tmp_path_factory):
     (root / "target" / "config.json").write_text(json.dumps(KIMI_TARGET))
     (root / "draft").mkdir()
     (root / "draft" / "config.json").write_text((CONFIGS / "kimi-k2.6-dflash-draft.json").read_text())
+    (root / "eagle3").mkdir()  # the head's shape as production-eagle3.env validates it, model_type kimi_k2
+    (root / "eagle3" / "config.json").write_text((CONFIGS / "kimi-k2.6-eagle3-mla-draft.json").read_text())
     return root
 
 
@@ -134,7 +136,7 @@ def probe_patched(version: str, configs: dict, tmp_path: Path) -> tuple[dict, se
 
 
 def test_0_20_2_patched_every_config_gets_its_planned_backends(tmp_path, models):
-    configs = {name: config_values(name, "0.20.2", models) for name in PRODUCTION_CONFIGS}
+    configs = {name: config_values(name, "0.20.2", models) for name in DFLASH_PRODUCTION_CONFIGS}
     out, applied = probe_patched("0.20.2", configs, tmp_path)
     for name, config in configs.items():
         result = out["cases"][name]
@@ -148,7 +150,7 @@ def test_0_20_2_patched_every_config_gets_its_planned_backends(tmp_path, models)
 
 
 def test_0_33_0_patched_every_config_gets_its_planned_backends(tmp_path, models):
-    configs = {name: config_values(name, "0.33.0", models) for name in PRODUCTION_CONFIGS}
+    configs = {name: config_values(name, "0.33.0", models) for name in DFLASH_PRODUCTION_CONFIGS}
     # vLLM's own choice for the draft, for comparison: ROCm's order gives the same.
     configs["production.env, draft backend unset"] = config_values(
         "production.env", "0.33.0", models, DRAFT_ATTENTION_BACKEND="")
@@ -222,3 +224,30 @@ def test_0_20_2_without_p3_or_p5_each_fails_as_its_reason_says(tmp_path, models)
     r5 = probe(no_p5, [case("p", config)], tmp_path)["cases"]["p"]
     assert r5["target"]["backend"] == "TRITON_MLA"
     assert "TRITON_MLA" in r5["draft"]["error"] and r5["draft"]["setting"] == "TRITON_MLA", r5["draft"]
+
+
+def test_0_33_0_an_eagle3_mla_head_gets_the_targets_mla_backend_and_e1_makes_it_mla(tmp_path, models):
+    """The EAGLE-3 configs on the current pin, posed as MI300X with AITER: the head's MLA layer gets
+    the backend the config names (TRITON_MLA, as the target); left unset, ROCm's order gives it
+    ROCM_AITER_MLA. Its model config counts the kimi_k2 head as MLA (head size 576) only in the tree
+    patched with E1; in the unpatched tree the same argv gives standard attention, head size 64."""
+    eagle3 = {"DRAFT_MODEL_DIR": str(models / "eagle3")}
+    configs = {name: config_values(name, "0.33.0", models, **eagle3) for name in EAGLE3_PRODUCTION_CONFIGS}
+    configs["production-eagle3.env, draft backend unset"] = config_values(
+        "production-eagle3.env", "0.33.0", models, DRAFT_ATTENTION_BACKEND="", **eagle3)
+    out, applied = probe_patched("0.33.0", configs, tmp_path / "patched")
+    assert "E1" in applied
+    for name, config in configs.items():
+        result = out["cases"][name]
+        target, draft = result["target"], result["draft"]
+        assert target["backend"] == "TRITON_MLA" and target["use_mla"] and target["head_size"] == 576
+        assert draft["head_size"] == 576 and draft["non_causal"] is False
+        assert draft["backend"] == (config["DRAFT_ATTENTION_BACKEND"] or "ROCM_AITER_MLA"), draft
+        assert draft["candidates"][0] == "ROCM_AITER_MLA", draft  # ROCm's MLA order with AITER on
+        assert draft["inner_model_type"] == "kimi_k2"
+        assert draft["config_use_mla"] is True and draft["config_head_size"] == 576
+        assert draft["kv_cache_dtype"] == backends.draft_cache_dtype(config.values)
+        assert set(backends.exercised(config.values)) <= applied
+    raw = probe(copy_vllm_package("0.33.0", tmp_path / "raw"),
+                [case("p", configs["production-eagle3.env"])], tmp_path)["cases"]["p"]["draft"]
+    assert raw["config_use_mla"] is False and raw["config_head_size"] == 64

@@ -90,3 +90,40 @@ def test_export_writes_the_prompts_a_run_sends(tmp_path: Path) -> None:
         run_benchmark(BenchConfig(base_url=s.base_url, sessions=5, seed=3, warmup=1, metrics_settle_timeout=0.3))
         sent = [b["messages"][-1]["content"] for b in s.bodies[1:]]  # after the warm-up request
     assert sorted(sent) == sorted(exported) and len(set(exported)) == 5
+
+
+def test_traffic_in_the_formats_operators_keep_it(tmp_path: Path) -> None:
+    """One file mixing an OpenAI Batch API chat line, a Batch completions line, a chat-completion
+    request body with content parts and a ShareGPT conversation line: each becomes its user turns,
+    assistant turns dropped (the server answers), ids and categories kept."""
+    f = tmp_path / "traffic.jsonl"
+    f.write_text("\n".join(json.dumps(o) for o in [
+        {"custom_id": "req-1", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": "kimi", "metadata": {"category": "code"},
+                  "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "fix this"},
+                               {"role": "assistant", "content": "which?"}, {"role": "user", "content": "the loop"}]}},
+        {"custom_id": "req-2", "method": "POST", "url": "/v1/completions", "body": {"model": "kimi", "prompt": "Once"}},
+        {"model": "kimi", "messages": [{"role": "user", "content": [{"type": "text", "text": "describe"},
+                                                                    {"type": "image_url", "image_url": {"url": "x"}},
+                                                                    {"type": "text", "text": "this chart"}]}]},
+        {"id": "sg", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"},
+                                       {"from": "human", "value": "more"}]},
+    ]) + "\n")
+    convs = P.load_file(f)
+    assert [(c.id, c.kind, c.turns) for c in convs] == [
+        ("req-1", "code", ("fix this", "the loop")), ("req-2", "unknown", ("Once",)),
+        ("2", "unknown", ("describe\nthis chart",)), ("sg", "unknown", ("hi", "more"))]
+
+
+@pytest.mark.parametrize("line, words", [
+    ({"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}, "'/v1/embeddings'"),
+    ({"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}}, "no 'messages'"),
+    ({"messages": [{"role": "assistant", "content": "only me"}]}, "no non-empty user turn"),
+    ({"input": "x"}, "Batch API line"),
+])
+def test_a_bad_traffic_line_is_named_by_its_number(tmp_path: Path, line: dict, words: str) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text(json.dumps({"prompt": "fine"}) + "\n" + json.dumps(line) + "\n")
+    with pytest.raises(P.PromptError) as e:
+        P.load_file(f)
+    assert str(e.value).startswith(f"{f}:2: ") and words in str(e.value), str(e.value)

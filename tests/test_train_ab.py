@@ -59,11 +59,14 @@ def argv(out: Path, drafter: Path, *extra: str) -> list[str]:
             "--out", str(out), "--offline", str(OFFLINE), *extra]
 
 
+DFLASH = {"architectures": ["DFlashDraftModel"]}  # a stand-in: ab reads the family and block size only
+
+
 @pytest.fixture
 def drafter(tmp_path: Path) -> Path:
     d = tmp_path / "drafter"
     d.mkdir()
-    (d / "config.json").write_text("{}")
+    (d / "config.json").write_text(json.dumps(DFLASH))
     return d
 
 
@@ -215,10 +218,10 @@ def test_each_drafter_sits_beside_its_own_offline_file(fake_serving, drafter, tm
 
 
 def test_each_drafter_runs_only_the_k_its_blocks_serve(fake_serving, drafter, tmp_path, capsys):
-    (drafter / "config.json").write_text(json.dumps({"block_size": 4}))
+    (drafter / "config.json").write_text(json.dumps({**DFLASH, "block_size": 4}))
     wide = tmp_path / "wide"
     wide.mkdir()
-    (wide / "config.json").write_text(json.dumps({"block_size": 8}))
+    (wide / "config.json").write_text(json.dumps({**DFLASH, "block_size": 8}))
     out = tmp_path / "ab"
     assert ab.main(argv(out, drafter, "--drafter", f"wide={wide}", "--k", "3", "7")) == 0
     served_k = [(o[1].split("=", 1)[1], o[2]) for o in fake_serving if o[0] == "SPECULATIVE_METHOD=dflash"]
@@ -227,6 +230,23 @@ def test_each_drafter_runs_only_the_k_its_blocks_serve(fake_serving, drafter, tm
     assert "mine served at k=3 only: its blocks of 4 serve no more" in capsys.readouterr().err
     assert {p.name for p in out.glob("*-c1.json")} == {"mine-k3-c1.json", "wide-k3-c1.json", "wide-k7-c1.json",
                                                        "no-speculation-c1.json"}
+
+
+def test_one_run_compares_drafters_of_both_families(fake_serving, drafter, tmp_path):
+    """An EAGLE-3 head beside a DFlash drafter: each served with the method its config.json names, the
+    head at every k (it has no blocks), the drafter at those its blocks serve."""
+    (drafter / "config.json").write_text(json.dumps({**DFLASH, "block_size": 4}))
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps({  # a Llama-style head for cpu-tiny.env's Qwen3 target
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 128, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64, "intermediate_size": 256,
+        "vocab_size": 512, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}))
+    assert ab.main(argv(tmp_path / "ab", drafter, "--drafter", f"eagle={head}", "--k", "3", "6")) == 0
+    served = [(o[0], o[1], o[2]) for o in fake_serving if o[0] != "SPECULATIVE_METHOD=none"]
+    assert served == [("SPECULATIVE_METHOD=dflash", f"DRAFT_MODEL_DIR={drafter}", "NUM_SPECULATIVE_TOKENS=3"),
+                      ("SPECULATIVE_METHOD=eagle3", f"DRAFT_MODEL_DIR={head}", "NUM_SPECULATIVE_TOKENS=3"),
+                      ("SPECULATIVE_METHOD=eagle3", f"DRAFT_MODEL_DIR={head}", "NUM_SPECULATIVE_TOKENS=6")]
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -239,13 +259,15 @@ def test_each_drafter_runs_only_the_k_its_blocks_serve(fake_serving, drafter, tm
     (["--workload", "free", "tools"], "sets no TOOL_CALL_PARSER, and vLLM refuses tool_choice without one"),
 ])
 def test_bad_input_is_one_clear_error(fake_serving, drafter, tmp_path, capsys, extra, message):
-    (drafter / "config.json").write_text(json.dumps({"block_size": 8}))
+    (drafter / "config.json").write_text(json.dumps({**DFLASH, "block_size": 8}))
     assert ab.main(argv(tmp_path / "ab", drafter, *extra)) == 2
     assert message in capsys.readouterr().err and not fake_serving
 
 
 @pytest.mark.parametrize("text, message", [("{", "config.json: Expecting property name"),
-                                           ("[8]", "config.json is not a JSON object")])
+                                           ("[8]", "config.json is not a JSON object"),
+                                           ('{"architectures": ["LlamaForCausalLM"]}',
+                                            "neither a DFlash drafter (DFlashDraftModel) nor an EAGLE-3 head")])
 def test_an_unreadable_drafter_config_is_one_clear_error(fake_serving, drafter, tmp_path, capsys, text, message):
     (drafter / "config.json").write_text(text)
     assert ab.main(argv(tmp_path / "ab", drafter)) == 2

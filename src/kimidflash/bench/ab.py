@@ -2,8 +2,9 @@
 
 One command replays the same traffic (a prompt JSONL or a multi-turn
 conversation file, or the bench tool's built-in set) against the target
-served with each variant in turn -- drafters A, B, ..., ngram, no speculation
--- through our `serve` path and the benchmark tool's runner, at each
+served with each variant in turn -- drafters A, B, ... of either family (DFlash
+or EAGLE-3, the method read from each drafter's config.json), ngram, no
+speculation -- through our `serve` path and the benchmark tool's runner, at each
 concurrency, and then prints acceptance per position and output tok/s side
 by side (the bench tool's `compare`), with charts and a Markdown report.
 
@@ -26,7 +27,7 @@ from typing import Any
 
 from ..background import serving_process, sigterm_as_interrupt
 from ..config import SCHEDULE_KEY, load_config, parse_overrides
-from ..config.drafts import read_json
+from ..config.drafts import draft_method, read_json
 from ..config.rules import block_serves
 from ..errors import EXIT_INTERRUPTED
 from ..paths import portable
@@ -40,17 +41,23 @@ from .shipped import SHIPPED, checked, own_statics, shipped_check, write_shipped
 from .workloads import WORKLOADS
 
 
-def drafter_block_size(label: str, path: Path) -> int | None:
-    """The block size in a drafter's config.json, so `--k 3 7` serves each drafter
-    only at the k its blocks allow (preflight would refuse the rest mid-run)."""
+def drafter_family(label: str, path: Path) -> tuple[str, int | None]:
+    """The method a drafter's config.json is served with (DFlash or EAGLE-3, so one run compares
+    both families) and its block size, so `--k 3 7` serves a DFlash drafter only at the k its
+    blocks allow (preflight would refuse the rest mid-run); an EAGLE-3 head has no blocks."""
     try:
         data = read_json(path / "config.json")
     except ValueError as exc:  # read_json names the file and the parse error
         raise ValueError(f"--drafter {label}: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"--drafter {label}: {path}/config.json is not a JSON object")
-    block = data.get("block_size")
-    return None if block is None else int(block)
+    method = draft_method(data)
+    if method is None:
+        raise ValueError(f"--drafter {label}: {path}/config.json declares {data.get('architectures')!r}, neither "
+                         "a DFlash drafter (DFlashDraftModel) nor an EAGLE-3 head (e.g. Eagle3DeepseekV3ForCausalLM, "
+                         "LlamaForCausalLMEagle3)")
+    block = data.get("block_size") if method == "dflash" else None
+    return method, None if block is None else int(block)
 
 
 DEFAULT_K = [7]  # --k when a --drafter or --ngram variant is given without it
@@ -74,7 +81,7 @@ def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
         label, path = drafter_spec(spec)
         if not (path / "config.json").is_file():
             raise ValueError(f"--drafter {label}: {path}/config.json not found")
-        block = drafter_block_size(label, path)
+        method, block = drafter_family(label, path)
         ks = [k for k in given_k if block is None or block_serves(block, k)]
         if not ks:
             raise ValueError(f"--drafter {label}: its blocks of {block} serve none of "
@@ -83,7 +90,7 @@ def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
             print(f"ab: {label} served at k={' '.join(map(str, ks))} only: its blocks of {block} serve no more",
                   file=sys.stderr)
         for k in ks:  # a drafter at a static k: a schedule the base config ships is emptied
-            out.append((f"{label} k={k}", ["SPECULATIVE_METHOD=dflash", f"DRAFT_MODEL_DIR={path}",
+            out.append((f"{label} k={k}", [f"SPECULATIVE_METHOD={method}", f"DRAFT_MODEL_DIR={path}",
                                            f"NUM_SPECULATIVE_TOKENS={k}", f"{SCHEDULE_KEY}="]))
     if args.none:
         out.append(("no speculation", ["SPECULATIVE_METHOD=none"]))
@@ -278,7 +285,9 @@ def offline_vs_online(files: list[Path], offline: dict[str | None, Path], out: P
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="kimidflash ab", description=__doc__.splitlines()[0])
     p.add_argument("serve_config", type=Path)
-    p.add_argument("--drafter", action="append", default=[], metavar="LABEL=DIR")
+    p.add_argument("--drafter", action="append", default=[], metavar="LABEL=DIR",
+                   help="a draft checkpoint to serve (repeatable): a DFlash drafter or an EAGLE-3 head, the method "
+                        "read from its config.json, so one run compares both families")
     p.add_argument("--ngram", action="store_true")
     p.add_argument("--none", action="store_true", help="include the no-speculation baseline")
     p.add_argument("--as-shipped", action="store_true",
@@ -288,7 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, nargs="+",
                    help=f"num_speculative_tokens values for --drafter and --ngram (default {DEFAULT_K[0]}; each "
                         "drafter runs those its block size serves)")
-    p.add_argument("--prompts", default=None, help="builtin (default), a JSONL or a ShareGPT file")
+    p.add_argument("--prompts", default=None,
+                   help="builtin (default), or your traffic: a JSONL of the benchmark's prompts, chat-completion "
+                        "request bodies or OpenAI Batch API input lines, or ShareGPT conversations (a JSON array "
+                        "or one per line)")
     p.add_argument("--category", action="append", default=[], metavar="NAME=FILE",
                    help="benchmark this prompt file as its own category (repeatable; instead of --prompts): "
                         "specbench.md then gives acceptance and speedup per category")

@@ -2,7 +2,11 @@
 
 Three sources: the built-in diverse set shipped in `data/prompts.jsonl`
 (reasoning, math, code, summarisation, chit-chat, multi-turn conversations),
-a JSONL file, or a ShareGPT-style conversation file. Only *user* turns are
+a JSONL file, or a ShareGPT-style conversation file. A JSONL line may be in
+any of the formats operators already keep their traffic in: the benchmark's
+own (`prompt` or `turns`), a chat-completion request body (`messages`, text
+or content parts), an OpenAI Batch API input line (`custom_id`, `url`,
+`body`), or a ShareGPT conversation; a bad line is named by its number. Only *user* turns are
 taken from a source: assistant turns are whatever the server answers, so the
 history a session sends is the server's own (that is what a real chat does,
 and what makes later turns' prompt lengths realistic).
@@ -44,11 +48,43 @@ class Conversation:
     turns: tuple[str, ...]  # user messages, in order
 
 
+# OpenAI Batch API input lines the benchmark replays: their `url` and its request body's prompt key.
+BATCH_URLS = {"/v1/chat/completions": "messages", "/v1/completions": "prompt"}
+
+
+def _text(content: Any) -> str | None:
+    """A message's text: a string, or the text parts of an OpenAI content-part list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        return "\n".join(t for t in parts if isinstance(t, str)) or None
+    return None
+
+
+def _batch_body(obj: dict[str, Any], where: str) -> dict[str, Any]:
+    """The request body of an OpenAI Batch API input line (`custom_id`, `method`, `url`, `body`), checked
+    to be a request the benchmark can replay; its id and category carried onto it."""
+    url, body = obj.get("url"), obj.get("body")
+    if url not in BATCH_URLS:
+        raise PromptError(f"{where}: a Batch API line for {url!r}; the benchmark replays "
+                          f"{' and '.join(BATCH_URLS)} requests")
+    if not isinstance(body, dict) or BATCH_URLS[url] not in body:
+        raise PromptError(f"{where}: a Batch API line for {url} whose body has no {BATCH_URLS[url]!r}")
+    meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    kind = obj.get("kind", obj.get("category", meta.get("category", "unknown")))
+    return {**body, "id": obj.get("custom_id", body.get("id")), "kind": kind}
+
+
 def _from_obj(obj: Any, where: str, idx: int) -> Conversation:
-    """One record in any of the accepted shapes."""
+    """One record in any of the accepted shapes: the benchmark's own (`turns` or `prompt`), a
+    chat-completion request body (`messages`), an OpenAI Batch API input line (its `body`), or a
+    ShareGPT conversation (`conversations`). Only user turns are kept: the server writes the rest."""
     if not isinstance(obj, dict):
         raise PromptError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    cid = str(obj.get("id", idx))
+    if "custom_id" in obj and "body" in obj:
+        obj = _batch_body(obj, where)
+    cid = str(obj["id"] if obj.get("id") is not None else idx)
     kind = str(obj.get("kind", obj.get("category", "unknown")))
     turns: list[str]
     if "turns" in obj:
@@ -56,8 +92,9 @@ def _from_obj(obj: Any, where: str, idx: int) -> Conversation:
     elif "prompt" in obj:
         turns = [obj["prompt"]] if isinstance(obj["prompt"], str) else []
     elif "messages" in obj:
-        turns = [m.get("content") for m in obj["messages"]
-                 if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)]
+        msgs = obj["messages"] if isinstance(obj["messages"], list) else []
+        turns = [t for m in msgs if isinstance(m, dict) and m.get("role") == "user"
+                 and (t := _text(m.get("content"))) is not None]
     elif "conversations" in obj or "conversation" in obj:
         conv = obj.get("conversations", obj.get("conversation"))
         turns = []
@@ -65,11 +102,12 @@ def _from_obj(obj: Any, where: str, idx: int) -> Conversation:
             if not isinstance(m, dict):
                 continue
             who = m.get("from", m.get("role"))
-            text = m.get("value", m.get("content"))
-            if who in ("human", "user") and isinstance(text, str):
+            text = _text(m.get("value", m.get("content")))
+            if who in ("human", "user") and text is not None:
                 turns.append(text)
     else:
-        raise PromptError(f"{where}: no 'turns', 'prompt', 'messages' or 'conversations' key")
+        raise PromptError(f"{where}: no 'turns', 'prompt', 'messages' or 'conversations' key (nor a Batch API "
+                          "line's 'custom_id' and 'body')")
     turns = [t for t in turns if t.strip()]
     if not turns:
         raise PromptError(f"{where}: record has no non-empty user turn")

@@ -67,19 +67,30 @@ def uncovered_patch(patch_id: str, v: dict[str, Any]) -> str | None:
     return ", ".join(f"{lo} to before {hi}" for var in patch["variants"] for lo, hi in var["versions"])
 
 
+def draft_method(data: dict[str, Any]) -> str | None:
+    """The speculative method a draft checkpoint's config.json is served with: `eagle3` for an
+    EAGLE-3 head, `dflash` for a DFlash drafter, None when its architecture says neither."""
+    archs = data.get("architectures") or []
+    name = archs[0] if archs and isinstance(archs[0], str) else ""
+    if name in EAGLE3_ARCHITECTURES:
+        return "eagle3"
+    if "DFlash" in name or "dflash_config" in data:
+        return "dflash"
+    return None
+
+
 def draft_family_rule(config: Config, fail: Fail) -> None:
     """A draft checkpoint of the family the method serves: vLLM would wrap a DFlash drafter as an
     EAGLE-3 head (or the other way round) and fail deep in the load, or not at all."""
     method = config["SPECULATIVE_METHOD"]
     if method not in DRAFT_MODEL_METHODS:
         return
-    for key, path, data in draft_configs(config)[:1]:
-        archs = data.get("architectures") or []
-        name = archs[0] if archs and isinstance(archs[0], str) else ""
-        if method == "dflash" and name in EAGLE3_ARCHITECTURES:
-            fail("SPECULATIVE_METHOD", f"dflash, but {path} is an EAGLE-3 head ({name}); set SPECULATIVE_METHOD=eagle3")
-        if method == "eagle3" and "DFlash" in name:
-            fail("SPECULATIVE_METHOD", f"eagle3, but {path} is a DFlash drafter ({name}); set SPECULATIVE_METHOD=dflash")
+    for _, path, data in draft_configs(config)[:1]:
+        found = draft_method(data)
+        if found is not None and found != method:
+            what = {"eagle3": "an EAGLE-3 head", "dflash": "a DFlash drafter"}[found]
+            fail("SPECULATIVE_METHOD", f"{method}, but {path} is {what} ({data['architectures'][0]}); "
+                                       f"set SPECULATIVE_METHOD={found}")
 
 
 def eagle3_rules(config: Config, fail: Fail, target_cfg: dict[str, Any] | None, final: bool) -> None:

@@ -97,3 +97,19 @@ def test_the_backend_map_has_every_production_config_on_both_pins():
     table = docs_gen.backend_map_table()
     for name in PRODUCTION_CONFIGS:
         assert table.count(f"| `{name}` |") == len(pins(name))
+
+
+def test_a_variant_of_the_other_family_takes_its_own_familys_draft_backend():
+    """ab serves an EAGLE-3 head on a DFlash config (and the other way round): the head takes the
+    target's MLA backend, not the DFlash drafter's ROCM_ATTN, and each config keeps its own."""
+    dflash, eagle3 = values("production.env", "0.33.0"), values("production-eagle3.env", "0.33.0")
+    assert backends.family_draft_backend(dflash, "eagle3") == "TRITON_MLA"
+    assert backends.family_draft_backend(dflash, "dflash") == "ROCM_ATTN"
+    assert backends.family_draft_backend(eagle3, "dflash") == "ROCM_ATTN"
+    assert backends.family_draft_backend(eagle3, "eagle3") == "TRITON_MLA"
+    for v in (dflash, eagle3):
+        for method in ("dflash", "eagle3"):
+            assert backends.refusal({**v, "SPECULATIVE_METHOD": method,
+                                     "DRAFT_ATTENTION_BACKEND": backends.family_draft_backend(v, method)}) is None
+    cpu = values("cpu-kimi-tiny.env", "0.32.0")
+    assert backends.family_draft_backend(cpu, "eagle3") == "CPU_MLA" and backends.family_draft_backend(cpu, "dflash") == ""

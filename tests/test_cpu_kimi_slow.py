@@ -12,7 +12,8 @@ the kimi_k2 tool-call and reasoning parsers. What is checked:
   tool's schema: whole when the call finished, so far when max_tokens cut it
   (no tool is marked `strict`: the config's TOOL_STRICT_LEVEL=parameter holds
   them all; the extra-tier case shows that vLLM's default level does not);
-* float32 greedy outputs are identical with DFlash, ngram and no speculation,
+* float32 greedy outputs are identical with DFlash, ngram, the EAGLE-3 MLA head of
+  cpu-kimi-tiny-eagle3.env (whose server test_eagle3_slow.check_served_head also checks) and no speculation,
   alone and 8 at once;
 * patch C1 is what lets the pair start: vLLM's own block-size selection over
   CPU_MLA and CPU_ATTN finds 16 with C1 and refuses without it;
@@ -147,10 +148,10 @@ PROMPTS = [f"{w} {s}" for w in ("Explain", "Summarise", "Describe", "List facts 
 MAX_TOKENS = 32
 
 
-def greedy(base_url: str) -> tuple[list[list[int]], list[list[int]]]:
+def greedy(base_url: str, model: str = MODEL) -> tuple[list[list[int]], list[list[int]]]:
     """Every prompt 8 at a time, then the first four alone: the generated token ids."""
     def one(prompt: str) -> list[int]:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS,
+        body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS,
                 "temperature": 0, "return_token_ids": True, "ignore_eos": True}
         r = client.post("/v1/chat/completions", json=body)
         r.raise_for_status()
@@ -162,16 +163,25 @@ def greedy(base_url: str) -> tuple[list[list[int]], list[list[int]]]:
     return together, alone
 
 
-def test_speculation_changes_no_token_on_the_mla_target():
+def test_speculation_changes_no_token_on_the_mla_target(tmp_path):
+    """No speculation, DFlash, ngram and the EAGLE-3 MLA head (cpu-kimi-tiny-eagle3.env, generated from
+    nothing through serve.sh, whose server also runs test_eagle3_slow.check_served_head)."""
+    from .test_eagle3_slow import CONFIG as EAGLE3, MODEL as EAGLE3_MODEL, check_served_head
+
     runs, accepted = {}, {}
-    for method in ("none", "dflash", "ngram"):
+    for method in ("none", "dflash", "ngram", "eagle3"):
+        if method == "eagle3":
+            with serving(EAGLE3, f"DRAFT_MODEL_DIR={tmp_path / 'head'}", cmd=[str(ROOT / "serve.sh")]) as server:
+                runs[method] = greedy(server.base_url, EAGLE3_MODEL)
+                check_served_head(server, tmp_path / "head")
+            continue
         with serving(CONFIG, f"SPECULATIVE_METHOD={method}") as server:
             runs[method] = greedy(server.base_url)
             accepted[method] = server.metrics().get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
     together, alone = runs["none"]
     assert all(len(ids) == MAX_TOKENS for ids in together)
     assert alone == together[:4]  # batch shape changes nothing in float32, even without speculation
-    for method in ("dflash", "ngram"):
+    for method in ("dflash", "ngram", "eagle3"):
         assert runs[method][0] == together, f"{method} at concurrency 8 differs from no speculation"
         assert runs[method][1] == alone, f"{method} alone differs from no speculation"
     # A random target repeats itself, so ngram's drafts are accepted: verification ran on the MLA target.

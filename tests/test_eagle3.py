@@ -100,6 +100,7 @@ def test_the_production_head_stand_in_fits_kimi_k26():
     ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": "1,2"}}, AUX_IDS, "list of layer ids"),
     ({"num_aux_hidden_states": 2}, "num_aux_hidden_states", "names 3 layers"),
     ({"hidden_size": 0}, "hidden_size", "positive integer"),
+    ({"eagle_config": [1, 2, 3]}, "eagle_config", "expected an object"),
 ])
 def test_a_bad_head_config_is_refused_naming_its_field(change, field, words):
     with pytest.raises(Eagle3Error) as e:

@@ -112,8 +112,10 @@ class Eagle3Head:
         if draft_vocab > vocab:
             raise Eagle3Error("draft_vocab_size", f"{draft_vocab} exceeds vocab_size {vocab}")
         layers = _int(cfg, "num_hidden_layers")
-        ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids",
-                                                   cfg.get("eagle_aux_hidden_state_layer_ids"))
+        eagle = cfg.get("eagle_config") or {}
+        if not isinstance(eagle, dict):
+            raise Eagle3Error("eagle_config", f"{eagle!r}: expected an object")
+        ids = eagle.get("eagle_aux_hidden_state_layer_ids", cfg.get("eagle_aux_hidden_state_layer_ids"))
         if ids is not None:
             if (not isinstance(ids, list) or not ids
                     or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):

@@ -229,3 +229,11 @@ def test_a_draft_schedule_renders_with_eagle3(tmp_path):
     with pytest.raises(ConfigError, match="dflash or eagle3"):
         load_config(tiny_env(tmp_path, extra="SPECULATIVE_METHOD=ngram\nNUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-8:2\n"),
                     environ={})
+
+
+def test_a_dflash_config_without_architectures_is_still_named_a_dflash_drafter(tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"block_size": 8, "dflash_config": {"target_layer_ids": [0]}}))
+    with pytest.raises(ConfigError, match=r"is a DFlash drafter \(dflash_config\); set SPECULATIVE_METHOD=dflash"):
+        load_config(tiny_env(tmp_path, extra=f"DRAFT_MODEL_DIR={bare}\n"), environ={})

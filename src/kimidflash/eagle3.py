@@ -136,17 +136,18 @@ class Eagle3Head:
     def check_target(self, target_cfg: Mapping[str, Any], target: str, final_layer: bool = True) -> None:
         """Refuse a head that does not fit the target's config.json (`target` names it in messages);
         `final_layer`: the pin's backbone captures aux id L (the last layer's output)."""
-        family = "mla" if is_mla(dict(target_cfg)) else "standard"
+        target_cfg = dict(target_cfg)
+        family = "mla" if is_mla(target_cfg) else "standard"
         if family != self.attention:
             want = "an MLA head (Eagle3DeepseekV3ForCausalLM)" if family == "mla" else "a Llama-style head"
             raise Eagle3Error("architectures", f"{self.architecture} is a {self.attention}-attention head but "
                                                f"{target} is a {family}-attention target: it needs {want}")
         for key, mine in (("hidden_size", self.hidden_size), ("target_hidden_size", self.target_hidden_size),
                           ("vocab_size", self.vocab_size)):
-            theirs = text_field(dict(target_cfg), key.removeprefix("target_"))
+            theirs = text_field(target_cfg, key.removeprefix("target_"))
             if theirs is not None and mine != theirs:
                 raise Eagle3Error(key, f"{mine}, but {target} has {key.removeprefix('target_')} {theirs}")
-        layers = text_field(dict(target_cfg), "num_hidden_layers")
+        layers = text_field(target_cfg, "num_hidden_layers")
         if not isinstance(layers, int):
             return
         ids = self.aux_for(layers)

@@ -93,9 +93,8 @@ def variants(args: argparse.Namespace, base: dict[str, Any] | None = None) -> li
         if ks != given_k:
             print(f"ab: {label} served at k={' '.join(map(str, ks))} only: its blocks of {block} serve no more",
                   file=sys.stderr)
-        backend = []
-        if base is not None and base["DRAFT_ATTENTION_BACKEND"] != family_draft_backend(base, method):
-            backend = [f"DRAFT_ATTENTION_BACKEND={family_draft_backend(base, method)}"]
+        own = family_draft_backend(base, method) if base is not None else None
+        backend = [] if own is None or own == base["DRAFT_ATTENTION_BACKEND"] else [f"DRAFT_ATTENTION_BACKEND={own}"]
         for k in ks:  # a drafter at a static k: a schedule the base config ships is emptied
             out.append((f"{label} k={k}", [f"SPECULATIVE_METHOD={method}", f"DRAFT_MODEL_DIR={path}",
                                            f"NUM_SPECULATIVE_TOKENS={k}", f"{SCHEDULE_KEY}=", *backend]))

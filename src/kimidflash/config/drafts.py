@@ -67,11 +67,16 @@ def uncovered_patch(patch_id: str, v: dict[str, Any]) -> str | None:
     return ", ".join(f"{lo} to before {hi}" for var in patch["variants"] for lo, hi in var["versions"])
 
 
+def architecture(data: dict[str, Any]) -> str:
+    """The first architecture a config.json names ("" when none)."""
+    archs = data.get("architectures") or []
+    return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else ""
+
+
 def draft_method(data: dict[str, Any]) -> str | None:
     """The speculative method a draft checkpoint's config.json is served with: `eagle3` for an
     EAGLE-3 head, `dflash` for a DFlash drafter, None when its architecture says neither."""
-    archs = data.get("architectures") or []
-    name = archs[0] if archs and isinstance(archs[0], str) else ""
+    name = architecture(data)
     if name in EAGLE3_ARCHITECTURES:
         return "eagle3"
     if "DFlash" in name or "dflash_config" in data:
@@ -89,7 +94,7 @@ def draft_family_rule(config: Config, fail: Fail) -> None:
         found = draft_method(data)
         if found is not None and found != method:
             what = {"eagle3": "an EAGLE-3 head", "dflash": "a DFlash drafter"}[found]
-            fail("SPECULATIVE_METHOD", f"{method}, but {path} is {what} ({data['architectures'][0]}); "
+            fail("SPECULATIVE_METHOD", f"{method}, but {path} is {what} ({architecture(data) or 'dflash_config'}); "
                                        f"set SPECULATIVE_METHOD={found}")
 
 

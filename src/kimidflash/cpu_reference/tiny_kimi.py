@@ -262,9 +262,14 @@ def is_current(path: Path) -> bool:
 draft_is_current = is_current  # the drafter carries the same stamp
 
 
-def generate(target_dir: Path, draft_dir: Path, seed: int = 0) -> None:
-    """Create both checkpoints (each published atomically) unless already current."""
+def ensure_target(target_dir: Path, seed: int) -> None:
+    """The tiny K2.6 target (published atomically) unless already current: shared by both drafter families."""
     if not is_current(target_dir):
         tiny.write_target(target_dir, GENERATOR_VERSION, lambda tmp: build_target(tmp, seed))
+
+
+def generate(target_dir: Path, draft_dir: Path, seed: int = 0) -> None:
+    """Create both checkpoints (each published atomically) unless already current."""
+    ensure_target(target_dir, seed)
     if not (is_current(draft_dir) or tiny.foreign(draft_dir)):
         build_drafter(draft_dir, seed)

@@ -26,12 +26,12 @@ GENERATOR_VERSION = "kimi-eagle3-1"
 HEAD_JSON = CONFIGS_DIR / "tiny-kimi-k2.6-eagle3-draft.json"
 
 
-def head_config() -> dict:
-    """The committed head JSON, checked against the tiny target it drafts for."""
+def head_config() -> tuple[dict, Eagle3Head]:
+    """The committed head JSON and its shape, checked against the tiny target it drafts for."""
     cfg = json.loads(HEAD_JSON.read_text())
     head = Eagle3Head.from_config(cfg)
-    head.check_target({**tiny_kimi.TEXT}, "the tiny K2.6 target")
-    return cfg
+    head.check_target(tiny_kimi.TEXT, "the tiny K2.6 target")
+    return cfg, head
 
 
 def draft_ids(draft_vocab: int, vocab: int) -> list[int]:
@@ -43,8 +43,7 @@ def draft_ids(draft_vocab: int, vocab: int) -> list[int]:
 def build_head(out: Path, seed: int) -> None:
     import torch
 
-    cfg = head_config()
-    head = Eagle3Head.from_config(cfg)
+    cfg, head = head_config()
     gen = torch.Generator().manual_seed(seed + 2)
     state = {}
     for name, shape in head.expected_tensors().items():
@@ -67,7 +66,6 @@ def draft_is_current(path: Path) -> bool:
 
 def generate(target_dir: Path, draft_dir: Path, seed: int = 0) -> None:
     """The tiny K2.6 target (shared with the DFlash pair) and the head, each unless already current."""
-    if not tiny_kimi.is_current(target_dir):
-        tiny.write_target(target_dir, tiny_kimi.GENERATOR_VERSION, lambda tmp: tiny_kimi.build_target(tmp, seed))
+    tiny_kimi.ensure_target(target_dir, seed)
     if not (draft_is_current(draft_dir) or tiny.foreign(draft_dir)):
         build_head(draft_dir, seed)

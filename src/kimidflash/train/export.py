@@ -40,14 +40,18 @@ def expected_tensors(shape: DrafterShape | dict[str, Any]) -> dict[str, tuple[in
 
 
 def check_state(state: "dict[str, torch.Tensor]", shape: DrafterShape) -> None:
-    want = shape.expected_tensors()
+    check_names(state, shape.expected_tensors(), "drafter state does not match its shape")
+
+
+def check_names(state: "dict[str, torch.Tensor]", want: dict[str, tuple[int, ...]], what: str) -> None:
+    """Refuse a state whose names and shapes are not exactly `want`, naming the first few that differ
+    (the one check both writers, DFlash and EAGLE-3, make before they write)."""
     got = {k: tuple(v.shape) for k, v in state.items()}
     if got != want:
         missing = sorted(set(want) - set(got))
         extra = sorted(set(got) - set(want))
         wrong = sorted(k for k in set(want) & set(got) if want[k] != got[k])
-        raise TrainConfigError(f"drafter state does not match its shape: missing {missing[:3]}, extra {extra[:3]}, "
-                               f"wrong shape {wrong[:3]}")
+        raise TrainConfigError(f"{what}: missing {missing[:3]}, extra {extra[:3]}, wrong shape {wrong[:3]}")
 
 
 def export_model(state: "dict[str, torch.Tensor]", shape: DrafterShape | dict[str, Any], out: Path,

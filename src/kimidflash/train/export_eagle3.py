@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from ..eagle3 import D2T, Eagle3Head
 from ..fsio import atomic_dir, make_readable
-from .errors import TrainConfigError
+from .export import check_names
 
 if TYPE_CHECKING:
     import torch
@@ -30,13 +30,7 @@ def export_head(state: "dict[str, torch.Tensor]", config: Mapping[str, Any], out
     import torch
     from safetensors.torch import save_file
 
-    head = Eagle3Head.from_config(config)
-    want = head.expected_tensors()
-    got = {k: tuple(v.shape) for k, v in state.items()}
-    if got != want:
-        wrong = sorted(k for k in set(want) & set(got) if want[k] != got[k])
-        raise TrainConfigError(f"EAGLE-3 head state does not match its config: missing {sorted(set(want) - set(got))[:3]}, "
-                               f"extra {sorted(set(got) - set(want))[:3]}, wrong shape {wrong[:3]}")
+    check_names(state, Eagle3Head.from_config(config).expected_tensors(), "EAGLE-3 head state does not match its config")
     td = getattr(torch, dtype)
     tensors = {k: (v.detach().to(torch.int64) if k == D2T else v.detach().to(td)).contiguous() for k, v in state.items()}
     out = Path(out).resolve()

@@ -18,7 +18,9 @@ the kimi_k2 tool-call and reasoning parsers. What is checked:
 * patch C1 is what lets the pair start: vLLM's own block-size selection over
   CPU_MLA and CPU_ATTN finds 16 with C1 and refuses without it;
 * the kimi_k2 parsers split a scripted K2.6 reply (tests/kimi_script.py) into
-  reasoning, content and a tool call, streamed and not, thinking on and off.
+  reasoning, content and a tool call, streamed and not, thinking on and off,
+  under each drafter family (DFlash, the EAGLE-3 head); eight streams at once
+  each join to the non-streamed call.
 """
 
 from __future__ import annotations
@@ -63,25 +65,39 @@ ASK = dict(messages=[{"role": "user", "content": "What is the weather in Paris?"
            tools=[WEATHER, TIME], chat_template_kwargs={"thinking": False}, parallel_tool_calls=False)
 
 
-def test_tiny_kimi_is_generated_served_with_dflash_and_calls_tools(tmp_path):
-    target, draft = tmp_path / "tiny-kimi", tmp_path / "tiny-kimi-dflash"
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory) -> dict:
+    """The pair generated from nothing into a new folder and served with DFlash through serve.sh: one
+    server start for the chat and tool checks and for the DFlash run of the no-token-changed test."""
+    folder = tmp_path_factory.mktemp("fresh")
+    target, draft = folder / "tiny-kimi", folder / "tiny-kimi-dflash"
+    out: dict = {"target": target}
     with serving(CONFIG, f"MODEL_DIR={target}", f"DRAFT_MODEL_DIR={draft}", cmd=[str(ROOT / "serve.sh")]) as server:
-        config = json.loads((target / "config.json").read_text())
-        assert config["architectures"] == ["KimiK25ForConditionalGeneration"]
-        assert "Resolved architecture: KimiK25ForConditionalGeneration" in server.log.read_text()
+        out["config"] = json.loads((target / "config.json").read_text())
+        out["log"] = server.log.read_text()
         before = server.metrics()
         with httpx.Client(base_url=server.base_url, timeout=300) as client:
-            reply = chat(client, messages=[{"role": "user", "content": "Hello! How are you today?"}], max_tokens=24)
-            # K2.6 thinks unless told not to, and this random model never closes its <think>.
-            assert reply["message"]["reasoning"] and not reply["message"]["content"]
+            out["hello"] = chat(client, messages=[{"role": "user", "content": "Hello! How are you today?"}],
+                                max_tokens=24)
             after = server.metrics()
-            drafts = after["vllm:spec_decode_num_drafts_total"] - before.get("vllm:spec_decode_num_drafts_total", 0)
-            assert drafts > 0
-            assert after["vllm:spec_decode_num_draft_tokens_total"] - before.get(
-                "vllm:spec_decode_num_draft_tokens_total", 0) == 3 * drafts
+            out["drafts"] = {k: after[k] - before.get(k, 0) for k in
+                             ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total")}
             # One call each: a random model may otherwise call on until max_tokens cuts a call short.
-            required = chat(client, **ASK, tool_choice="required")
-            named = chat(client, **ASK, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+            out["required"] = chat(client, **ASK, tool_choice="required")
+            out["named"] = chat(client, **ASK, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        out["greedy"] = greedy(server.base_url)
+    return out
+
+
+def test_tiny_kimi_is_generated_served_with_dflash_and_calls_tools(fresh):
+    assert fresh["config"]["architectures"] == ["KimiK25ForConditionalGeneration"]
+    assert "Resolved architecture: KimiK25ForConditionalGeneration" in fresh["log"]
+    # K2.6 thinks unless told not to, and this random model never closes its <think>.
+    reply = fresh["hello"]
+    assert reply["message"]["reasoning"] and not reply["message"]["content"]
+    drafts = fresh["drafts"]["vllm:spec_decode_num_drafts_total"]
+    assert drafts > 0 and fresh["drafts"]["vllm:spec_decode_num_draft_tokens_total"] == 3 * drafts
+    required, named = fresh["required"], fresh["named"]
     # The JSON grammar allows whitespace between any two tokens, and neither vLLM's disable_any_whitespace
     # (it does not reach tool-call grammars) nor a bias (logit_bias is refused under speculation; bad_words
     # strips whitespace) stops this random model writing it until max_tokens. So a finished call must
@@ -163,21 +179,21 @@ def greedy(base_url: str, model: str = MODEL) -> tuple[list[list[int]], list[lis
     return together, alone
 
 
-def test_speculation_changes_no_token_on_the_mla_target(tmp_path):
-    """No speculation, DFlash, ngram and the EAGLE-3 MLA head (cpu-kimi-tiny-eagle3.env, generated from
-    nothing through serve.sh, whose server also runs test_eagle3_slow.check_served_head)."""
+def test_speculation_changes_no_token_on_the_mla_target(tmp_path, fresh):
+    """No speculation, DFlash (the fresh pair's server), ngram and the EAGLE-3 MLA head
+    (cpu-kimi-tiny-eagle3.env, generated from nothing through serve.sh, whose server also runs
+    test_eagle3_slow.check_served_head), all on the freshly generated target."""
     from .test_eagle3_slow import CONFIG as EAGLE3, MODEL as EAGLE3_MODEL, check_served_head
 
-    runs, accepted = {}, {}
-    for method in ("none", "dflash", "ngram", "eagle3"):
-        if method == "eagle3":
-            with serving(EAGLE3, f"DRAFT_MODEL_DIR={tmp_path / 'head'}", cmd=[str(ROOT / "serve.sh")]) as server:
-                runs[method] = greedy(server.base_url, EAGLE3_MODEL)
-                check_served_head(server, tmp_path / "head")
-            continue
-        with serving(CONFIG, f"SPECULATIVE_METHOD={method}") as server:
+    target = f"MODEL_DIR={fresh['target']}"
+    runs, accepted = {"dflash": fresh["greedy"]}, {}
+    for method in ("none", "ngram"):
+        with serving(CONFIG, target, f"SPECULATIVE_METHOD={method}") as server:
             runs[method] = greedy(server.base_url)
             accepted[method] = server.metrics().get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
+    with serving(EAGLE3, target, f"DRAFT_MODEL_DIR={tmp_path / 'head'}", cmd=[str(ROOT / "serve.sh")]) as server:
+        runs["eagle3"] = greedy(server.base_url, EAGLE3_MODEL)
+        check_served_head(server, tmp_path / "head")
     together, alone = runs["none"]
     assert all(len(ids) == MAX_TOKENS for ids in together)
     assert alone == together[:4]  # batch shape changes nothing in float32, even without speculation
@@ -254,29 +270,50 @@ def stream_parts(client: httpx.Client, body: dict) -> tuple[str, str, list[dict]
     return reasoning, content, calls
 
 
-def test_kimi_k2_parsers_split_a_scripted_reply_into_reasoning_content_and_a_call(tmp_path):
+def joined(deltas: list[dict]) -> list[dict]:
+    """Tool-call deltas joined as an OpenAI client does: by index, id and name from the delta that
+    carries them, argument fragments concatenated."""
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        call = calls.setdefault(d["index"], {"id": None, "name": None, "arguments": ""})
+        call["id"] = d.get("id") or call["id"]
+        fn = d.get("function") or {}
+        call["name"] = fn.get("name") or call["name"]
+        call["arguments"] += fn.get("arguments") or ""
+    return [calls[i] for i in sorted(calls)]
+
+
+FAMILIES = {"dflash": (CONFIG, MODEL), "eagle3": (CONFIGS / "cpu-kimi-tiny-eagle3.env", "tiny-kimi-k2.6-eagle3")}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_kimi_k2_parsers_split_a_scripted_reply_into_reasoning_content_and_a_call(tmp_path, family):
     """The scripted tiny K2.6 (tests/kimi_script.py) writes `<think>The model</think>reads the prompt`
-    and a `lookup` call in Kimi's markup; served with DFlash, the kimi_k2 parsers must split it,
-    streamed and not, with thinking on and off."""
+    and a `lookup` call in Kimi's markup; served under each drafter family, the kimi_k2 parsers must
+    split it, streamed and not, with thinking on and off, and eight streams at once must each join
+    to the non-streamed call (vLLM 54701: the kimi_k2 streaming parser reported empty tool calls under
+    concurrent load)."""
     from kimidflash.config import load_config
     from kimidflash.prepare import prepare
 
     from .kimi_script import ARGUMENTS, CONTENT, FUNCTION, REASONING, write_scripted
 
-    config = load_config(CONFIG, {})
-    prepare(config, log=lambda _m: None)
+    env, model = FAMILIES[family]
+    config = load_config(env, {})
+    prepare(config, log=lambda _m: None)  # the target, and the family's drafter
     scripted = tmp_path / "scripted-kimi"
     write_scripted(Path(config["MODEL_DIR"]), scripted)
     tool = {"type": "function", "function": {"name": FUNCTION, "description": "Look something up.",
                                              "parameters": {"type": "object", "properties": {}}}}
-    ask = {"model": MODEL, "temperature": 0, "max_tokens": 64, "tools": [tool],
+    ask = {"model": model, "temperature": 0, "max_tokens": 64, "tools": [tool],
            "messages": [{"role": "user", "content": "Hello! How are you today?"}]}
-    with serving(CONFIG, f"MODEL_DIR={scripted}", "PREPARE_MODELS=none") as server, \
-            httpx.Client(base_url=server.base_url, timeout=300) as client:
-        thinking = chat(client, **{k: v for k, v in ask.items() if k not in ("model", "temperature")})
-        plain = chat(client, **{k: v for k, v in ask.items() if k not in ("model", "temperature")},
-                     chat_template_kwargs={"thinking": False})
+    plain_fields = {k: v for k, v in ask.items() if k not in ("model", "temperature")}
+    with serving(env, f"MODEL_DIR={scripted}", "PREPARE_MODELS=none") as server, \
+            httpx.Client(base_url=server.base_url, timeout=300) as client, ThreadPoolExecutor(8) as pool:
+        thinking = chat(client, **plain_fields, model=model)
+        plain = chat(client, **plain_fields, model=model, chat_template_kwargs={"thinking": False})
         streamed = stream_parts(client, ask)
+        together = list(pool.map(lambda _: stream_parts(client, ask), range(8)))
         drafts = server.metrics().get("vllm:spec_decode_num_drafts_total", 0.0)
     assert thinking["finish_reason"] == "tool_calls"
     assert thinking["message"]["reasoning"] == REASONING and thinking["message"]["content"] == CONTENT
@@ -285,7 +322,8 @@ def test_kimi_k2_parsers_split_a_scripted_reply_into_reasoning_content_and_a_cal
     assert json.loads(call["function"]["arguments"]) == json.loads(ARGUMENTS)
     assert plain["message"]["reasoning"] is None and plain["message"]["content"] == CONTENT
     assert [c["function"]["name"] for c in plain["message"]["tool_calls"]] == [FUNCTION]
-    reasoning, content, deltas = streamed
-    assert (reasoning, content) == (REASONING, CONTENT)
-    assert [d["function"]["name"] for d in deltas if d.get("function", {}).get("name")] == [FUNCTION]
-    assert drafts > 0  # the DFlash drafter ran alongside
+    whole = [{"id": call["id"], "name": FUNCTION, "arguments": call["function"]["arguments"]}]
+    for i, (reasoning, content, deltas) in enumerate([streamed, *together]):
+        assert (reasoning, content) == (REASONING, CONTENT), i
+        assert joined(deltas) == whole, (i, deltas)  # one at a time (0), then eight at once
+    assert drafts > 0  # the family's drafter ran alongside

@@ -6,6 +6,8 @@ k=3) and ngram (k=3).
   and tool calls with tool_choice required, named and auto through the reference's
   pythonic parser and tools template) gives a valid reply under each method, and the
   same tokens as no speculation at the same load: one at a time (each kind's first prompt) and eight at once.
+* The shipped drafter changes no free-text token: greedy float32 replies with and without
+  it (through ./serve.sh, as the README runs it) are identical over >= 50 prompts at 8 in flight.
 * Under load (110 requests, 8 in flight, grammar-constrained and free mixed, with
   unsatisfiable and malformed constraints among them) the server stays up, every request
   ends (answered, or refused with a 400 that names the fault), and the server counted each
@@ -24,11 +26,12 @@ import jsonschema
 import pytest
 
 from .conftest import serving
-from .helpers import CONFIGS
+from .helpers import CONFIGS, ROOT
 
 pytestmark = pytest.mark.slow
 
 REFERENCE = CONFIGS / "cpu-reference.env"
+SHIPPED = ROOT / "drafters" / "smollm2-135m-dflash"
 MODEL = "smollm2-135m-dflash"
 STATIC = ["NUM_SPECULATIVE_TOKENS=3", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE="]  # k=3 at every load: drafts at 8 too
 METHODS = {"none": ["SPECULATIVE_METHOD=none"], "dflash": STATIC,
@@ -107,16 +110,49 @@ def answers(client: httpx.Client, concurrency: int) -> dict[tuple[str, str], dic
 def replies() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for method, sets in METHODS.items():
-        with serving(REFERENCE, "DTYPE=float32", *sets) as server, \
+        with serving(REFERENCE, "DTYPE=float32", *sets, cmd=[str(ROOT / "serve.sh")]) as server, \
                 httpx.Client(base_url=server.base_url, timeout=600) as client:
             before = server.metrics()
             out[method] = {c: answers(client, c) for c in (1, 8)}
             after = server.metrics()
             out[method]["accepted"] = after.get("vllm:spec_decode_num_accepted_tokens_total", 0.0) - \
                 before.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
+            if method != "ngram":  # the shipped drafter's free-text check, after the grammar's count
+                out[method]["free"] = free_text(client)
+                out[method]["free_accepted"] = server.metrics().get(
+                    "vllm:spec_decode_num_accepted_tokens_total", 0.0) - after.get(
+                    "vllm:spec_decode_num_accepted_tokens_total", 0.0)
             if method == "dflash":  # the load test's server (one start fewer)
                 out["load"] = mixed_load(server, client)
     return out
+
+
+def free_text(client: httpx.Client) -> list[list[int]]:
+    """The built-in prompts' first turns, 48 tokens each (ignore_eos), 8 in flight: token ids."""
+    from kimidflash.bench.prompts import load_builtin
+
+    prompts = [c.turns[0] for c in load_builtin()][:56]
+    assert len(set(prompts)) >= 50
+
+    def one(prompt: str) -> list[int]:
+        r = ask(client, prompt, {"ignore_eos": True}, max_tokens=48)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["token_ids"]
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, prompts))
+
+
+def test_shipped_drafter_changes_no_greedy_token_in_float32(replies):
+    """A static k=3 (the most the drafter serves): at 8 in flight the shipped schedule drafts nothing,
+    and this is about the drafter."""
+    if not (SHIPPED / "config.json").is_file():
+        pytest.fail(f"{SHIPPED} is missing: the reference drafter has not been exported")
+    base, spec = replies["none"]["free"], replies["dflash"]["free"]
+    assert all(len(ids) == 48 for ids in base)
+    diffs = [i for i, (a, b) in enumerate(zip(base, spec)) if a != b]
+    assert diffs == [], f"prompts {diffs} differ with the shipped drafter"
+    assert replies["dflash"]["free_accepted"] > 0, "the shipped drafter was never accepted: verification not exercised"
 
 
 @pytest.mark.parametrize("method", list(METHODS))

@@ -354,3 +354,26 @@ def test_a_check_that_held_wherever_it_drafts_writes_no_checked_env(tmp_path):
     assert [k_at(load_config(env), b) for b in (1, 2, 3, 8)] == [2, 2, 0, 0]
     assert k_at(load_config(CONFIGS / "cpu-tiny.env"), 8) == 3
     assert k_at(load_config(CONFIGS / "cpu-tiny.env", {"SPECULATIVE_METHOD": "none"}), 1) == 0
+
+
+def test_an_eagle3_family_gets_its_schedule_under_its_own_method(tmp_path):
+    """A sweep of the EAGLE-3 head's k: the schedule is derived as for DFlash, written under
+    SPECULATIVE_METHOD=eagle3, and the config rules accept it (vLLM's list serves both families)."""
+    from kimidflash.sweep.grid import Plan as SweepPlan
+    from kimidflash.sweep.schedule import measured_schedule
+
+    env = CONFIGS / "cpu-kimi-tiny-eagle3.env"
+    grid = Grid()
+    add_server(grid, "NUM_SPECULATIVE_TOKENS", [1, 3], "t")
+    add_client(grid, "concurrency", [1, 4, 8], "t")
+    plan = SweepPlan(env, points(grid, env), cases(grid), 1)
+    assert {p.family for p in plan.points} == {None, "eagle3"}
+    tps = {("k3", 1): 15.0, ("k1", 1): 13.0, ("k1", 4): 45.0, ("k3", 4): 42.0}  # k=3 alone, k=1 at 4, none at 8
+    rows = [{"point": p.id, "case": c.id, "concurrency": c.concurrency,
+             "output_tps": tps.get((p.id, c.concurrency), 10.0 * c.concurrency if p.id == "none" else 1.0)}
+            for p in plan.points for c in plan.cases]
+    s = measured_schedule(plan, rows, "eagle3")
+    assert [(d["concurrency"], d["k"]) for d in s["by_concurrency"]] == [(1, 3), (4, 1), (8, 0)]
+    assert s["schedule"] == "1-1:3,2-4:1,5-8:0" and s["sets"][0] == "SPECULATIVE_METHOD=eagle3"
+    cfg = load_config(env, dict(kv.split("=", 1) for kv in s["sets"]))
+    assert cfg["SPECULATIVE_METHOD"] == "eagle3" and cfg["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"] == s["schedule"]

@@ -1,5 +1,5 @@
 """The per-batch-size draft schedule a sweep measured: at each concurrency, the
-fastest of a DFlash family's k and no speculation, as NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE.
+fastest of a drafter family's k (DFlash or EAGLE-3) and no speculation, as NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE.
 
 A static k that pays at one user can lose under load (the committed CPU sweep:
 1.26x at c=1, 0.56x at c=8 for k=3), so one k written into best.env is wrong at
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..backends import DRAFT_MODEL_METHODS
 from ..config import SCHEDULE_KEY, Config, Schedule, draft_schedule, format_schedule, load_config, parse_overrides
 from .grid import Plan, Point, families
 
@@ -56,15 +57,17 @@ def _family_rows(rows: list[dict[str, Any]], pts: list[Point]) -> dict[int, list
 
 
 def measured_schedule(plan: Plan, rows: list[dict[str, Any]], family: str | None) -> dict[str, Any] | None:
-    """The schedule of `family` (a DFlash family of the plan) from the summary's rows, or why there is none.
-    None when the family is not one a schedule applies to."""
+    """The schedule of `family` (a family of the plan that drafts with a model: DFlash or EAGLE-3, the
+    methods vLLM's per-batch-size list serves) from the summary's rows, or why there is none. None when
+    the family is not one a schedule applies to."""
     fams = families(plan.points)
     if family not in fams:
         return None
     pts = fams[family]
     cfg = load_config(plan.base_config, dict(pts[-1].overrides))
-    if cfg["SPECULATIVE_METHOD"] != "dflash" or cfg[SCHEDULE_KEY]:
-        return None  # not DFlash, or a schedule measured as a point: nothing to derive
+    method = cfg["SPECULATIVE_METHOD"]
+    if method not in DRAFT_MODEL_METHODS or cfg[SCHEDULE_KEY]:
+        return None  # no draft model (ngram), or a schedule measured as a point: nothing to derive
     if len({c.concurrency for c in plan.cases}) != len(plan.cases):
         return {"family": family, "error": "the client cases vary more than concurrency, so no one k per "
                                            "concurrency can be read; sweep one prompt set, length and session count"}
@@ -91,7 +94,7 @@ def measured_schedule(plan: Plan, rows: list[dict[str, Any]], family: str | None
     sched = ranges(winners, cfg["MAX_NUM_SEQS"])
     rest = [f"{k}={v}" for k, v in pts[-1].overrides
             if k not in ("NUM_SPECULATIVE_TOKENS", "SPECULATIVE_METHOD", SCHEDULE_KEY)]
-    sets = ["SPECULATIVE_METHOD=dflash", *rest, f"NUM_SPECULATIVE_TOKENS={top}",
+    sets = [f"SPECULATIVE_METHOD={method}", *rest, f"NUM_SPECULATIVE_TOKENS={top}",
             f"{SCHEDULE_KEY}={format_schedule(sched)}"]
     load_config(plan.base_config, parse_overrides(sets))  # the rules accept what is written
     return {**out, "schedule": format_schedule(sched), "num_speculative_tokens": top, "sets": sets}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -22,33 +21,16 @@ from ..cpu_reference.generated import PREPARE_KIND
 from ..fsio import write_text_atomic
 from ..prepare import prepare
 from . import device
-from .capture import capture_shards, check_mode
 from .config import TrainConfig
 from .data import load_prompts, read_records
+from .engines import PhaseArgs, engine_for
 from .errors import TrainConfigError
-from .evaluate import evaluate_run
-from .export_run import export_run
 from .manifest import Manifest
-from .plan import check_ours
 from .regen import regen
 from .regen_hf import regen_hf
-from .speculators.capture import capture_offline
-from .speculators.engine import eval_speculators, export_speculators, train_speculators
 from .target import load_tokenizer, target_info
-from .trainer import train
 
 Log = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class PhaseArgs:
-    """The command-line options some phases read."""
-
-    resume: bool = False
-    max_steps: int | None = None
-    max_seconds: float | None = None
-    regen_limit: int | None = None
-    drafter: str | None = None  # eval: an exported drafter instead of the run's checkpoint
 
 
 def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
@@ -78,8 +60,7 @@ def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
         raise TrainConfigError(f"{cfg.drafter_config}: vocab/hidden {shape.vocab_size}/{shape.hidden_size}"
                                f" differ from the target's {vocab}/{hidden}")
     shape.check_target(layers)
-    if cfg.train.engine == "ours":  # refused before hours of regen, not at the first step
-        check_ours(cfg)
+    engine_for(cfg).check(cfg)  # refused before hours of regen, not at the first step
     prompts = load_prompts(cfg.data.prompts, cfg.seed, evaluation_only=evaluation_only(cfg))
     run.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(run).free / 2**30
@@ -128,16 +109,7 @@ def phase_regen(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
 
 
 def phase_capture(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
-    if cfg.train.engine == "speculators":  # speculators' own data set and hidden-state files (speculators/capture.py)
-        log(f"capture: {capture_offline(cfg, run, log=log)}")
-        return
-    mode = check_mode(cfg)
-    if mode != "cache":
-        log(f"capture: mode={mode}, hidden states are computed when training starts "
-            f"({'every batch' if mode == 'stream' else 'once, into memory'}; nothing cached on disk)")
-        return
-    n = capture_shards(cfg, run, log=log)
-    log(f"capture: {n} shards in {run / 'capture'}")
+    log(f"capture: {engine_for(cfg).capture(cfg, run, log)}")
 
 
 def evaluation_only(cfg: TrainConfig) -> bool:
@@ -149,29 +121,16 @@ def phase_train(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
     if evaluation_only(cfg):
         raise TrainConfigError(f"{cfg.path}: data.heldout_fraction is 1, an evaluation-only run: nothing to "
                                "train on (measure a drafter with `eval --drafter DIR`)")
-    if cfg.train.engine == "speculators":
-        train_speculators(cfg, run, args.resume, args.max_steps, log=log)
-        return
-    check_ours(cfg)
-    train(cfg, run, resume=args.resume, stop_at=args.max_steps, log=log, max_seconds=args.max_seconds)
+    engine_for(cfg).train(cfg, run, args, log)
 
 
 def phase_eval(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
     """The checkpoint's offline acceptance (noted in the manifest), or an exported drafter's (--drafter)."""
-    if cfg.train.engine == "speculators":
-        eval_speculators(cfg, run, args.drafter, log=log)
-        return
-    res = evaluate_run(cfg, run, log=log, drafter=args.drafter)
-    if args.drafter is None:
-        Manifest.open(run).note_eval(res)
+    engine_for(cfg).evaluate(cfg, run, args, log)
 
 
 def phase_export(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
-    if cfg.train.engine == "speculators":
-        export_speculators(cfg, run, log=log)
-        return
-    out = export_run(cfg, run, log=log)
-    log(f"export: {out}")
+    log(f"export: {engine_for(cfg).export(cfg, run, log)}")
 
 
 PhaseFn = Callable[[TrainConfig, Path, PhaseArgs, Log], None]

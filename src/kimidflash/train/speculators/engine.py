@@ -122,6 +122,5 @@ def eval_speculators(cfg: TrainConfig, run: Path, drafter: str | None, log: Log 
 def export_speculators(cfg: TrainConfig, run: Path, log: Log = print) -> Path:
     if not cfg.export.out:
         raise TrainConfigError(f"{cfg.path}: export.out is not set")
-    out = _export(cfg, run, Path(cfg.export.out))
-    log(f"export: {out} (from {latest(cfg, run)})")
-    return out
+    log(f"export: from {latest(cfg, run)}")
+    return _export(cfg, run, Path(cfg.export.out))

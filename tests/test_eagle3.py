@@ -237,3 +237,61 @@ def test_a_dflash_config_without_architectures_is_still_named_a_dflash_drafter(t
     (bare / "config.json").write_text(json.dumps({"block_size": 8, "dflash_config": {"target_layer_ids": [0]}}))
     with pytest.raises(ConfigError, match=r"is a DFlash drafter \(dflash_config\); set SPECULATIVE_METHOD=dflash"):
         load_config(tiny_env(tmp_path, extra=f"DRAFT_MODEL_DIR={bare}\n"), environ={})
+
+
+# ---------------------------------------------------------------- heads saved by speculators
+SPECULATORS_HEAD = {  # the layout speculators 0.9.0 saves an EAGLE-3 head in (Eagle3SpeculatorConfig)
+    "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "draft_vocab_size": 16384,
+    "norm_before_residual": True, "norm_before_fc": True, "target_hidden_size": None,
+    "eagle_aux_hidden_state_layer_ids": [2, 15, 27],
+    "speculators_config": {"proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                           "verifier": {"name_or_path": "SmolLM2-135M-Instruct", "architectures": ["LlamaForCausalLM"]}},
+    "transformer_layer_config": {k: v for k, v in LLAMA_HEAD.items() if k not in ("architectures", "eagle_config",
+                                                                                   "draft_vocab_size")},
+}
+
+
+def test_a_speculators_head_is_read_as_vllms_speculators_loader_reads_it():
+    head = Eagle3Head.from_config(SPECULATORS_HEAD)
+    assert (head.architecture, head.attention, head.draft_vocab_size) == ("Eagle3LlamaForCausalLM", "standard", 16384)
+    assert head.aux_ids == (2, 15, 27) and head.target_hidden_size == 576 and head.raw["norm_before_residual"] is True
+    head.check_target(LLAMA_TARGET, "SmolLM2")
+    with pytest.raises(Eagle3Error, match="architectures: .*standard-attention head but .* needs an MLA head"):
+        head.check_target(TINY_TARGET, "the tiny K2.6")
+    qwen = {**SPECULATORS_HEAD, "transformer_layer_config": {**SPECULATORS_HEAD["transformer_layer_config"],
+                                                             "model_type": "qwen3"}}
+    assert Eagle3Head.from_config(qwen).architecture == "Eagle3Qwen3ForCausalLM"
+
+
+@pytest.mark.parametrize("change, field, words", [
+    ({"speculators_model_type": "dflash"}, "speculators_model_type", "another algorithm"),
+    ({"transformer_layer_config": None}, "transformer_layer_config", "expected the head's decoder config"),
+    ({"transformer_layer_config": {"model_type": "deepseek_v3", "hidden_size": 256}},
+     "transformer_layer_config.model_type", "llama or qwen3 layers only"),
+    ({"eagle_aux_hidden_state_layer_ids": [15, 2, 27]}, AUX_IDS, "must rise strictly"),
+])
+def test_a_bad_speculators_head_is_refused_naming_its_field(change, field, words):
+    with pytest.raises(Eagle3Error) as e:
+        Eagle3Head.from_config({**SPECULATORS_HEAD, **change})
+    assert e.value.field == field and words in str(e.value), str(e.value)
+
+
+def test_serve_takes_a_speculators_head_under_eagle3_and_refuses_it_under_dflash(tmp_path):
+    """SmolLM2's config with a speculators-format Llama head and a stand-in target: validated as
+    vLLM would load it; under dflash refused naming the method its checkpoint says."""
+    from kimidflash.config.drafts import draft_method
+
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps(SPECULATORS_HEAD))
+    shapes = {k.replace("midlayer.", "layers.0."): list(v)
+              for k, v in Eagle3Head.from_config(SPECULATORS_HEAD).expected_tensors().items()}
+    write_safetensors_header(head / "model.safetensors", {**shapes, "t2d": [49152]})
+    target = target_dir(tmp_path, LLAMA_TARGET)
+    env = write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'cpu-reference.env'}\nPREPARE_MODELS=none\n"
+                                        f"MODEL_DIR={target}\nDRAFT_MODEL_DIR={head}\nSPECULATIVE_METHOD=eagle3\n"
+                                        "NUM_SPECULATIVE_TOKENS=3\nDRAFT_CONFIG=\n")
+    assert load_config(env, environ={})["SPECULATIVE_METHOD"] == "eagle3"
+    with pytest.raises(ConfigError, match=r"SPECULATIVE_METHOD .*dflash, but .* is an EAGLE-3 head .*set SPECULATIVE_METHOD=eagle3"):
+        load_config(env, {"SPECULATIVE_METHOD": "dflash"}, environ={})
+    assert draft_method({"speculators_model_type": "dflash", "architectures": ["DFlashSpeculator"]}) == "dflash"

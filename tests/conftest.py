@@ -38,3 +38,22 @@ def serving(config: str | Path, *overrides: str, timeout: float = 1200, cmd: lis
 @pytest.fixture(scope="session")
 def cpu_tiny_config() -> Path:
     return CONFIGS / "cpu-tiny.env"
+
+
+# The modules CI runs in a second pytest process beside the rest (.ci/run): image and fresh-clone
+# builds, trees read with vLLM's own code, and tests whose servers are tiny. They mostly wait on
+# pip, debootstrap, Docker and Python imports (one core, or none), which the model-serving and
+# training tests of the first process leave free; run one after the other the suite outgrew CI's
+# hour on two cores. Everything they share with the first process under the cache (venvs, tiny
+# models, downloads, extracted wheels) is made under a lock, so whichever asks first makes it.
+BESIDE = frozenset({
+    "test_docker_slow", "test_readme", "test_backend_selection", "test_patcher_wheels", "test_fp8_p10_patched",
+    "test_draft_attention_kernel", "test_cpu_serve", "test_fleet_slow", "test_eagle3_slow",
+    "test_real_prompt_sources", "test_regen_hf_slow", "test_speculators_export", "test_train_ddp", "test_train_rope",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in BESIDE:
+            item.add_marker(pytest.mark.beside)

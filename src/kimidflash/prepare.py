@@ -18,6 +18,7 @@ from .config import Config
 from .cpu_reference import smollm2
 from .cpu_reference import venv as cpu_venv
 from .cpu_reference.generated import PREPARE_KIND, pair_is_current
+from .fsio import sibling_lock
 from .launch import REPORT_ENV
 from .paths import REPO_ROOT
 
@@ -60,9 +61,15 @@ def prepare(config: Config, log=print) -> None:
     if kind:
         target, draft = Path(config["MODEL_DIR"]), Path(config["DRAFT_MODEL_DIR"])
         if not pair_is_current(config["PREPARE_MODELS"], target, draft):
-            log(f"generating the tiny {kind} pair in {target.parent} (once)")
-            subprocess.run([vllm_python(config), "-m", "kimidflash", "tiny-model", "--kind", kind, str(target),
-                            str(draft)], env=launch_env(config), check=True, stdout=subprocess.DEVNULL)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # A second serve of the same pair waits here, then finds it made: generating it twice would
+            # swap the folder under a server already loading from it.
+            with sibling_lock(target):
+                if not pair_is_current(config["PREPARE_MODELS"], target, draft):
+                    log(f"generating the tiny {kind} pair in {target.parent} (once)")
+                    subprocess.run([vllm_python(config), "-m", "kimidflash", "tiny-model", "--kind", kind,
+                                    str(target), str(draft)], env=launch_env(config), check=True,
+                                   stdout=subprocess.DEVNULL)
     if config["PREPARE_MODELS"] == "smollm2":
         target = Path(config["MODEL_DIR"])
         if not smollm2.read_stamp(target):

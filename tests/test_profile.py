@@ -41,6 +41,9 @@ def test_a_line_that_is_not_a_stack_is_named_an_empty_stack_counts_and_no_sample
         profile.read_collapsed("a;b 3\nnot a stack\n")
     with pytest.raises(BenchError, match="line 1 is not 'STACK COUNT'"):
         profile.read_collapsed("12\n")
+    # a frame read while the process changed may hold a newline: the sample goes on in the next line
+    torn = profile.read_collapsed("a;b 3\nc;garbled\nfrom . import x;d 2\n")
+    assert torn == {("a", "b"): 3, ("c", "garbled\nfrom . import x", "d"): 2}
     # py-spy writes a sample it found no frames for as ' COUNT': it stays in the total
     assert profile.shares(profile.read_collapsed("a;b 3\n 1\n")) == {"a": 0.75, "b": 0.75, profile.NO_STACK: 0.25}
     with pytest.raises(BenchError, match="no samples"):

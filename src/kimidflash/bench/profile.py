@@ -62,16 +62,28 @@ def frame_key(frame: str) -> str:
 
 def read_collapsed(text: str) -> Counter[tuple[str, ...]]:
     """py-spy's raw output ('frame;frame;... COUNT' per line) -> stack -> samples; the 'process ...'
-    frames that --subprocesses adds are dropped, and a sample with no frames counts as NO_STACK."""
+    frames that --subprocesses adds are dropped, and a sample with no frames counts as NO_STACK.
+
+    A line that does not end in a count goes on in the next one: --nonblocking reads the process
+    without pausing it, and a frame read while it changed can hold a newline (seen on a loaded
+    2-core machine: a frame ending in source text, the next line `from . import activation`). The
+    sample still counts; output that ends without a count is refused, naming its first line."""
     stacks: Counter[tuple[str, ...]] = Counter()
+    pending, first = "", 0
     for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        stack, sep, count = line.rpartition(" ")
+        if not pending:
+            if not line.strip():
+                continue
+            first = n
+        pending = f"{pending}\n{line}" if pending else line
+        stack, sep, count = pending.rpartition(" ")
         if not sep or not count.isdigit():
-            raise BenchError(f"py-spy output line {n} is not 'STACK COUNT': {line[:80]!r}")
+            continue
         frames = tuple(frame_key(f) for f in stack.split(";") if f.strip() and not f.startswith("process "))
         stacks[frames or (NO_STACK,)] += int(count)
+        pending = ""
+    if pending:
+        raise BenchError(f"py-spy output line {first} is not 'STACK COUNT': {pending[:80]!r}")
     return stacks
 
 

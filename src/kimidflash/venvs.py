@@ -38,7 +38,6 @@ def ensure_venv(venv: Path, stamp: str, what: str, build: Callable[[Pip], None],
 
     if done():
         return venv
-    venv.parent.mkdir(parents=True, exist_ok=True)
     with sibling_lock(venv):
         if done():
             return venv

@@ -111,7 +111,6 @@ def ensure(model_dir: Path | None = None, log=print) -> Path:
     model_dir = Path(model_dir or default_dir()).expanduser()
     if read_stamp(model_dir):
         return model_dir
-    model_dir.parent.mkdir(parents=True, exist_ok=True)
     with sibling_lock(model_dir):
         if not read_stamp(model_dir):
             convert(model_dir, log=log)

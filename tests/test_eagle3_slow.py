@@ -28,7 +28,7 @@ import pytest
 from kimidflash.config import load_config
 from kimidflash.render import render
 
-from .helpers import CONFIGS
+from .helpers import CONFIGS, api_client
 from .test_cpu_kimi_slow import ASK, SCHEMAS, satisfies, so_far, undone
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def check_served_head(server, head_dir: Path) -> None:
     m = server.metrics()
     drafts = m["vllm:spec_decode_num_drafts_total"]
     assert drafts > 0 and m["vllm:spec_decode_num_draft_tokens_total"] == 3 * drafts
-    with httpx.Client(base_url=server.base_url, timeout=300) as client:
+    with api_client(server.base_url, 300) as client:
         person = chat(client, messages=[{"role": "user", "content": "Describe a person."}], max_tokens=96,
                       chat_template_kwargs={"thinking": False},
                       response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}})

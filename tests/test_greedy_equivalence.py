@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 
 from .conftest import serving
+from .helpers import api_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.extra]
 
@@ -39,7 +39,7 @@ def greedy_outputs(base_url: str) -> list[list[int]]:
         r.raise_for_status()
         return r.json()["choices"][0]["token_ids"]
 
-    with httpx.Client(base_url=base_url, timeout=300) as client, ThreadPoolExecutor(8) as pool:
+    with api_client(base_url, 300) as client, ThreadPoolExecutor(8) as pool:
         return list(pool.map(one, PROMPTS))
 
 

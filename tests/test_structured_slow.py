@@ -27,7 +27,7 @@ import jsonschema
 import pytest
 
 from .conftest import serving
-from .helpers import CONFIGS, ROOT
+from .helpers import CONFIGS, ROOT, api_client
 
 pytestmark = pytest.mark.slow
 
@@ -111,7 +111,7 @@ def collect(method: str) -> dict[str, Any]:
     """One server of `method` (through ./serve.sh): every kind one at a time and eight at once, the
     drafts accepted meanwhile; with a drafter or none, the free-text run; under DFlash, the load."""
     with serving(REFERENCE, "DTYPE=float32", *METHODS[method], cmd=[str(ROOT / "serve.sh")]) as server, \
-            httpx.Client(base_url=server.base_url, timeout=600) as client:
+            api_client(server.base_url, 600) as client:
         before = server.metrics()
         out: dict[Any, Any] = {c: answers(client, c) for c in (1, 8)}
         after = server.metrics()

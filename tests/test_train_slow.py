@@ -27,11 +27,10 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 
 from .conftest import serving
-from .helpers import CONFIGS, ROOT
+from .helpers import CONFIGS, ROOT, api_client
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +49,7 @@ def _chat(base_url: str, model: str, prompts: list[str], max_tokens: int, concur
         r.raise_for_status()
         return r.json()["choices"][0]["token_ids"]
 
-    with httpx.Client(base_url=base_url, timeout=600) as client, ThreadPoolExecutor(concurrency) as pool:
+    with api_client(base_url, 600) as client, ThreadPoolExecutor(concurrency) as pool:
         return list(pool.map(one, prompts))
 
 

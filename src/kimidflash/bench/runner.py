@@ -46,6 +46,13 @@ from .workloads import workload
 __all__ = ["BenchConfig", "BenchError", "Runner", "arun_benchmark", "run_benchmark"]
 
 
+# A kept-alive connection is dropped after this many idle seconds, well inside the 5 s after which
+# vLLM's uvicorn closes one (VLLM_HTTP_TIMEOUT_KEEP_ALIVE). At httpx's default, also 5 s, a request
+# sent as the server closes its connection fails with "Server disconnected without sending a
+# response": a request error the server never saw.
+KEEPALIVE_EXPIRY_S = 2.0
+
+
 @dataclass
 class _State:
     records: list[RequestRecord] = field(default_factory=list)
@@ -239,7 +246,8 @@ class Runner:
         """Preflight, warm-up, /metrics before, every session, /metrics after (settled)."""
         cfg = self.cfg
         assert cfg.concurrency is not None
-        limits = httpx.Limits(max_connections=cfg.concurrency + 4, max_keepalive_connections=cfg.concurrency + 4)
+        limits = httpx.Limits(max_connections=cfg.concurrency + 4, max_keepalive_connections=cfg.concurrency + 4,
+                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
         timeout = httpx.Timeout(connect=10.0, read=cfg.timeout, write=30.0, pool=None)
         w = _Window(metrics_urls=list(cfg.metrics_urls or [metrics_url_for(cfg.base_url)]))
         async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:

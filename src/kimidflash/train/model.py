@@ -140,9 +140,10 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, shape: DrafterShape):
+    """SiLU-gated, no bias (DFlash's Qwen3 layers and EAGLE-3's dense MLP alike)."""
+
+    def __init__(self, H: int, I: int):
         super().__init__()
-        H, I = shape.hidden_size, shape.intermediate_size
         self.gate_proj = nn.Linear(H, I, bias=False)
         self.up_proj = nn.Linear(H, I, bias=False)
         self.down_proj = nn.Linear(I, H, bias=False)
@@ -156,7 +157,7 @@ class Layer(nn.Module):
         super().__init__()
         eps = shape.rms_norm_eps
         self.self_attn = Attention(shape)
-        self.mlp = MLP(shape)
+        self.mlp = MLP(shape.hidden_size, shape.intermediate_size)
         self.input_layernorm = RMSNorm(shape.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, eps)
 

@@ -209,14 +209,13 @@ def write_shard(path: Path, recs: Sequence[Record], source: CaptureSource, label
 
 def capture_shards(cfg: TrainConfig, run: Path, log=print) -> int:
     """Write the shards that are missing (train and held-out records); return the shard count."""
-    shape = cfg.shape()
     train, held = training_records(cfg, run)
     folder = run / "capture"
     folder.mkdir(parents=True, exist_ok=True)
     per = cfg.capture.shard_records
     groups = [train[i:i + per] for i in range(0, len(train), per)] + [held[i:i + per] for i in range(0, len(held), per)]
     label = source_label(cfg)
-    index = {"layer_ids": list(shape.target_layer_ids), "topk": cfg.capture.topk, "source": label, "shards": []}
+    index = {"layer_ids": cfg.capture_layer_ids(), "topk": cfg.capture.topk, "source": label, "shards": []}
     todo = []
     for i, g in enumerate(groups):
         kind = "train" if i < (len(train) + per - 1) // per else "heldout"

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..eagle3 import AUX_IDS, Eagle3Error, Eagle3Head
 from ..paths import cache_dir
 from .errors import TrainConfigError
 from .shape import DrafterShape, read_json_file
@@ -115,6 +116,11 @@ class TrainOptions(_Section):
     # "ours" (this package's trainer: CPU and one device) or "speculators" (vllm-project/speculators under
     # torchrun with FSDP2: Kimi scale; train/speculators/). Both read the same records and export the same drafter.
     engine: str = "ours"
+    # The drafter family: "dflash" (drafter_config is a DFlash shape) or "eagle3" (drafter_config is an
+    # EAGLE-3 head's config.json; our engine only, captured shards: train/eagle3_run.py).
+    method: str = "dflash"
+    ttt_steps: int = 4  # eagle3: draft steps unrolled in training (training-time test)
+    anchor_l2: float = 0.0  # eagle3 fine-tune: L2 pull toward train.init_from_drafter's weights, per step
 
     @classmethod
     def coerce(cls, tc: "TrainOptions | dict[str, Any]") -> "TrainOptions":
@@ -191,7 +197,29 @@ class TrainConfig(_Section):
 
     def shape(self) -> DrafterShape:
         """The drafter shape this config names, loaded and checked."""
+        if self.train.method != "dflash":
+            raise TrainConfigError(f"{self.path}: train.method {self.train.method}: {self.drafter_config} is an "
+                                   "EAGLE-3 head, and this step reads DFlash drafter shapes only")
         return DrafterShape.load(self.drafter_config or "")
+
+    def head(self) -> Eagle3Head:
+        """train.method eagle3: the head config.json drafter_config names, with its auxiliary layers stated."""
+        raw = read_json_file(Path(self.drafter_config or ""), "drafter_config")
+        try:
+            head = Eagle3Head.from_config(raw)
+        except Eagle3Error as exc:
+            raise TrainConfigError(f"{self.drafter_config}: {exc}") from None
+        if head.aux_ids is None or min(head.aux_ids) < 1:
+            raise TrainConfigError(f"{self.drafter_config}: {AUX_IDS} must name the fused layers, each >= 1, to "
+                                   "train a head (capture reads those layers' inputs)")
+        return head
+
+    def capture_layer_ids(self) -> list[int]:
+        """The target layers capture reads, in its convention (id L: decoder layer L's output): a DFlash
+        shape's target_layer_ids, or an EAGLE-3 head's aux ids less one (aux id i is what enters layer i)."""
+        if self.train.method == "eagle3":
+            return [i - 1 for i in self.head().aux_ids or ()]
+        return list(self.shape().target_layer_ids)
 
 
 DEFAULTS: dict[str, Any] = {k: v for k, v in asdict(TrainConfig()).items() if k != "path"}
@@ -202,6 +230,7 @@ _SECTION_CLASSES: dict[str, type] = {"target": TargetOptions, "data": DataOption
                                      "export": ExportOptions, "cluster": ClusterOptions,
                                      "speculators": SpeculatorsOptions}
 ENGINES = ("ours", "speculators")
+METHODS = ("dflash", "eagle3")
 _TYPES = {"int": ((int,), "an integer"), "float": ((int, float), "a number"), "str": ((str,), "a string"),
           "bool": ((bool,), "true or false")}
 
@@ -291,6 +320,8 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConf
         raise TrainConfigError(f"{path}: 'drafter_config' is required")
     if cfg["train"]["engine"] not in ENGINES:
         raise TrainConfigError(f"{path}: train.engine {cfg['train']['engine']!r}: expected one of {', '.join(ENGINES)}")
+    if cfg["train"]["method"] not in METHODS:
+        raise TrainConfigError(f"{path}: train.method {cfg['train']['method']!r}: expected one of {', '.join(METHODS)}")
     if cfg["run_dir"] is None:
         _check(TrainConfig, "name", cfg["name"], f"{path}: name")
         cfg["run_dir"] = str(cache_dir() / "train-runs" / cfg["name"])

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
+from ..checkpoint_layout import text_field
+from ..eagle3 import Eagle3Error
+from . import eagle3_run
 from .capture import capture_shards, check_mode
-from .config import ENGINES, TrainConfig
+from .config import ENGINES, METHODS as CONFIG_METHODS, TrainConfig
 from .errors import TrainConfigError
 from .evaluate import evaluate_run
 from .export_run import export_run
@@ -62,6 +65,73 @@ class Engine(Protocol):
     def export(self, cfg: TrainConfig, run: Path, log: Log) -> Path: ...
 
 
+def _dflash_drafter(cfg: TrainConfig, tconf: dict, tok: Any) -> tuple[dict, dict | None]:
+    shape = cfg.shape()
+    vocab, hidden, layers = (text_field(tconf, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers"))
+    mask = shape.mask_token_id
+    if not 0 <= mask < vocab:
+        raise TrainConfigError(f"{cfg.drafter_config}: mask_token_id {mask} outside the target's vocab")
+    if shape.vocab_size != vocab or shape.hidden_size != hidden:
+        raise TrainConfigError(f"{cfg.drafter_config}: vocab/hidden {shape.vocab_size}/{shape.hidden_size}"
+                               f" differ from the target's {vocab}/{hidden}")
+    shape.check_target(layers)
+    if cfg.train.anchor_l2:
+        raise TrainConfigError(f"{cfg.path}: train.anchor_l2 is for EAGLE-3 fine-tunes (train.method eagle3)")
+    return shape.as_dict(), {"id": mask, "token": tok.convert_ids_to_tokens(mask)}
+
+
+def _eagle3_drafter(cfg: TrainConfig, tconf: dict, tok: Any) -> tuple[dict, dict | None]:
+    head = cfg.head()
+    try:
+        head.check_target(tconf, "the target")
+    except Eagle3Error as exc:
+        raise TrainConfigError(f"{cfg.drafter_config}: {exc}") from None
+    if cfg.train.anchor_l2 and not cfg.train.init_from_drafter:
+        raise TrainConfigError(f"{cfg.path}: train.anchor_l2 pulls toward train.init_from_drafter's weights: "
+                               "set it, or anchor_l2 0")
+    if cfg.train.ttt_steps < 1:
+        raise TrainConfigError(f"{cfg.path}: train.ttt_steps {cfg.train.ttt_steps}: expected >= 1")
+    return dict(head.raw), None
+
+
+@dataclass(frozen=True)
+class Method:
+    """How our engine trains one drafter family (`train.method`)."""
+
+    check_drafter: Callable[[TrainConfig, dict, Any], tuple[dict, "dict | None"]]  # -> (its JSON, mask token)
+    train: Callable[[TrainConfig, Path, PhaseArgs, Log], Any]
+    evaluate: Callable[[TrainConfig, Path, PhaseArgs, Log], dict]
+    export: Callable[[TrainConfig, Path, Log], Path]
+
+
+def _dflash_eval(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log) -> dict:
+    return evaluate_run(cfg, run, log=log, drafter=args.drafter)
+
+
+def _eagle3_eval(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log) -> dict:
+    if args.drafter is not None:
+        raise TrainConfigError("eval --drafter measures exported DFlash drafters; an EAGLE-3 run measures its "
+                               "own checkpoint")
+    return eagle3_run.evaluate(cfg, run, log=log)
+
+
+METHODS: dict[str, Method] = {
+    "dflash": Method(_dflash_drafter,
+                     lambda cfg, run, a, log: train(cfg, run, resume=a.resume, stop_at=a.max_steps, log=log,
+                                                    max_seconds=a.max_seconds),
+                     _dflash_eval, lambda cfg, run, log: export_run(cfg, run, log=log)),
+    "eagle3": Method(_eagle3_drafter,
+                     lambda cfg, run, a, log: eagle3_run.train(cfg, run, a.resume, a.max_steps, log=log,
+                                                               max_seconds=a.max_seconds),
+                     _eagle3_eval, lambda cfg, run, log: eagle3_run.export(cfg, run, log=log)),
+}
+assert tuple(METHODS) == CONFIG_METHODS, "config.METHODS names the families this table holds, in its order"
+
+
+def method_for(cfg: TrainConfig) -> Method:
+    return METHODS[cfg.train.method]  # config.load refuses any other
+
+
 class Ours:
     name = "ours"
 
@@ -77,23 +147,27 @@ class Ours:
 
     def train(self, cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log) -> None:
         check_ours(cfg)
-        train(cfg, run, resume=args.resume, stop_at=args.max_steps, log=log, max_seconds=args.max_seconds)
+        method_for(cfg).train(cfg, run, args, log)
 
     def evaluate(self, cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log) -> dict:
-        res = evaluate_run(cfg, run, log=log, drafter=args.drafter)
+        res = method_for(cfg).evaluate(cfg, run, args, log)
         if args.drafter is None:
             Manifest.open(run).note_eval(res)
         return res
 
     def export(self, cfg: TrainConfig, run: Path, log: Log) -> Path:
-        return export_run(cfg, run, log=log)
+        return method_for(cfg).export(cfg, run, log)
 
 
 class Speculators:
     name = "speculators"
 
     def check(self, cfg: TrainConfig) -> None:
-        """Nothing beyond the config's own checks: the train phase refuses a run with no GPU and no dry run."""
+        """The config's own checks, and DFlash only: the train phase refuses a run with no GPU and no dry run."""
+        if cfg.train.method != "dflash":
+            raise TrainConfigError(f"{cfg.path}: train.engine speculators trains DFlash drafters here; "
+                                   f"train.method {cfg.train.method} runs on train.engine ours (speculators 0.9.0 "
+                                   "trains EAGLE-3 heads with Llama and Qwen3 layers only, not MLA)")
 
     def capture(self, cfg: TrainConfig, run: Path, log: Log) -> str:
         return str(capture_offline(cfg, run, log=log))

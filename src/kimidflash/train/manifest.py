@@ -22,7 +22,6 @@ from ..fsio import git_info, sha256_file, utc_now, write_json_atomic
 from ..paths import REPO_ROOT, portable
 from .config import PATH_KEYS
 from .data import read_records
-from .shape import DrafterShape
 
 
 def versions() -> dict[str, str | None]:
@@ -66,19 +65,21 @@ class Manifest:
         self.data["updated"] = utc_now()
         write_json_atomic(self.path, self.data)
 
-    def set_setup(self, cfg: dict[str, Any], shape: DrafterShape, target: Path, mask_token: str,
+    def set_setup(self, cfg: dict[str, Any], drafter: dict[str, Any], target: Path, mask: dict[str, Any] | None,
                   n_prompts: int) -> None:
-        """`cfg`: the training config's JSON form (TrainConfig.as_dict())."""
+        """`cfg`: the training config's JSON form (TrainConfig.as_dict()); `drafter`: the drafter config's
+        JSON; `mask`: a DFlash drafter's mask token ({id, token}), None for an EAGLE-3 head."""
         stamp = target / ".kimidflash-smollm2.json"
         self.data.setdefault("created", utc_now())
         self.data["config"] = portable_config(cfg)
         self.data["config_file"] = portable(cfg["_path"])
-        self.data["drafter_shape"] = shape.as_dict()
+        self.data["drafter_shape"] = drafter
         self.data["seed"] = cfg["seed"]
         self.data["target"] = {"dir": portable(target),
                                "config_sha256": sha256_file(target / "config.json"),
                                "origin": json.loads(stamp.read_text()) if stamp.is_file() else None}
-        self.data["mask_token"] = {"id": shape.mask_token_id, "token": mask_token}
+        if mask is not None:
+            self.data["mask_token"] = mask
         self.data["prompts"] = {"source": portable(cfg["data"]["prompts"]), "count": n_prompts}
         self.data["versions"] = versions()
         self.save()

@@ -23,7 +23,7 @@ from ..prepare import prepare
 from . import device
 from .config import TrainConfig
 from .data import load_prompts, read_records
-from .engines import PhaseArgs, engine_for
+from .engines import PhaseArgs, engine_for, method_for
 from .errors import TrainConfigError
 from .manifest import Manifest
 from .regen import regen
@@ -38,7 +38,6 @@ def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
 
     The target's numbers are its text model's (checkpoint_layout.text_field: Kimi K2.6 nests them
     under text_config), and its tokenizer is loaded as the serve config says (target.load_tokenizer)."""
-    shape = cfg.shape()
     info = target_info(cfg)
     target = Path(info.model_dir)
     if info.prepare == "smollm2":
@@ -53,13 +52,7 @@ def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
         raise TrainConfigError(f"{target}/config.json: no vocab_size, hidden_size and num_hidden_layers at the top "
                                "level or under text_config")
     tok = load_tokenizer(info)
-    mask = shape.mask_token_id
-    if not 0 <= mask < vocab:
-        raise TrainConfigError(f"{cfg.drafter_config}: mask_token_id {mask} outside the target's vocab")
-    if shape.vocab_size != vocab or shape.hidden_size != hidden:
-        raise TrainConfigError(f"{cfg.drafter_config}: vocab/hidden {shape.vocab_size}/{shape.hidden_size}"
-                               f" differ from the target's {vocab}/{hidden}")
-    shape.check_target(layers)
+    drafter, mask = method_for(cfg).check_drafter(cfg, tconf, tok)
     engine_for(cfg).check(cfg)  # refused before hours of regen, not at the first step
     prompts = load_prompts(cfg.data.prompts, cfg.seed, evaluation_only=evaluation_only(cfg))
     run.mkdir(parents=True, exist_ok=True)
@@ -67,9 +60,10 @@ def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
     if free < cfg.data.min_free_disk_gb:
         raise TrainConfigError(f"{run}: {free:.1f} GiB free, config asks for {cfg.data.min_free_disk_gb}")
     write_text_atomic(run / "prompts.jsonl", "".join(json.dumps(p) + "\n" for p in prompts))
-    Manifest.open(run).set_setup(cfg.as_dict(), shape, target, tok.convert_ids_to_tokens(mask), len(prompts))
-    log(f"setup: run folder {run}; {len(prompts)} prompts; target {target}; mask token {mask} "
-        f"({tok.convert_ids_to_tokens(mask)!r}); {free:.0f} GiB free")
+    Manifest.open(run).set_setup(cfg.as_dict(), drafter, target, mask, len(prompts))
+    log(f"setup: run folder {run}; {len(prompts)} prompts; target {target}; "
+        + (f"mask token {mask['id']} ({mask['token']!r}); " if mask else f"{cfg.train.method} drafter; ")
+        + f"{free:.0f} GiB free")
 
 
 def phase_regen(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:

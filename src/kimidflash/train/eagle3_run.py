@@ -1,0 +1,285 @@
+"""train.method eagle3 with our engine: train, eval and export an EAGLE-3 head on a run's shards.
+
+* Data: the capture phase's shards (capture.mode cache), at the head's auxiliary layers
+  (TrainConfig.capture_layer_ids): the same regenerated records a DFlash drafter trains on.
+* Draft vocabulary: the head's `draft_vocab_size` tokens the training answers use most
+  (draft_vocab.choose, all by frequency, then lowest ids), or, for a fine-tune, the vocabulary of
+  the head it starts from. The LM head starts from the target's rows of those tokens.
+* Objective: eagle3_ttt.ttt_loss over `train.ttt_steps` steps, step j weighted exp(-j / gamma).
+* Fine-tune (`train.init_from_drafter`: an exported head): every tensor from it, and with
+  `train.anchor_l2` > 0 a penalty anchor_l2 * |w - w_init|^2 summed over the weights, which keeps
+  the fine-tune near what already drafts well on other traffic (seed 002's guard against
+  over-specialising).
+* Checkpoints: last.pt every `checkpoint_every` steps and at the end (model, optimizer, schedule,
+  step, history, RNG: `--resume` continues exactly); with held-out records, the held-out loss at
+  each checkpoint, and best.pt where it was lowest. Eval and export take best.pt when there is one.
+* One process (CPU or one device); no DDP here.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..fsio import write_json_atomic, write_text_atomic
+from ..paths import portable
+from . import device as dev
+from .capture import ShardStore, training_records
+from .config import TrainConfig
+from .draft_vocab import choose, coverage
+from .eagle3_model import Eagle3Drafter
+from .eagle3_ttt import draft_chains, ttt_loss
+from .errors import TrainConfigError
+from .evaluate import acceptance_lengths, eval_anchors, summarize, walk
+from .export_eagle3 import export_head
+from .manifest import Manifest, portable_train
+from .progress import bar
+from .target import target_info
+from .target_weights import load_target_head
+from .trainer import atomic_save, lr_lambda
+
+Log = Callable[[str], None]
+Seq = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _stores(cfg: TrainConfig, run: Path) -> tuple[ShardStore, ShardStore | None]:
+    if cfg.capture.mode != "cache":
+        raise TrainConfigError(f"{cfg.path}: train.method eagle3 trains on captured shards: set capture.mode=cache")
+    folder = run / "capture"
+    if not (folder / "index.json").is_file():
+        raise TrainConfigError(f"{folder}: no captured shards; run the capture phase")
+    want = cfg.capture_layer_ids()
+    have = json.loads((folder / "index.json").read_text())["layer_ids"]
+    if have != want:
+        raise TrainConfigError(f"{folder}: shards hold layers {have}, the head fuses {want} (aux ids - 1): "
+                               "capture again")
+    train, held = ShardStore(folder, "train"), ShardStore(folder, "heldout")
+    if not len(train):
+        raise TrainConfigError(f"{run}: no captured training records; run the capture phase")
+    return train, (held if len(held) else None)
+
+
+def pad(seqs: list[Seq]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """tokens, loss masks [N, T], lengths [N], features [N, T, nH], right-padded with zeros."""
+    T = max(len(s[0]) for s in seqs)
+    tokens = torch.zeros(len(seqs), T, dtype=torch.long)
+    masks = torch.zeros(len(seqs), T, dtype=torch.long)
+    feats = torch.zeros(len(seqs), T, seqs[0][2].shape[-1], dtype=torch.float32)
+    for n, (ids, lm, f) in enumerate(seqs):
+        tokens[n, :len(ids)], masks[n, :len(ids)], feats[n, :len(ids)] = ids, lm, f.float()
+    return tokens, masks, torch.tensor([len(s[0]) for s in seqs]), feats
+
+
+def _init_tensors(path: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    f = Path(path) / "model.safetensors"
+    if not f.is_file():
+        raise TrainConfigError(f"train.init_from_drafter: {f} not found (an exported EAGLE-3 head)")
+    return {k: v.float() if k != "d2t" else v.long() for k, v in load_file(str(f)).items()}
+
+
+def build(cfg: TrainConfig, run: Path) -> tuple[Eagle3Drafter, dict[str, torch.Tensor] | None]:
+    """The head to train (seeded init, or the fine-tune's start) and the weights an anchor pulls toward."""
+    head, tc = cfg.head(), cfg.train
+    embed, target_head = load_target_head(target_info(cfg).model_dir)
+    init = _init_tensors(tc.init_from_drafter) if tc.init_from_drafter else None
+    if init is not None and "d2t" in init:
+        ids = init["d2t"] + torch.arange(len(init["d2t"]))
+    elif head.draft_vocab_size < head.vocab_size:
+        ids = choose(training_records(cfg, run)[0], head.draft_vocab_size, head.vocab_size, frequent=1.0)
+    else:
+        ids = None
+    model = Eagle3Drafter(head, embed, len(head.aux_ids or ()), ids)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name == "lm_head.weight":
+                p.copy_(target_head[model.draft_ids])
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * tc.init_std)
+    if init is not None:
+        missing = sorted(set(model.state_dict()) - set(init))
+        extra = sorted(set(init) - set(model.state_dict()))
+        if missing or extra:
+            raise TrainConfigError(f"train.init_from_drafter {tc.init_from_drafter}: "
+                                   + (f"has no {missing[0]}" if missing else f"has {extra[0]}, which this head lacks"))
+        model.load_state_dict(init, strict=True)
+    anchor = {n: p.detach().clone() for n, p in model.named_parameters()} if init is not None and tc.anchor_l2 else None
+    return model, anchor
+
+
+def _t2d(model: Eagle3Drafter) -> torch.Tensor:
+    t2d = torch.full((model.head.vocab_size,), -1, dtype=torch.long)
+    t2d[model.draft_ids] = torch.arange(len(model.draft_ids))
+    return t2d
+
+
+def _loss(model: Eagle3Drafter, seqs: list[Seq], cfg: TrainConfig, t2d: torch.Tensor,
+          device: torch.device) -> tuple[torch.Tensor, dict[str, float]]:
+    tokens, masks, lengths, feats = (t.to(device) for t in pad(seqs))
+    with dev.autocast(device, cfg.train.autocast):
+        return ttt_loss(model, tokens, masks, lengths, feats, cfg.train.ttt_steps, cfg.train.gamma, t2d.to(device))
+
+
+@torch.no_grad()
+def heldout_loss(model: Eagle3Drafter, store: ShardStore, cfg: TrainConfig, t2d: torch.Tensor,
+                 device: torch.device) -> float:
+    losses = [_loss(model, [store.get(i) for i in range(s, min(s + 4, len(store)))], cfg, t2d, device)[0].item()
+              for s in range(0, len(store), 4)]
+    return sum(losses) / len(losses)
+
+
+def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None, log: Log = print,
+          max_seconds: float | None = None) -> dict[str, Any]:
+    tc = cfg.train
+    store, held = _stores(cfg, run)
+    ckpt = run / "checkpoints"
+    last, best_path = ckpt / "last.pt", ckpt / "best.pt"
+    if not resume and last.is_file():
+        raise TrainConfigError(f"{last} exists: pass --resume to continue it, or remove it")
+    device = dev.resolve(tc.device)
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    model, anchor = build(cfg, run)
+    model.to(device)
+    t2d = _t2d(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, tc.warmup_steps, tc.steps, tc.min_lr_ratio))
+    gen = torch.Generator().manual_seed(cfg.seed * 1000 + 17)
+    step, history, best = 0, [], float("inf")
+    if resume and last.is_file():
+        st = dev.load_to_cpu(last)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["optimizer"])
+        sched.load_state_dict(st["scheduler"])
+        gen.set_state(st["rng"]["data"])
+        torch.set_rng_state(st["rng"]["torch"])
+        random.setstate(st["rng"]["python"])
+        step, history, best = st["step"], st["history"], st["best_heldout_loss"]
+        log(f"train: resumed at step {step} from {last}")
+    ckpt.mkdir(parents=True, exist_ok=True)
+    end = tc.steps if stop_at is None else min(tc.steps, stop_at)
+    t0 = time.monotonic()
+    with bar("train", tc.steps, start=step) as advance:
+        while step < end:
+            idx = torch.randint(len(store), (tc.batch_size,), generator=gen).tolist()
+            loss, info = _loss(model, [store.get(i) for i in idx], cfg, t2d, device)
+            if anchor is not None:
+                loss = loss + tc.anchor_l2 * sum(((p - anchor[n].to(device)) ** 2).sum()
+                                                 for n, p in model.named_parameters())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip) if tc.grad_clip else torch.tensor(0.0)
+            opt.step()
+            sched.step()
+            step += 1
+            row = {"step": step, "loss": round(loss.item(), 5), "acc1": round(info.get("acc0", float("nan")), 4),
+                   "lr": sched.get_last_lr()[0], "grad_norm": round(float(gn), 4)}
+            advance(loss=f"{loss.item():.3f}", acc1=f"{row['acc1']:.2f}")
+            out_of_time = max_seconds is not None and time.monotonic() - t0 >= max_seconds
+            save = step % tc.checkpoint_every == 0 or step == end or out_of_time
+            if save and held is not None:
+                row["heldout_loss"] = round(heldout_loss(model, held, cfg, t2d, device), 5)
+                if row["heldout_loss"] < best:
+                    best = row["heldout_loss"]
+                    atomic_save({"model": model.state_dict(), "step": step, "heldout_loss": best}, best_path)
+            history.append(row)
+            if save:
+                atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                             "scheduler": sched.state_dict(), "step": step, "history": history,
+                             "best_heldout_loss": best, "head": dict(model.head.raw),
+                             "rng": {"data": gen.get_state(), "torch": torch.get_rng_state(),
+                                     "python": random.getstate()}}, last)
+            if out_of_time:
+                break
+    tail = history[-50:]
+    mean = sum(h["loss"] for h in tail) / max(1, len(tail))
+    Manifest.open(run).note("train", {
+        "method": "eagle3", "steps_done": step, "steps_planned": tc.steps, "records": len(store),
+        "final_loss_mean_last50": mean, "best_heldout_loss": None if best == float("inf") else best,
+        "config": portable_train(tc), "device": dev.describe(device), "chunk_seconds": round(time.monotonic() - t0, 1),
+        "draft_vocab_answer_coverage": coverage(training_records(cfg, run)[0], model.draft_ids.cpu())})
+    write_text_atomic(run / "loss-history.json", json.dumps(history) + "\n")
+    log(f"train: step {step}/{tc.steps}, mean loss of the last {len(tail)} steps {mean:.3f}"
+        + ("" if best == float("inf") else f"; best held-out loss {best:.4f}"))
+    return {"model": model, "step": step, "history": history}
+
+
+def kept(cfg: TrainConfig, run: Path) -> tuple[Eagle3Drafter, dict[str, Any], str]:
+    """The head to measure and export: best.pt (lowest held-out loss) when there is one, else last.pt."""
+    ckpt = run / "checkpoints"
+    which = "best.pt" if (ckpt / "best.pt").is_file() else "last.pt"
+    if not (ckpt / which).is_file():
+        raise TrainConfigError(f"{ckpt / which}: no checkpoint; run the train phase")
+    st = dev.load_to_cpu(ckpt / which)
+    model, _ = build(cfg, run)
+    model.load_state_dict(st["model"])
+    return model.eval(), st, which
+
+
+@torch.no_grad()
+def offline_acceptance(model: Eagle3Drafter, store: ShardStore, k: int, max_records: int) -> dict[str, Any]:
+    """eval.py's measure for a head: at each anchor a (row a - 1), 1 + the leading drafts equal to
+    the target's x_{a+1..a+k}; and the walk a server would take over those lengths."""
+    lengths, walked = [], []
+    for i in range(min(max_records, len(store))):
+        ids, lm, f = store.get(i)
+        anchors = eval_anchors(lm, k)
+        anchors = anchors[anchors >= 1]
+        if not len(anchors):
+            continue
+        chains = draft_chains(model, ids[None], f.float()[None], k)[0]
+        truth = torch.stack([ids[anchors + 1 + j] for j in range(k)], -1)
+        lengths.append(acceptance_lengths(chains[anchors - 1], truth))
+        walked.append(walk(anchors, lengths[-1]))
+    empty = torch.zeros(0, dtype=torch.long)
+    return {**summarize(torch.cat(lengths) if lengths else empty, k),
+            "walk": summarize(torch.cat(walked) if walked else empty, k)}
+
+
+def evaluate(cfg: TrainConfig, run: Path, log: Log = print) -> dict[str, Any]:
+    model, st, which = kept(cfg, run)
+    store = ShardStore(run / "capture", "train" if cfg.eval.split == "train" else "heldout")
+    if not len(store):
+        raise TrainConfigError(f"{run}: no {cfg.eval.split} records captured")
+    res: dict[str, Any] = {"step": st["step"], "checkpoint": which, "split": cfg.eval.split,
+                           "records": min(len(store), cfg.eval.max_records),
+                           "definition": "teacher-forced against the target's greedy continuation, ttt steps "
+                                         "as a server drafts them; walk: only the anchors a server would draft at",
+                           "by_k": {}}
+    for k in cfg.eval.k:
+        r = offline_acceptance(model, store, k, cfg.eval.max_records)
+        res["by_k"][str(k)] = r
+        log(f"eval: k={k} offline mean acceptance length {r['mean_acceptance_length']} over {r['drafts']} drafts; "
+            f"per position {r['per_position']}; as a server walks {r['walk']['mean_acceptance_length']}")
+    write_json_atomic(run / "eval.json", res)
+    return res
+
+
+def export(cfg: TrainConfig, run: Path, log: Log = print) -> Path:
+    if not cfg.export.out:
+        raise TrainConfigError(f"{cfg.path}: export.out is not set")
+    model, st, which = kept(cfg, run)
+    config = {k: v for k, v in model.head.raw.items() if k != "torch_dtype"}
+    config["draft_vocab_size"] = len(model.draft_ids)
+    extras = {"manifest.json": (run / "manifest.json").read_bytes()}
+    ev = run / "eval.json"
+    if ev.is_file() and json.loads(ev.read_text()).get("step") == st["step"]:
+        extras["offline-acceptance.json"] = ev.read_bytes()
+    if (run / "loss-history.json").is_file():
+        extras["loss-history.json"] = (run / "loss-history.json").read_bytes()
+    extras["README.md"] = (f"# {cfg.name}: an EAGLE-3 head trained by `./train-drafter.sh`\n\n"
+                           f"- head config: `{Path(cfg.drafter_config or '').name}`; step {st['step']} ({which}), "
+                           f"{cfg.train.ttt_steps} TTT steps; run folder `{portable(run)}`\n").encode()
+    out = export_head(model.state_dict(), config, Path(cfg.export.out), cfg.export.dtype, extras)
+    log(f"export: {which} (step {st['step']}) as an EAGLE-3 head")
+    return out

@@ -118,3 +118,45 @@ def test_overfit_gate_offline_and_online_acceptance_agree(tmp_path, gate):
         assert abs(r["online"] - r["offline_walk"]) <= 0.1 * r["offline_walk"], records
     # the smaller vocabulary did leave answer tokens out, so the agreement above is a test of it
     assert records[out_dv.name]["offline_walk"] < 0.9 * records[out.name]["offline_walk"], records
+
+
+def test_eagle3_overfit_gate_on_the_tiny_k26_online_and_offline_acceptance_agree(tmp_path):
+    """train.method eagle3 on Kimi K2.6's own shape: a head shaped as lightseekorg's (one MLA layer,
+    kimi_k2 in its config, a draft vocabulary) trained by training-time test on the tiny K2.6's own
+    answers, exported, then served by vLLM with SPECULATIVE_METHOD=eagle3: vLLM accepts what the
+    offline walk predicts (within 15%), at least 2.5 tokens a step at k=3, and changes no token."""
+    from kimidflash.config import load_config
+    from kimidflash.eagle3 import Eagle3Head
+
+    gate = CONFIGS / "train-kimi-tiny-eagle3-overfit-gate.json"
+    out, run = tmp_path / "head", tmp_path / "run"
+    env = {**os.environ, "KIMIDFLASH_PYTHON": sys.executable}
+    proc = subprocess.run([str(ROOT / "train-drafter.sh"), str(gate), "--run-dir", str(run), "--set",
+                           f"export.out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=3600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ev = json.loads((run / "eval.json").read_text())["by_k"][str(GATE_K)]
+    assert ev["mean_acceptance_length"] >= 3.0, ev
+    head = Eagle3Head.from_config(json.loads((out / "config.json").read_text()))
+    assert head.attention == "mla" and head.model_type == "kimi_k2" and head.draft_vocab_size == 512
+    cfg = json.loads(gate.read_text())
+    serve_config = CONFIGS / "cpu-kimi-tiny-eagle3.env"
+    model = load_config(serve_config, {}, environ={}).values["SERVED_MODEL_NAME"]
+    prompts = [json.loads(l)["prompt"] for l in (run / "prompts.jsonl").read_text().splitlines()]
+    regen = {json.loads(l)["prompt"]: json.loads(l) for l in (run / "regen.jsonl").read_text().splitlines()}
+    with serving(serve_config, f"DRAFT_MODEL_DIR={out}", f"NUM_SPECULATIVE_TOKENS={GATE_K}") as server:
+        before = server.metrics()
+        got = _chat(server.base_url, model, prompts, cfg["regen"]["max_tokens"], cfg["regen"]["concurrency"])
+        after = server.metrics()
+    drafts = after["vllm:spec_decode_num_drafts_total"] - before.get("vllm:spec_decode_num_drafts_total", 0)
+    accepted = (after["vllm:spec_decode_num_accepted_tokens_total"]
+                - before.get("vllm:spec_decode_num_accepted_tokens_total", 0))
+    same = sum(g == [t for t, m in zip(regen[p]["input_ids"], regen[p]["loss_mask"]) if m]
+               for p, g in zip(prompts, got))
+    result = {"offline_walk": ev["walk"]["mean_acceptance_length"], "online": 1 + accepted / drafts,
+              "drafts": drafts, "accepted": accepted, "k": GATE_K, "replayed_identical_to_regen": same,
+              "prompts": len(prompts)}
+    (run / "gate-result.json").write_text(json.dumps(result, indent=2) + "\n")
+    print("eagle3 overfit gate:", json.dumps(result))
+    assert same == len(prompts), result  # float32 greedy: speculation changed no token
+    assert result["online"] >= 2.5, result
+    assert abs(result["online"] - result["offline_walk"]) <= 0.15 * result["offline_walk"], result

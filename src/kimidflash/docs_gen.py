@@ -156,7 +156,7 @@ def capture_paths() -> list[tuple[str, dict]]:
         tc = train_config.load(path)
         if tc.capture.source != "vllm" or not tc.target.serve_config:
             continue
-        over = capture_overrides(tc, list(tc.shape().target_layer_ids), "/run/capture/vllm-states")
+        over = capture_overrides(tc, tc.capture_layer_ids(), "/run/capture/vllm-states")
         values = load_config(tc.target.serve_config, parse_overrides(over), environ={}).values
         out.append((f"{path.name} capture ({Path(tc.target.serve_config).name})", values))
     return out

@@ -223,6 +223,8 @@ def kept(cfg: TrainConfig, run: Path) -> tuple[Eagle3Drafter, dict[str, Any], st
     st = dev.load_to_cpu(ckpt / which)
     model, _ = build(cfg, run)
     model.load_state_dict(st["model"])
+    if "d2t" in st["model"]:  # the vocabulary it trained with, whatever the records now say
+        model.draft_ids = st["model"]["d2t"] + torch.arange(len(st["model"]["d2t"]))
     return model.eval(), st, which
 
 

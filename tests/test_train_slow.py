@@ -53,6 +53,24 @@ def _chat(base_url: str, model: str, prompts: list[str], max_tokens: int, concur
         return list(pool.map(one, prompts))
 
 
+def _replay(serve_config, overrides: list[str], model: str, run, cfg: dict) -> dict:
+    """The run's prompts served with `overrides`: drafts and accepted tokens from vLLM's counters, and
+    how many replies equal the regenerated answers (float32 greedy: speculation changes no token)."""
+    prompts = [json.loads(l)["prompt"] for l in (run / "prompts.jsonl").read_text().splitlines()]
+    regen = {json.loads(l)["prompt"]: json.loads(l) for l in (run / "regen.jsonl").read_text().splitlines()}
+    with serving(serve_config, *overrides) as server:
+        before = server.metrics()
+        got = _chat(server.base_url, model, prompts, cfg["regen"]["max_tokens"], cfg["regen"]["concurrency"])
+        after = server.metrics()
+    drafts = after["vllm:spec_decode_num_drafts_total"] - before.get("vllm:spec_decode_num_drafts_total", 0)
+    accepted = (after["vllm:spec_decode_num_accepted_tokens_total"]
+                - before.get("vllm:spec_decode_num_accepted_tokens_total", 0))
+    same = sum(g == [t for t, m in zip(regen[p]["input_ids"], regen[p]["loss_mask"]) if m]
+               for p, g in zip(prompts, got))
+    return {"online": 1 + accepted / drafts, "drafts": drafts, "accepted": accepted,
+            "replayed_identical_to_regen": same, "prompts": len(prompts)}
+
+
 @pytest.mark.parametrize("gate", [CONFIGS / "train-kimi-tiny-overfit-gate.json",
                                   pytest.param(CONFIGS / "train-overfit-gate.json", marks=pytest.mark.extra)],
                          ids=lambda p: p.stem)
@@ -90,28 +108,16 @@ def test_overfit_gate_offline_and_online_acceptance_agree(tmp_path, gate):
     assert json.loads((out_dv / "config.json").read_text())["draft_vocab_size"] == DV_TOKENS
     serve_config = CONFIGS / cfg["target"]["serve_config"]
     model = load_config(serve_config, {}, environ={}).values["SERVED_MODEL_NAME"]
-    prompts = [json.loads(l)["prompt"] for l in (run / "prompts.jsonl").read_text().splitlines()]
-    regen = {json.loads(l)["prompt"]: json.loads(l) for l in (run / "regen.jsonl").read_text().splitlines()}
     # what a server's walk over the same answers accepts: the figure vLLM's counters measure
     walks = {d.name: json.loads((run / f).read_text())["by_k"][str(GATE_K)]["walk"]["mean_acceptance_length"]
              for d, f in ((out, "eval.json"), (out_dv, f"eval-{out_dv.name}.json"))}
     records = {}
     for drafter in (out, out_dv):
-        with serving(serve_config, f"DRAFT_MODEL_DIR={drafter}", f"NUM_SPECULATIVE_TOKENS={GATE_K}",
+        overrides = [f"DRAFT_MODEL_DIR={drafter}", f"NUM_SPECULATIVE_TOKENS={GATE_K}",
                      *[s for s in cfg["target"]["serve_overrides"] if not s.startswith("SPECULATIVE_METHOD")],
-                     "SPECULATIVE_METHOD=dflash") as server:
-            before = server.metrics()
-            got = _chat(server.base_url, model, prompts, cfg["regen"]["max_tokens"],
-                        cfg["regen"]["concurrency"])
-            after = server.metrics()
-        drafts = after["vllm:spec_decode_num_drafts_total"] - before.get("vllm:spec_decode_num_drafts_total", 0)
-        accepted = (after["vllm:spec_decode_num_accepted_tokens_total"]
-                    - before.get("vllm:spec_decode_num_accepted_tokens_total", 0))
-        same = sum(g == [t for t, m in zip(regen[p]["input_ids"], regen[p]["loss_mask"]) if m]
-                   for p, g in zip(prompts, got))
-        records[drafter.name] = {"offline_walk": walks[drafter.name], "online": 1 + accepted / drafts, "drafts": drafts,
-                                 "accepted": accepted, "k": GATE_K, "train_steps": ev["step"],
-                                 "replayed_identical_to_regen": same, "prompts": len(prompts)}
+                     "SPECULATIVE_METHOD=dflash"]
+        records[drafter.name] = {"offline_walk": walks[drafter.name], "k": GATE_K, "train_steps": ev["step"],
+                                 **_replay(serve_config, overrides, model, run, cfg)}
     (run / "gate-result.json").write_text(json.dumps(records, indent=2) + "\n")  # kept by pytest's tmp_path
     print("overfit gate:", json.dumps(records))
     for r in records.values():
@@ -141,22 +147,10 @@ def test_eagle3_overfit_gate_on_the_tiny_k26_online_and_offline_acceptance_agree
     cfg = json.loads(gate.read_text())
     serve_config = CONFIGS / "cpu-kimi-tiny-eagle3.env"
     model = load_config(serve_config, {}, environ={}).values["SERVED_MODEL_NAME"]
-    prompts = [json.loads(l)["prompt"] for l in (run / "prompts.jsonl").read_text().splitlines()]
-    regen = {json.loads(l)["prompt"]: json.loads(l) for l in (run / "regen.jsonl").read_text().splitlines()}
-    with serving(serve_config, f"DRAFT_MODEL_DIR={out}", f"NUM_SPECULATIVE_TOKENS={GATE_K}") as server:
-        before = server.metrics()
-        got = _chat(server.base_url, model, prompts, cfg["regen"]["max_tokens"], cfg["regen"]["concurrency"])
-        after = server.metrics()
-    drafts = after["vllm:spec_decode_num_drafts_total"] - before.get("vllm:spec_decode_num_drafts_total", 0)
-    accepted = (after["vllm:spec_decode_num_accepted_tokens_total"]
-                - before.get("vllm:spec_decode_num_accepted_tokens_total", 0))
-    same = sum(g == [t for t, m in zip(regen[p]["input_ids"], regen[p]["loss_mask"]) if m]
-               for p, g in zip(prompts, got))
-    result = {"offline_walk": ev["walk"]["mean_acceptance_length"], "online": 1 + accepted / drafts,
-              "drafts": drafts, "accepted": accepted, "k": GATE_K, "replayed_identical_to_regen": same,
-              "prompts": len(prompts)}
+    result = {"offline_walk": ev["walk"]["mean_acceptance_length"], "k": GATE_K,
+              **_replay(serve_config, [f"DRAFT_MODEL_DIR={out}", f"NUM_SPECULATIVE_TOKENS={GATE_K}"], model, run, cfg)}
     (run / "gate-result.json").write_text(json.dumps(result, indent=2) + "\n")
     print("eagle3 overfit gate:", json.dumps(result))
-    assert same == len(prompts), result  # float32 greedy: speculation changed no token
+    assert result["replayed_identical_to_regen"] == result["prompts"], result  # float32 greedy: speculation changed no token
     assert result["online"] >= 2.5, result
     assert abs(result["online"] - result["offline_walk"]) <= 0.15 * result["offline_walk"], result

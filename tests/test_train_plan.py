@@ -146,3 +146,51 @@ def test_an_evaluation_only_run_is_never_trained(tmp_path):
     assert cfg.data.heldout_fraction == 1.0 and cfg.data.prompts == "bigbench:heldout"
     with pytest.raises(TrainConfigError, match="evaluation-only run"):
         PHASES["train"](cfg, tmp_path, PhaseArgs())
+
+
+K26_EAGLE3 = CONFIGS / "train-kimi-k2.6-eagle3.json"
+
+
+def test_k26_eagle3_head_on_8_mi300x_fits_one_replica_per_rank_and_each_line_is_its_arithmetic(tmp_path):
+    from kimidflash.train import plan_eagle3
+
+    cfg = tcfg.load(K26_EAGLE3)
+    head = plan_eagle3.head_of(cfg)
+    size = plan_eagle3.head_size(head)
+    tensors = head.expected_tensors()
+    assert size.trainable == sum(tplan._numel(v) for k, v in tensors.items() if k != "d2t")
+    assert size.lm_head == 163840 * 7168 and size.fc == 7168 * 3 * 7168 and size.n_aux == 3
+    assert 1.8e9 < size.trainable < 1.9e9  # seed 002's "3B params" less the 1.17B embedding it also ships
+    data = tplan.count_data(cfg, tmp_path, samples=90_000, tokens_per_sample=1500)
+    plan = tplan.make_plan(cfg, tmp_path, data)
+    assert plan.refusals == [] and plan.engine == "ours" and plan.method == "eagle3", plan.text()
+    lines = {x.what: x.bytes for x in plan.memory}
+    T, s = tplan.PROMPT_TOKENS + cfg.regen.max_tokens, cfg.train.ttt_steps
+    assert lines["head, gradients, AdamW"] == 16 * size.trainable  # not divided by the ranks: a whole replica
+    assert lines["anchor weights"] == 4 * size.trainable  # train.anchor_l2 with train.init_from_drafter
+    assert lines["logits"] == 12 * cfg.train.batch_size * T * s * 163840
+    assert plan.per_rank == sum(lines.values()) < 0.9 * 192 * 2**30
+    assert plan.disk_need == 90_000 * 1500 * (3 * 7168 * 2 + 5)  # bf16 features, int32 id, int8 mask
+    assert plan.seconds == pytest.approx(cfg.train.steps * plan_eagle3.flops_per_step(head, cfg, T)
+                                         / (1307e12 * cfg.cluster.mfu))
+    two = tplan.make_plan(tcfg.load(K26_EAGLE3, {"cluster.nodes": 2}), tmp_path, data)
+    assert two.per_rank == plan.per_rank and two.seconds == plan.seconds  # more ranks: more data per step
+    assert "8 ranks" in plan.text() and "16 ranks" in two.text() and "fits" in plan.text()
+
+
+@pytest.mark.parametrize("over, words", [
+    ({"train.engine": "speculators"}, "speculators 0.9.0 builds EAGLE-3 heads with Llama and Qwen3 layers only"),
+    ({"capture.mode": "stream"}, "capture.mode=stream: train.method eagle3 trains on captured shards"),
+    ({"train.batch_size": 16}, "per rank does not fit"),
+])
+def test_k26_eagle3_plan_refuses_what_our_engine_cannot_run(tmp_path, over, words):
+    cfg = tcfg.load(K26_EAGLE3, over)
+    plan = tplan.make_plan(cfg, tmp_path, tplan.count_data(cfg, tmp_path, samples=90_000, tokens_per_sample=1500))
+    assert any(words in r for r in plan.refusals), plan.refusals
+
+
+def test_k26_eagle3_plan_refuses_perfectblend_on_one_nodes_disk(tmp_path):
+    cfg = tcfg.load(K26_EAGLE3)
+    plan = tplan.make_plan(cfg, tmp_path, tplan.count_data(cfg, tmp_path, samples=1_160_000, tokens_per_sample=1500))
+    (refusal,) = plan.refusals
+    assert "captured hidden states need 69703 GiB, 13800 GiB available" in refusal and "43013 bytes" in refusal

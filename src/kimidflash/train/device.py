@@ -34,6 +34,15 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def init_distributed(device: torch.device) -> tuple[int, int]:
+    """(rank, world size): under torchrun (WORLD_SIZE > 1) the process group, once (nccl, which is rccl
+    on ROCm, on GPUs; gloo on the CPU); one process is rank 0 of 1."""
+    ws = int(os.environ.get("WORLD_SIZE", "1"))
+    if ws > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return (torch.distributed.get_rank() if ws > 1 else 0), ws
+
+
 def resolve(name: str) -> torch.device:
     """train.device as a torch device."""
     if name not in DEVICES:

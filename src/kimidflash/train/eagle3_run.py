@@ -13,7 +13,10 @@
 * Checkpoints: last.pt every `checkpoint_every` steps and at the end (model, optimizer, schedule,
   step, history, RNG: `--resume` continues exactly); with held-out records, the held-out loss at
   each checkpoint, and best.pt where it was lowest. Eval and export take best.pt when there is one.
-* One process (CPU or one device); no DDP here.
+* Data-parallel under torchrun (WORLD_SIZE > 1): every rank a whole replica on its LOCAL_RANK's
+  device drawing its own batches, gradients averaged by DDP; rank 0 measures the held-out loss and
+  writes the checkpoints (with every rank's data generator). A one-layer head fits one device at
+  Kimi size (plan_eagle3.py), so there is nothing to shard.
 """
 
 from __future__ import annotations
@@ -122,17 +125,29 @@ def _t2d(model: Eagle3Drafter) -> torch.Tensor:
     return t2d
 
 
-def _loss(model: Eagle3Drafter, seqs: list[Seq], cfg: TrainConfig, t2d: torch.Tensor,
+class _Objective(torch.nn.Module):
+    """The TTT loss as a module's forward(), which is what DDP averages gradients through."""
+
+    def __init__(self, model: Eagle3Drafter, steps: int, gamma: float, t2d: torch.Tensor):
+        super().__init__()
+        self.model, self.steps, self.gamma = model, steps, gamma
+        self.register_buffer("t2d", t2d, persistent=False)
+
+    def forward(self, tokens: torch.Tensor, masks: torch.Tensor, lengths: torch.Tensor,
+                feats: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        return ttt_loss(self.model, tokens, masks, lengths, feats, self.steps, self.gamma, self.t2d)
+
+
+def _loss(objective: torch.nn.Module, seqs: list[Seq], cfg: TrainConfig,
           device: torch.device) -> tuple[torch.Tensor, dict[str, float]]:
     tokens, masks, lengths, feats = (t.to(device) for t in pad(seqs))
     with dev.autocast(device, cfg.train.autocast):
-        return ttt_loss(model, tokens, masks, lengths, feats, cfg.train.ttt_steps, cfg.train.gamma, t2d.to(device))
+        return objective(tokens, masks, lengths, feats)
 
 
 @torch.no_grad()
-def heldout_loss(model: Eagle3Drafter, store: ShardStore, cfg: TrainConfig, t2d: torch.Tensor,
-                 device: torch.device) -> float:
-    losses = [_loss(model, [store.get(i) for i in range(s, min(s + 4, len(store)))], cfg, t2d, device)[0].item()
+def heldout_loss(objective: _Objective, store: ShardStore, cfg: TrainConfig, device: torch.device) -> float:
+    losses = [_loss(objective, [store.get(i) for i in range(s, min(s + 4, len(store)))], cfg, device)[0].item()
               for s in range(0, len(store), 4)]
     return sum(losses) / len(losses)
 
@@ -146,22 +161,28 @@ def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None,
     if not resume and last.is_file():
         raise TrainConfigError(f"{last} exists: pass --resume to continue it, or remove it")
     device = dev.resolve(tc.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    rank, world = dev.init_distributed(device)
     if tc.threads:
         torch.set_num_threads(tc.threads)
     model, anchor = build(cfg, run)
     model.to(device)
-    t2d = _t2d(model)
+    objective = _Objective(model, tc.ttt_steps, tc.gamma, _t2d(model)).to(device)
+    ids = [device.index] if device.type == "cuda" else None
+    fwd = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids) if world > 1 else objective
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, tc.warmup_steps, tc.steps, tc.min_lr_ratio))
-    gen = torch.Generator().manual_seed(cfg.seed * 1000 + 17)
+    gen = torch.Generator().manual_seed(cfg.seed * 1000 + 17 + rank)
     step, history, best = 0, [], float("inf")
     if resume and last.is_file():
         st = dev.load_to_cpu(last)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
-        gen.set_state(st["rng"]["data"])
+        gens = st["rng"]["data"] if isinstance(st["rng"]["data"], list) else [st["rng"]["data"]]
+        gen.set_state(gens[rank] if rank < len(gens) else gens[0])
         torch.set_rng_state(st["rng"]["torch"])
         random.setstate(st["rng"]["python"])
         step, history, best = st["step"], st["history"], st["best_heldout_loss"]
@@ -172,7 +193,7 @@ def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None,
     with bar("train", tc.steps, start=step) as advance:
         while step < end:
             idx = torch.randint(len(store), (tc.batch_size,), generator=gen).tolist()
-            loss, info = _loss(model, [store.get(i) for i in idx], cfg, t2d, device)
+            loss, info = _loss(fwd, [store.get(i) for i in idx], cfg, device)
             if anchor is not None:
                 loss = loss + tc.anchor_l2 * sum(((p - anchor[n].to(device)) ** 2).sum()
                                                  for n, p in model.named_parameters())
@@ -186,32 +207,45 @@ def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None,
                    "lr": sched.get_last_lr()[0], "grad_norm": round(float(gn), 4)}
             advance(loss=f"{loss.item():.3f}", acc1=f"{row['acc1']:.2f}")
             out_of_time = max_seconds is not None and time.monotonic() - t0 >= max_seconds
+            if world > 1:  # every rank stops at the same step, or the next all-reduce waits forever
+                flag = torch.tensor([float(out_of_time)], device=device)
+                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+                out_of_time = bool(flag.item())
             save = step % tc.checkpoint_every == 0 or step == end or out_of_time
-            if save and held is not None:
-                row["heldout_loss"] = round(heldout_loss(model, held, cfg, t2d, device), 5)
+            if save and held is not None and rank == 0:
+                row["heldout_loss"] = round(heldout_loss(objective, held, cfg, device), 5)
                 if row["heldout_loss"] < best:
                     best = row["heldout_loss"]
                     atomic_save({"model": model.state_dict(), "step": step, "heldout_loss": best}, best_path)
             history.append(row)
             if save:
-                atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                             "scheduler": sched.state_dict(), "step": step, "history": history,
-                             "best_heldout_loss": best, "head": dict(model.head.raw),
-                             "rng": {"data": gen.get_state(), "torch": torch.get_rng_state(),
-                                     "python": random.getstate()}}, last)
+                gens = [gen.get_state()]
+                if world > 1:
+                    gens = [None] * world
+                    torch.distributed.all_gather_object(gens, gen.get_state())
+                if rank == 0:
+                    atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                 "scheduler": sched.state_dict(), "step": step, "history": history,
+                                 "best_heldout_loss": best, "head": dict(model.head.raw),
+                                 "rng": {"data": gens, "torch": torch.get_rng_state(), "python": random.getstate()}},
+                                last)
             if out_of_time:
                 break
+    if world > 1:
+        torch.distributed.barrier()  # rank 0 may still be writing; a rank that leaves early aborts gloo
     tail = history[-50:]
     mean = sum(h["loss"] for h in tail) / max(1, len(tail))
-    Manifest.open(run).note("train", {
-        "method": "eagle3", "steps_done": step, "steps_planned": tc.steps, "records": len(store),
-        "final_loss_mean_last50": mean, "best_heldout_loss": None if best == float("inf") else best,
-        "config": portable_train(tc), "device": dev.describe(device), "chunk_seconds": round(time.monotonic() - t0, 1),
-        "draft_vocab_answer_coverage": coverage(training_records(cfg, run)[0], model.draft_ids.cpu())})
-    write_text_atomic(run / "loss-history.json", json.dumps(history) + "\n")
+    if rank == 0:
+        Manifest.open(run).note("train", {
+            "method": "eagle3", "steps_done": step, "steps_planned": tc.steps, "records": len(store),
+            "final_loss_mean_last50": mean, "best_heldout_loss": None if best == float("inf") else best,
+            "config": portable_train(tc), "device": dev.describe(device), "world_size": world,
+            "chunk_seconds": round(time.monotonic() - t0, 1),
+            "draft_vocab_answer_coverage": coverage(training_records(cfg, run)[0], model.draft_ids.cpu())})
+        write_text_atomic(run / "loss-history.json", json.dumps(history) + "\n")
     log(f"train: step {step}/{tc.steps}, mean loss of the last {len(tail)} steps {mean:.3f}"
         + ("" if best == float("inf") else f"; best held-out loss {best:.4f}"))
-    return {"model": model, "step": step, "history": history}
+    return {"model": model, "step": step, "history": history, "rank": rank, "world": world}
 
 
 def kept(cfg: TrainConfig, run: Path) -> tuple[Eagle3Drafter, dict[str, Any], str]:

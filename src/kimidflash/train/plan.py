@@ -15,6 +15,9 @@ own profiler. Two engines, two memory models:
   (embedding, draft and verifier LM heads) sharded but gathered whole at the
   root, and a fused vocabulary loss that never holds more than the logits.
 
+An EAGLE-3 head (train.method eagle3) is planned by plan_eagle3.py: our engine, a whole replica
+per rank, data-parallel.
+
 Disk is the offline hidden states speculators' generate-offline-data writes:
 per token, every captured layer (the drafter's target layers plus the final
 one) at hidden_size in the served dtype, and the token id. Time is FLOPs over the
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from . import plan_eagle3
 from .config import TrainConfig
 from .data import read_records, split
 from .device import describe, memory_bytes, resolve
@@ -200,6 +204,7 @@ class Plan:
     seconds: float | None
     time_source: str
     refusals: list[str]
+    method: str = "dflash"
 
     @property
     def per_rank(self) -> float:
@@ -211,7 +216,7 @@ class Plan:
         out += [f"  {x.bytes / GiB:10.1f} GiB  {x.what}: {x.why}" for x in self.memory]
         out.append(f"  {self.per_rank / GiB:10.1f} GiB  total, against {self.per_rank_budget / GiB:.1f} GiB "
                    f"({self.budget_source})")
-        if self.engine == "speculators":
+        if self.engine == "speculators" or self.method == "eagle3":
             out.append(f"disk for captured hidden states: {self.disk_need / GiB:.1f} GiB, "
                        f"{self.disk_have / GiB:.1f} GiB available ({self.disk_source})")
             when = "no estimate" if self.seconds is None else \
@@ -222,7 +227,7 @@ class Plan:
 
 
 def make_plan(cfg: TrainConfig, run: Path, data: Data) -> Plan:
-    shape, cl, engine = cfg.shape(), cfg.cluster, cfg.train.engine
+    cl, engine = cfg.cluster, cfg.train.engine
     refusals: list[str] = []
     if cl.gpus_per_node:
         budget, bsrc = HEADROOM * cl.gpu_memory_gb * GiB, (f"{HEADROOM:.0%} of cluster.gpu_memory_gb="
@@ -235,6 +240,9 @@ def make_plan(cfg: TrainConfig, run: Path, data: Data) -> Plan:
     disk_have = (cl.disk_gb * GiB if cl.disk_gb is not None else free_disk(run)) - cfg.data.min_free_disk_gb * GiB
     dsrc = ("cluster.disk_gb" if cl.disk_gb is not None else f"free at {run}") + \
         f", less data.min_free_disk_gb={cfg.data.min_free_disk_gb:g}"
+    if cfg.train.method == "eagle3":
+        return eagle3_plan(cfg, data, budget, bsrc, disk_have, dsrc, refusals)
+    shape = cfg.shape()
     if engine == "speculators":
         memory = speculators_memory(shape, cfg)
         world, T = max(1, cl.nodes * cl.gpus_per_node), packed(cfg)[0]
@@ -265,6 +273,41 @@ def make_plan(cfg: TrainConfig, run: Path, data: Data) -> Plan:
             " Add GPUs (cluster.nodes, cluster.gpus_per_node) or shorten speculators.max_length."
         refusals.append(f"{total / GiB:.1f} GiB per rank does not fit {budget / GiB:.1f} GiB ({bsrc}).{hint}")
     return Plan(engine, memory, budget, bsrc, data, disk_need, disk_have, dsrc, steps, seconds, tsrc, refusals)
+
+
+def eagle3_plan(cfg: TrainConfig, data: Data, budget: float, bsrc: str, disk_have: float, dsrc: str,
+                refusals: list[str]) -> Plan:
+    """train.method eagle3: our engine, a whole replica per rank, data-parallel (plan_eagle3.py says why)."""
+    head, cl, tc = plan_eagle3.head_of(cfg), cfg.cluster, cfg.train
+    seq_len = PROMPT_TOKENS + cfg.regen.max_tokens
+    memory = [Line(*x) for x in plan_eagle3.memory(head, cfg, seq_len)]
+    if tc.engine != "ours":
+        refusals.append("train.engine=speculators: speculators 0.9.0 builds EAGLE-3 heads with Llama and Qwen3 "
+                        "layers only; this recipe trains EAGLE-3 heads on its own engine (train.engine=ours)")
+    if cfg.capture.mode != "cache":
+        refusals.append(f"capture.mode={cfg.capture.mode}: train.method eagle3 trains on captured shards "
+                        "(capture.mode=cache)")
+    world = max(1, cl.nodes * cl.gpus_per_node)
+    per_token = plan_eagle3.disk_bytes_per_token(head, cfg)
+    disk_need = float(data.tokens * per_token)
+    if disk_need > disk_have:
+        refusals.append(f"captured hidden states need {disk_need / GiB:.0f} GiB, {disk_have / GiB:.0f} GiB "
+                        f"available: about {int(max(disk_have, 0) // per_token)} tokens fit ({per_token} bytes "
+                        "each); cap regen.records or use a larger disk")
+    flops = plan_eagle3.flops_per_step(head, cfg, seq_len)
+    epochs = tc.steps * world * tc.batch_size / max(1, data.samples)
+    if cl.gpu_tflops and cl.gpus_per_node:
+        seconds: float | None = tc.steps * flops / (cl.gpu_tflops * 1e12 * cl.mfu)
+        tsrc = (f"{flops / 1e12:.0f} TFLOP per rank-step at {cl.mfu:.0%} of {cl.gpu_tflops:g} TFLOPS; "
+                f"{world} ranks x {tc.batch_size} x {seq_len} tokens a step: {epochs:.2f} epochs of the data")
+    else:
+        seconds, tsrc = None, "cluster.gpu_tflops unset"
+    total = sum(x.bytes for x in memory)
+    if total > budget:
+        refusals.append(f"{total / GiB:.1f} GiB per rank does not fit {budget / GiB:.1f} GiB ({bsrc}). Lower "
+                        "train.batch_size or regen.max_tokens, or a draft vocabulary (draft_vocab_size)")
+    return Plan("ours", memory, budget, bsrc, data, disk_need, disk_have, dsrc, tc.steps, seconds, tsrc, refusals,
+                method="eagle3")
 
 
 def check_ours(cfg: TrainConfig, device: torch.device | None = None, where: str | None = None) -> None:

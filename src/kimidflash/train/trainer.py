@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -126,13 +125,6 @@ def atomic_save(obj_: Any, path: Path) -> None:
         torch.save(obj_, f)
 
 
-def _dist(device: torch.device) -> tuple[int, int]:
-    ws = int(os.environ.get("WORLD_SIZE", "1"))
-    if ws > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return (torch.distributed.get_rank() if ws > 1 else 0), ws
-
-
 @dataclass
 class _Run:
     """Everything a training step changes, and what a checkpoint saves and restores."""
@@ -158,7 +150,7 @@ def _start(shape: DrafterShape, tc: TrainOptions, embed: torch.Tensor, head: tor
     device = dev.resolve(tc.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    rank, world = _dist(device)
+    rank, world = dev.init_distributed(device)
     if tc.threads:
         torch.set_num_threads(tc.threads)
     model = build_model(shape, embed, head, seed, tc.init_std)

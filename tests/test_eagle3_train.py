@@ -81,6 +81,9 @@ def test_an_eagle3_head_is_set_up_captured_trained_evaluated_and_exported(tmp_pa
     head.check_tensors(shapes, 3)
     head.check_target(json.loads((tiny_target / "config.json").read_text()), "the tiny target")
     assert shapes.keys() == head.expected_tensors(2).keys() and len(d2t) == 128
+    readme = (out / "README.md").read_text()  # written from the manifest and eval file, as a DFlash export's
+    assert "an EAGLE-3 head trained by" in readme and "3 TTT steps" in readme
+    assert f"{r['walk']['mean_acceptance_length']} as a server walks" in readme
 
 
 def test_resumed_training_equals_one_run(tmp_path, tiny_target):

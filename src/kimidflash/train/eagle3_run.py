@@ -30,7 +30,6 @@ from typing import Any, Callable
 import torch
 
 from ..fsio import write_json_atomic, write_text_atomic
-from ..paths import portable
 from . import device as dev
 from .capture import ShardStore, training_records
 from .config import TrainConfig
@@ -40,6 +39,7 @@ from .eagle3_ttt import draft_chains, ttt_loss
 from .errors import TrainConfigError
 from .evaluate import acceptance_lengths, eval_anchors, summarize, walk
 from .export_eagle3 import export_head
+from .export_run import drafter_readme, loss_curve_png
 from .manifest import Manifest, portable_train
 from .progress import bar
 from .target import target_info
@@ -313,9 +313,13 @@ def export(cfg: TrainConfig, run: Path, log: Log = print) -> Path:
         extras["offline-acceptance.json"] = ev.read_bytes()
     if (run / "loss-history.json").is_file():
         extras["loss-history.json"] = (run / "loss-history.json").read_bytes()
-    extras["README.md"] = (f"# {cfg.name}: an EAGLE-3 head trained by `./train-drafter.sh`\n\n"
-                           f"- head config: `{Path(cfg.drafter_config or '').name}`; step {st['step']} ({which}), "
-                           f"{cfg.train.ttt_steps} TTT steps; run folder `{portable(run)}`\n").encode()
+    png = loss_curve_png(json.loads((run / "loss-history.json").read_text()), run / "loss-curve.png", cfg.name) \
+        if (run / "loss-history.json").is_file() else None
+    if png is not None:
+        extras["loss-curve.png"] = png.read_bytes()
+    has_eval = "offline-acceptance.json" in extras
+    extras["README.md"] = drafter_readme(cfg, json.loads(extras["manifest.json"]), st,
+                                         json.loads(ev.read_text()) if has_eval else None).encode()
     out = export_head(model.state_dict(), config, Path(cfg.export.out), cfg.export.dtype, extras)
     log(f"export: {which} (step {st['step']}) as an EAGLE-3 head")
     return out

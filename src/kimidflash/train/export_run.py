@@ -62,15 +62,19 @@ def drafter_readme(cfg: TrainConfig, manifest: dict[str, Any], st: dict[str, Any
     tc = {**cfg.train.as_dict(), **(tr.get("config") or {})}
     loss = tr.get("final_loss_mean_last50")
     prompts = (manifest.get("prompts") or {}).get("source", cfg.data.prompts)  # setup's, not this phase's config
-    lines = [f"# {cfg.name}: a DFlash drafter trained by `./train-drafter.sh`", "",
+    eagle3 = cfg.train.method == "eagle3"
+    family = "an EAGLE-3 head" if eagle3 else "a DFlash drafter"
+    lines = [f"# {cfg.name}: {family} trained by `./train-drafter.sh`", "",
              f"Target: `{(manifest.get('target') or {}).get('dir')}`" + (f" ({origin.get('note')})" if origin else ""),
-             "", f"- drafter shape: `{Path(cfg.drafter_config or '').name}`, exported in vLLM's DFlash format",
+             "", f"- {'head config' if eagle3 else 'drafter shape'}: `{Path(cfg.drafter_config or '').name}`, exported "
+                 f"in vLLM's {'EAGLE-3' if eagle3 else 'DFlash'} format",
              f"- data: {cap.get('train_records')} regenerated training records ({cap.get('train_response_tokens')} "
              f"response tokens), {cap.get('heldout_records')} held out; prompts `{prompts}` "
              f"(seed {cfg.seed}), regen sampling {manifest.get('regen', {}).get('sampling')}",
-             f"- training: {st['step']} steps of batch {tc['batch_size']} x {tc['anchors_per_seq']} "
-             f"anchors, block {tc['block_size']}, gamma {tc['gamma']}, lr {tc['lr']}, "
-             f"autocast {tc['autocast']}{autocast_meant(tr)}; loss curve `loss-curve.png`, history `loss-history.json`",
+             f"- training: {st['step']} steps of batch {tc['batch_size']} x "
+             + (f"{tc['ttt_steps']} TTT steps (the checkpoint with the lowest held-out loss kept)" if eagle3 else
+                f"{tc['anchors_per_seq']} anchors, block {tc['block_size']}")
+             + f", gamma {tc['gamma']}, lr {tc['lr']}, autocast {tc['autocast']}{autocast_meant(tr)}; loss curve `loss-curve.png`, history `loss-history.json`",
              f"- final mean loss over the last 50 steps: {loss if loss is None else round(loss, 6)}"]
     start = tc.get("init_from_drafter")
     if start:  # its earlier training is that drafter's own (its README), not in these figures

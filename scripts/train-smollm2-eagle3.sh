@@ -7,7 +7,8 @@
 # Data: the committed synthetic records 13,789-16,788 of drafters/smollm2-135m-dflash-data/regen.jsonl.gz
 # (3,000 answered by today's float32 target) copied into the run first, then regen answers the first
 # 1,024 prompts of bigbench:train-wide (the ones the shipped drafter's last run trained on). Training is
-# wall-clock chunks (TRAIN_CHUNK_S, default 1200 s) so a stopped session loses at most one.
+# wall-clock chunks (TRAIN_CHUNK_S, default 1200 s) so a stopped session loses at most one. The committed
+# head (drafters/smollm2-135m-eagle3/) stopped at step 1,451 of 2,000: its README says how it was run.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"

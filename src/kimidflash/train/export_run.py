@@ -74,7 +74,8 @@ def drafter_readme(cfg: TrainConfig, manifest: dict[str, Any], st: dict[str, Any
              f"- training: {st['step']} steps of batch {tc['batch_size']} x "
              + (f"{tc['ttt_steps']} TTT steps (the checkpoint with the lowest held-out loss kept)" if eagle3 else
                 f"{tc['anchors_per_seq']} anchors, block {tc['block_size']}")
-             + f", gamma {tc['gamma']}, lr {tc['lr']}, autocast {tc['autocast']}{autocast_meant(tr)}; loss curve `loss-curve.png`, history `loss-history.json`",
+             + f", gamma {tc['gamma']}, lr {tc['lr']}, autocast {tc['autocast']}{autocast_meant(tr)}; "
+               "loss curve `loss-curve.png`, history `loss-history.json`",
              f"- final mean loss over the last 50 steps: {loss if loss is None else round(loss, 6)}"]
     start = tc.get("init_from_drafter")
     if start:  # its earlier training is that drafter's own (its README), not in these figures

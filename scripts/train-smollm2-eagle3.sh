@@ -25,6 +25,7 @@ done
 . scripts/venv.sh
 "$KIMIDFLASH_PY" -m kimidflash real-prompts "${KIMIDFLASH_CACHE:-$HOME/.cache/kimidflash}/prompts/real"
 "$KIMIDFLASH_PY" -m kimidflash ab configs/cpu-reference.env --none \
-  --drafter eagle3=drafters/smollm2-135m-eagle3 --drafter dflash=drafters/smollm2-135m-dflash --k 2 3 \
+  --drafter eagle3=drafters/smollm2-135m-eagle3 --drafter dflash=drafters/smollm2-135m-dflash --k 3 \
   --prompts "${KIMIDFLASH_CACHE:-$HOME/.cache/kimidflash}/prompts/real/heldout-mix.jsonl" --concurrency 1 2 4 8 \
-  --sessions 24 --max-tokens 64 --warmup 2 --rounds 3 --interleave --out benchmarks/drafter/eagle3-vs-dflash
+  --sessions 16 --max-tokens 64 --warmup 2 --rounds 3 --interleave --out benchmarks/drafter/eagle3-vs-dflash \
+  --offline eagle3=drafters/smollm2-135m-eagle3/offline-acceptance.json

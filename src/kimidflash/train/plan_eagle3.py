@@ -3,7 +3,7 @@
 Why our engine and not speculators at Kimi scale: speculators 0.9.0 builds EAGLE-3 heads with
 Llama and Qwen3 decoder layers only, so it has no MLA head to train; and sharding is not what a
 one-layer head needs. K2.6's head (one MLA layer, a dense MLP, fc over three 7168-wide layers, an
-LM head over the full 163,840 tokens) has about 1.9B trainable parameters, 30 GiB in fp32 with
+LM head over the full 163,840 tokens) has 1.84B trainable parameters, 27.4 GiB in fp32 with
 its gradients and AdamW moments, which one 192 GB MI300X holds beside its activations. So the run
 is data-parallel (torchrun, DDP, eagle3_run.py): each rank trains a replica on its own batches.
 
@@ -17,6 +17,7 @@ peak at cluster.mfu; every rank does one step's batch at once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,17 +56,10 @@ def head_of(cfg: TrainConfig) -> Eagle3Head:
 
 def head_size(head: Eagle3Head) -> HeadSize:
     tensors = head.expected_tensors()
-    n = {k: _numel(v) for k, v in tensors.items() if k != D2T}
+    n = {k: math.prod(v) for k, v in tensors.items() if k != D2T}
     fc, lm, norm = n.pop(FC), n.pop(LM_HEAD), n.pop("norm.weight")
     n_aux = tensors[FC][1] // head.target_hidden_size
     return HeadSize(sum(n.values()), fc, lm, norm, head.vocab_size * head.hidden_size, n_aux)
-
-
-def _numel(dims: tuple[int, ...]) -> int:
-    out = 1
-    for d in dims:
-        out *= d
-    return out
 
 
 def _dims(head: Eagle3Head) -> tuple[int, int]:

@@ -32,6 +32,7 @@ What it guarantees, and how:
 The patcher installs this file as ``vllm/_kimidflash_fp8_kv.py``; it needs only the
 stdlib and torch.
 """
+
 from __future__ import annotations
 
 import functools
@@ -76,7 +77,7 @@ def e4m3_dtype_for_arch(arch: str | None) -> torch.dtype:
     return torch.float8_e4m3fn
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def platform_arch() -> str | None:
     """The first visible ROCm GPU's gfx architecture, or None off ROCm."""
     if getattr(torch.version, "hip", None) and torch.cuda.is_available():
@@ -120,8 +121,7 @@ def load_seed(path: str) -> tuple[float, dict[int, float]]:
         raise ValueError(f"{SCALES_ENV}={path}: malformed layers: {exc!r}") from None
     bad = [i for i, a in amax.items() if not (math.isfinite(a) and a > 0)]
     if not (math.isfinite(headroom) and headroom >= 1.0) or bad:
-        raise ValueError(f"{SCALES_ENV}={path}: headroom must be >= 1 and every k_amax finite and > 0 "
-                         f"(layers {bad})")
+        raise ValueError(f"{SCALES_ENV}={path}: headroom must be >= 1 and every k_amax finite and > 0 (layers {bad})")
     return headroom, amax
 
 
@@ -156,7 +156,7 @@ def rescale_cache(cache: torch.Tensor, ratio: float, dtype: torch.dtype) -> None
     per_row = max(1, view[0].numel())
     step = max(1, _RESCALE_CHUNK_BYTES // (4 * per_row))
     for start in range(0, view.shape[0], step):
-        part = view[start:start + step]
+        part = view[start : start + step]
         part.copy_((part.float() * ratio).to(dtype))
 
 
@@ -208,10 +208,15 @@ def observe(layer, kv_c_normed, k_pe, kv_cache_dtype: str, slot_mapping=None) ->
     new_capacity = amax * state.headroom
     new_scale = new_capacity / fmax
     if state.capacity is not None:  # entries were written at the old scale
-        rescale_cache(getattr(layer, "kv_cache", None), state.capacity / new_capacity,
-                      fp8_dtype(kv_cache_dtype))
+        rescale_cache(getattr(layer, "kv_cache", None), state.capacity / new_capacity, fp8_dtype(kv_cache_dtype))
         state.growths += 1
-        log.warning("kimidflash P10: %s KV scale %.6g -> %.6g (batch max %.6g); cache rescaled, growth %d",
-                    getattr(layer, "layer_name", "?"), state.capacity / fmax, new_scale, amax, state.growths)
+        log.warning(
+            "kimidflash P10: %s KV scale %.6g -> %.6g (batch max %.6g); cache rescaled, growth %d",
+            getattr(layer, "layer_name", "?"),
+            state.capacity / fmax,
+            new_scale,
+            amax,
+            state.growths,
+        )
     state.capacity = new_capacity
     _set_scale(layer, new_scale)

@@ -58,6 +58,7 @@ file and os.replace, the manifest first (last on --revert), and are undone if an
 write, or the report, fails (should putting a file back fail too, the one line says
 the tree is partly changed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,21 +74,64 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from patchengine.common import (EXIT_COMPILE, EXIT_DRIFT, EXIT_INTERNAL, EXIT_IO, EXIT_OK,  # noqa: E402
-                                EXIT_PENDING, EXIT_USAGE, MANIFEST, Failure, UsageError, parse_version,
-                                sha256)
-from patchengine.engine import (compile_staged, in_range, plan, plan_revert, retired_marks,  # noqa: E402
-                                revert_errors)
-from patchengine.spec import (DEFAULT_PATCHSET, load_patchset, load_patchset_and_retired,  # noqa: E402
-                              patchset_hash, release_ranges, stamped_edits, stamped_marker, variant_hash)
+from patchengine.common import (  # noqa: E402 (patchengine is importable only after the sys.path insert above)
+    EXIT_COMPILE,
+    EXIT_DRIFT,
+    EXIT_INTERNAL,
+    EXIT_IO,
+    EXIT_OK,
+    EXIT_PENDING,
+    EXIT_USAGE,
+    MANIFEST,
+    Failure,
+    UsageError,
+    parse_version,
+    sha256,
+)
+from patchengine.engine import (  # noqa: E402 (patchengine is importable only after the sys.path insert above)
+    compile_staged,
+    in_range,
+    plan,
+    plan_revert,
+    retired_marks,
+    revert_errors,
+)
+from patchengine.spec import (  # noqa: E402 (patchengine is importable only after the sys.path insert above)
+    DEFAULT_PATCHSET,
+    load_patchset,
+    load_patchset_and_retired,
+    patchset_hash,
+    release_ranges,
+    stamped_edits,
+    stamped_marker,
+    variant_hash,
+)
 from patchengine.tree import Tree, locate_vllm, not_a_release, read_manifest, read_version  # noqa: E402
 from patchengine.writer import Writer, manifest_data  # noqa: E402
 
 # What tools and tests that load this file by path use, besides run().
-__all__ = ["run", "load_patchset", "load_patchset_and_retired", "patchset_hash", "variant_hash",
-           "stamped_marker", "stamped_edits", "parse_version", "not_a_release", "in_range", "MANIFEST",
-           "DEFAULT_PATCHSET", "EXIT_OK", "EXIT_INTERNAL", "EXIT_USAGE", "EXIT_DRIFT", "EXIT_PENDING",
-           "EXIT_COMPILE", "EXIT_IO"]
+__all__ = [
+    "run",
+    "load_patchset",
+    "load_patchset_and_retired",
+    "patchset_hash",
+    "variant_hash",
+    "stamped_marker",
+    "stamped_edits",
+    "parse_version",
+    "not_a_release",
+    "in_range",
+    "MANIFEST",
+    "DEFAULT_PATCHSET",
+    "EXIT_OK",
+    "EXIT_INTERNAL",
+    "EXIT_USAGE",
+    "EXIT_DRIFT",
+    "EXIT_PENDING",
+    "EXIT_COMPILE",
+    "EXIT_IO",
+]
+
 
 def run(argv=None) -> int:
     try:
@@ -124,8 +168,7 @@ def _decide_version(args, pkg: Path, patches, mode: str) -> tuple:
             raise UsageError(f"--assume-version {args.assume_version!r}: give a release as X.Y.Z")
         return args.assume_version, parse_version(args.assume_version), "--assume-version", installed
     if args.vllm_version:
-        return args.vllm_version, parse_version(args.vllm_version, "--vllm-version"), \
-            "--vllm-version", installed
+        return args.vllm_version, parse_version(args.vllm_version, "--vllm-version"), "--vllm-version", installed
     if installed is None:
         return None, None, "vllm/_version.py", None
     why = not_a_release(installed)
@@ -133,7 +176,8 @@ def _decide_version(args, pkg: Path, patches, mode: str) -> tuple:
         raise UsageError(
             f"vLLM version {installed!r} in {pkg / '_version.py'} is {why}, so its release "
             "numbers do not say which release's code it has; pass --assume-version X.Y.Z "
-            f"naming that release (this patch set has variants for {release_ranges(patches)})")
+            f"naming that release (this patch set has variants for {release_ranges(patches)})"
+        )
     return installed, (parse_version(installed) if not why else None), "vllm/_version.py", installed
 
 
@@ -144,14 +188,14 @@ def _run(args) -> int:
     if args.print_hash:
         print(full_hash[:12])
         return EXIT_OK
-    mode = "revert" if args.revert else "check" if args.check else \
-        "dry-run" if args.dry_run else "apply"
+    mode = "revert" if args.revert else "check" if args.check else "dry-run" if args.dry_run else "apply"
     pkg = locate_vllm(args.vllm_root)
     version_str, version, source, installed = _decide_version(args, pkg, patches, mode)
     report_tmp = _reserve_report(args.json)
     try:
-        return _execute(args, mode, patches, retired, base, pkg, full_hash,
-                        (version_str, version, source, installed), report_tmp)
+        return _execute(
+            args, mode, patches, retired, base, pkg, full_hash, (version_str, version, source, installed), report_tmp
+        )
     finally:
         if report_tmp and os.path.exists(report_tmp):
             os.unlink(report_tmp)
@@ -164,14 +208,14 @@ def _reserve_report(dest: str | None) -> str | None:
         return None
     path = Path(dest)
     if path.is_dir():
-        raise Failure(EXIT_IO, f"I/O error: cannot write the report {dest}: it is a directory; "
-                               "nothing was changed")
+        raise Failure(EXIT_IO, f"I/O error: cannot write the report {dest}: it is a directory; nothing was changed")
     try:
         fd, tmp = tempfile.mkstemp(prefix=".patch-report-", dir=str(path.parent))
         os.close(fd)
     except OSError as exc:
-        raise Failure(EXIT_IO, f"I/O error: cannot write the report {dest}: "
-                               f"{exc.strerror or exc}; nothing was changed") from None
+        raise Failure(
+            EXIT_IO, f"I/O error: cannot write the report {dest}: {exc.strerror or exc}; nothing was changed"
+        ) from None
     return tmp
 
 
@@ -179,10 +223,7 @@ def _execute(args, mode, patches, retired, base, pkg, full_hash, version_info, r
     version_str, version, source, installed = version_info
     tree = Tree(pkg)
     manifest = read_manifest(tree)
-    if mode == "revert":
-        results = plan_revert(patches, tree, manifest)
-    else:
-        results = plan(patches, base, tree, version, manifest)
+    results = plan_revert(patches, tree, manifest) if mode == "revert" else plan(patches, base, tree, version, manifest)
     results += retired_marks(retired, tree)
     errors = [r["detail"] for r in results if r["state"] == "drift"]
     if mode == "revert" and not errors:
@@ -202,10 +243,14 @@ def _execute(args, mode, patches, retired, base, pkg, full_hash, version_info, r
                 r["state"] = "pending"
         if mode == "dry-run" and not errors:
             for rel in changed:
-                sys.stdout.writelines(difflib.unified_diff(
-                    (tree.original[rel] or "").splitlines(True),
-                    (tree.staged[rel] or "").splitlines(True),
-                    f"a/vllm/{rel}", f"b/vllm/{rel}"))
+                sys.stdout.writelines(
+                    difflib.unified_diff(
+                        (tree.original[rel] or "").splitlines(True),
+                        (tree.staged[rel] or "").splitlines(True),
+                        f"a/vllm/{rel}",
+                        f"b/vllm/{rel}",
+                    )
+                )
         if mode == "check" and code == EXIT_OK and changed:
             code = EXIT_PENDING
     elif not errors and changed:
@@ -217,15 +262,26 @@ def _execute(args, mode, patches, retired, base, pkg, full_hash, version_info, r
             writer.write([r for r in changed if r != MANIFEST] + [r for r in changed if r == MANIFEST])
 
     wrote = mode in ("apply", "revert") and not errors
-    files = {rel: {"before": sha256(tree.original[rel]),
-                   "after": sha256(tree.staged[rel] if wrote else tree.original[rel])}
-             for rel in sorted(tree.original) if rel != MANIFEST}
+    files = {
+        rel: {"before": sha256(tree.original[rel]), "after": sha256(tree.staged[rel] if wrote else tree.original[rel])}
+        for rel in sorted(tree.original)
+        if rel != MANIFEST
+    }
     if args.json:
-        report = {"tool": "patch_dflash_rocm", "mode": mode, "exit_code": code,
-                  "vllm_root": str(pkg), "vllm_version": version_str,
-                  "vllm_version_installed": installed, "version_source": source,
-                  "patchset_sha256": full_hash, "patchset_hash": full_hash[:12],
-                  "patches": results, "files": files, "errors": errors}
+        report = {
+            "tool": "patch_dflash_rocm",
+            "mode": mode,
+            "exit_code": code,
+            "vllm_root": str(pkg),
+            "vllm_version": version_str,
+            "vllm_version_installed": installed,
+            "version_source": source,
+            "patchset_sha256": full_hash,
+            "patchset_hash": full_hash[:12],
+            "patches": results,
+            "files": files,
+            "errors": errors,
+        }
         try:
             with open(report_tmp, "w", encoding="utf-8") as f:
                 f.write(json.dumps(report, indent=2) + "\n")
@@ -236,8 +292,10 @@ def _execute(args, mode, patches, retired, base, pkg, full_hash, version_info, r
         except OSError as exc:
             writer.fail(f"cannot write the report {args.json}: {exc.strerror or exc}")
     for r in results:
-        print(f"{r['id']:<4} {r['state']:<15} {r['file']}"
-              + (f"  ({r['detail']})" if r["detail"] and r["state"] != "drift" else ""))
+        print(
+            f"{r['id']:<4} {r['state']:<15} {r['file']}"
+            + (f"  ({r['detail']})" if r["detail"] and r["state"] != "drift" else "")
+        )
     for line in errors:
         _say(line)
     if errors:
@@ -252,27 +310,25 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     ap = _Parser(
-        prog="patch_dflash_rocm.py",
-        description="Apply the kimidflash vLLM patch set (ROCm DFlash/MLA + FP8 KV scale).")
-    ap.add_argument("--vllm-root", metavar="DIR",
-                    help="the vllm package (or its parent); default: the installed vllm")
+        prog="patch_dflash_rocm.py", description="Apply the kimidflash vLLM patch set (ROCm DFlash/MLA + FP8 KV scale)."
+    )
+    ap.add_argument("--vllm-root", metavar="DIR", help="the vllm package (or its parent); default: the installed vllm")
     version = ap.add_mutually_exclusive_group()
-    version.add_argument("--assume-version", metavar="X.Y.Z",
-                         help="match patches as for this release (for a development build "
-                              "whose code is that release's)")
-    version.add_argument("--vllm-version", metavar="V",
-                         help="older spelling: treat the tree as version V, taken as given")
+    version.add_argument(
+        "--assume-version",
+        metavar="X.Y.Z",
+        help="match patches as for this release (for a development build whose code is that release's)",
+    )
+    version.add_argument(
+        "--vllm-version", metavar="V", help="older spelling: treat the tree as version V, taken as given"
+    )
     ap.add_argument("--patch-set", metavar="FILE", help="patch set (.py or .json)")
     ap.add_argument("--json", metavar="FILE", help="write a machine-readable report")
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true",
-                      help="change nothing; exit 4 if patches that apply are missing")
-    mode.add_argument("--dry-run", action="store_true",
-                      help="change nothing; print unified diffs")
-    mode.add_argument("--revert", action="store_true",
-                      help="restore the original files byte for byte")
-    mode.add_argument("--print-hash", action="store_true",
-                      help="print the short patch-set hash (image tag) and exit")
+    mode.add_argument("--check", action="store_true", help="change nothing; exit 4 if patches that apply are missing")
+    mode.add_argument("--dry-run", action="store_true", help="change nothing; print unified diffs")
+    mode.add_argument("--revert", action="store_true", help="restore the original files byte for byte")
+    mode.add_argument("--print-hash", action="store_true", help="print the short patch-set hash (image tag) and exit")
     return ap
 
 

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,22 +47,28 @@ def main() -> int:
         downloads, pip_cache = a.downloads, a.pip_cache
     clone = work / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-    commit = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KIMIDFLASH_")}
     env.update(CI="true", KIMIDFLASH_DOWNLOADS=str(downloads), PIP_CACHE_DIR=str(pip_cache))
     preinstalled = {tool: shutil.which(tool) is not None for tool in ("dockerd", "debootstrap")}
     log = a.log or a.out.with_suffix(".log")
     t0 = time.monotonic()
     with open(log, "w") as sink:
-        rc = subprocess.run(["bash", ".ci/run"], cwd=clone, env=env, stdin=subprocess.DEVNULL,
-                            stdout=sink, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(
+            ["bash", ".ci/run"], cwd=clone, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT
+        ).returncode
     wall = time.monotonic() - t0
     text = log.read_text(errors="replace")
     # .ci/run runs pytest three times (the fast tier, then the slow tier's two processes, the second's
     # lines prefixed [beside]): every closing line, and every run's slowest tests.
-    lines = [(l.startswith("[beside] "), l.removeprefix("[beside] ")) for l in text.splitlines()]
-    closing = [("beside: " if beside else "") + l.strip("= ") for beside, l in lines
-               if l.startswith("=") and re.search(r"\d+ (passed|failed)", l) and " in " in l]
+    lines = [(line.startswith("[beside] "), line.removeprefix("[beside] ")) for line in text.splitlines()]
+    closing = [
+        ("beside: " if beside else "") + line.strip("= ")
+        for beside, line in lines
+        if line.startswith("=") and re.search(r"\d+ (passed|failed)", line) and " in " in line
+    ]
     slowest = re.findall(r"^(?:\[beside\] )?(\d+\.\d+)s (call|setup|teardown)\s+(\S+)", text, flags=re.M)
     result = {
         "what": ".ci/run wall time on a fresh clone",
@@ -70,13 +76,14 @@ def main() -> int:
         "exit_code": rc,
         "wall_s": round(wall, 1),
         "pytest": closing,
-        "slowest": sorted(({"seconds": float(s), "phase": ph, "test": t} for s, ph, t in slowest),
-                          key=lambda r: -r["seconds"]),
+        "slowest": sorted(
+            ({"seconds": float(s), "phase": ph, "test": t} for s, ph, t in slowest), key=lambda r: -r["seconds"]
+        ),
         "provenance": {
             "commit": commit,
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-                       f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
+            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
             "python": platform.python_version(),
             "already_installed": preinstalled,
         },

@@ -23,10 +23,16 @@ def main(out: Path) -> None:
     tc = dict(TRAIN, autocast="none")
     res = train_loop(SHAPE, tc, FakeStore(), *head(), out / "checkpoints", seed=3, resume=False, progress=False)
     state = res["model"].state_dict()
-    (out / f"rank{rank}.json").write_text(json.dumps({
-        "step": res["step"], "first_loss": res["history"][0]["loss"],
-        "fc": state["fc.weight"].flatten()[:64].tolist(),
-        "checksum": float(sum(v.double().sum() for v in state.values()))}))
+    (out / f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "step": res["step"],
+                "first_loss": res["history"][0]["loss"],
+                "fc": state["fc.weight"].flatten()[:64].tolist(),
+                "checksum": float(sum(v.double().sum() for v in state.values())),
+            }
+        )
+    )
     torch.distributed.destroy_process_group()
 
 

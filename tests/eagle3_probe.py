@@ -7,6 +7,7 @@ argv goes through vLLM's own serve argument parser and EngineArgs.create_engine_
 draft's ModelConfig is then read as vLLM built it, and read again with its architecture config
 recomputed by the unpatched convertor. Output: one stdout line "EAGLE3-JSON <json>".
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -15,9 +16,13 @@ import sys
 
 
 def draft_facts(draft) -> dict:
-    return {"use_mla": bool(draft.use_mla), "head_size": draft.get_head_size(),
-            "model_type": draft.hf_config.model_type, "inner_model_type": draft.hf_config.model.model_type,
-            "architectures": list(draft.architectures)}
+    return {
+        "use_mla": bool(draft.use_mla),
+        "head_size": draft.get_head_size(),
+        "model_type": draft.hf_config.model_type,
+        "inner_model_type": draft.hf_config.model.model_type,
+        "architectures": list(draft.architectures),
+    }
 
 
 def main() -> None:
@@ -33,8 +38,11 @@ def main() -> None:
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(request["argv"])
     config = AsyncEngineArgs.from_cli_args(args).create_engine_config()
     draft = config.speculative_config.draft_model_config
-    out = {"method": config.speculative_config.method, "with": draft_facts(draft),
-           "target_use_mla": bool(config.model_config.use_mla)}
+    out = {
+        "method": config.speculative_config.method,
+        "with": draft_facts(draft),
+        "target_use_mla": bool(config.model_config.use_mla),
+    }
     spec = importlib.util.spec_from_file_location("convertor_without_e1", request["unpatched"])
     unpatched = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(unpatched)

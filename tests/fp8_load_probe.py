@@ -21,10 +21,12 @@ With "pose_fnuz": true the platform answers ``is_fp8_fnuz()`` True (as ROCm gfx9
 while loading, to show which scale a loaded checkpoint scale becomes there: the
 compressed-tensors KV method keeps it as it is, BaseKVCacheMethod would double it.
 
-Input: argv[1], JSON {"model": DIR, "mla_kv_method": bool, "pose_fnuz": bool} (both optional). Output: one stdout line "LOAD-JSON <json>" with
+Input: argv[1], JSON {"model": DIR, "mla_kv_method": bool, "pose_fnuz": bool} (both optional).
+Output: one stdout line "LOAD-JSON <json>" with
 {"version", "layers": {name: {"cls", "k_scale", "v_scale", "quant_method"}}, "text"};
 ``layers["_platform"]`` says what ``is_fp8_fnuz()`` answered inside the engine.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,9 +45,12 @@ def scales_of(model):
     for name, mod in model.named_modules():
         if hasattr(mod, "_k_scale") and hasattr(mod, "kv_cache_dtype"):
             qm = getattr(mod, "quant_method", None)
-            out[name] = {"cls": type(mod).__name__, "k_scale": float(mod._k_scale.float().item()),
-                         "v_scale": float(mod._v_scale.float().item()),
-                         "quant_method": type(qm).__name__ if qm is not None else None}
+            out[name] = {
+                "cls": type(mod).__name__,
+                "k_scale": float(mod._k_scale.float().item()),
+                "v_scale": float(mod._v_scale.float().item()),
+                "quant_method": type(qm).__name__ if qm is not None else None,
+            }
     return out
 
 
@@ -89,13 +94,23 @@ def main() -> None:
     # CPU_MLA named for an MLA model: on an AMX host vLLM would pick AMX_MLA, which loads
     # bfloat16 weights only (the recipe's config rule says the same).
     mla = "kv_lora_rank" in json.loads((Path(args["model"]) / "config.json").read_text())
-    llm = LLM(model=args["model"], kv_cache_dtype="fp8", enforce_eager=True, dtype="float32",
-              max_model_len=512, max_num_seqs=1, gpu_memory_utilization=0.3, seed=0,
-              attention_backend="CPU_MLA" if mla else None)
+    llm = LLM(
+        model=args["model"],
+        kv_cache_dtype="fp8",
+        enforce_eager=True,
+        dtype="float32",
+        max_model_len=512,
+        max_num_seqs=1,
+        gpu_memory_utilization=0.3,
+        seed=0,
+        attention_backend="CPU_MLA" if mla else None,
+    )
     (layers,) = llm.apply_model(scales_of)
     out = llm.generate(["hello"], SamplingParams(max_tokens=1, temperature=0.0))
-    print("LOAD-JSON " + json.dumps({"version": vllm.__version__, "layers": layers,
-                                     "text": out[0].outputs[0].text}), flush=True)
+    print(
+        "LOAD-JSON " + json.dumps({"version": vllm.__version__, "layers": layers, "text": out[0].outputs[0].text}),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

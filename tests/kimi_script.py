@@ -19,9 +19,21 @@ import shutil
 from pathlib import Path
 
 REASONING, CONTENT, FUNCTION, ARGUMENTS = "The model", "reads the prompt", "lookup", "{}"
-SEGMENTS = ["<|im_middle|>", "<think>", REASONING, "</think>", CONTENT, "<|tool_calls_section_begin|>",
-            "<|tool_call_begin|>", f"functions.{FUNCTION}:0", "<|tool_call_argument_begin|>", ARGUMENTS,
-            "<|tool_call_end|>", "<|tool_calls_section_end|>", "<|im_end|>"]
+SEGMENTS = [
+    "<|im_middle|>",
+    "<think>",
+    REASONING,
+    "</think>",
+    CONTENT,
+    "<|tool_calls_section_begin|>",
+    "<|tool_call_begin|>",
+    f"functions.{FUNCTION}:0",
+    "<|tool_call_argument_begin|>",
+    ARGUMENTS,
+    "<|tool_call_end|>",
+    "<|tool_calls_section_end|>",
+    "<|im_end|>",
+]
 HEAD_GAIN = 4.0
 
 
@@ -54,7 +66,7 @@ def write_scripted(source: Path, out: Path) -> list[int]:
     n = len(ids) - 1  # every script token but the last has a successor
     embed[:, :n] = 0.0
     head[:, :n] = 0.0
-    for i, (token, successor) in enumerate(zip(ids, ids[1:])):
+    for i, (token, successor) in enumerate(zip(ids, ids[1:], strict=False)):
         embed[token] = 0.0
         embed[token, i] = 1.0
         head[successor, i] = HEAD_GAIN

@@ -25,6 +25,7 @@ valid for that layer, in its priority order.
 Input: argv[1], JSON {"cases": [{"name", "argv", "env"}]}. Output: one stdout line
 "SELECTION-JSON <json>" holding {"version", "vllm_file", "cases": {name: result}}.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,7 +41,8 @@ def pose_as_mi300x():
     import torch
 
     torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(
-        gcnArchName=GFX942, name="AMD Instinct MI300X", total_memory=192 << 30)
+        gcnArchName=GFX942, name="AMD Instinct MI300X", total_memory=192 << 30
+    )
     import vllm.platforms as platforms
     from vllm.platforms import interface, rocm
 
@@ -48,7 +50,6 @@ def pose_as_mi300x():
     platforms._current_platform = platform
     import triton
     import triton.language
-
     import vllm.triton_utils as triton_utils
     from vllm import _aiter_ops
 
@@ -93,7 +94,8 @@ def selection(platform, selector, config, **kwargs) -> dict:
         out["non_causal"] = cfg.use_non_causal
         out["setting"] = getattr(config.attention_config.backend, "name", None)
         valid, invalid = platform.get_valid_backends(
-            device_capability=platform.get_device_capability(), attn_selector_config=cfg)
+            device_capability=platform.get_device_capability(), attn_selector_config=cfg
+        )
         out["candidates"] = [b.name for b, _ in sorted(valid, key=lambda bp: bp[1])]
         out["rejected"] = {b.name: list(r) for b, r in invalid.items()}
     return out
@@ -126,7 +128,8 @@ def draft_vllm_config(vllm_config):
         # (torch.ops._C), which a source tree lacks; _get_model only enters its
         # model-tag context (a label for compiled graphs).
         sys.modules["vllm.compilation.backends"] = types.SimpleNamespace(
-            set_model_tag=lambda *a, **k: contextlib.nullcontext())
+            set_model_tag=lambda *a, **k: contextlib.nullcontext()
+        )
     captured = {}
 
     def capture(*, vllm_config, **_):
@@ -165,21 +168,33 @@ def select(case, platform) -> dict:
     result = {
         "aiter": {"mla": bool(rocm_aiter_ops.is_mla_enabled()), "mha": bool(rocm_aiter_ops.is_mha_enabled())},
         "target": selection(
-            platform, selector, vllm_config, head_size=model.get_head_size(), dtype=model.dtype,
-            kv_cache_dtype=vllm_config.cache_config.cache_dtype, use_mla=model.use_mla,
-            num_heads=model.get_num_attention_heads(vllm_config.parallel_config)),
+            platform,
+            selector,
+            vllm_config,
+            head_size=model.get_head_size(),
+            dtype=model.dtype,
+            kv_cache_dtype=vllm_config.cache_config.cache_dtype,
+            use_mla=model.use_mla,
+            num_heads=model.get_num_attention_heads(vllm_config.parallel_config),
+        ),
     }
-    result["target"].update(head_size=model.get_head_size(), use_mla=model.use_mla,
-                            kv_cache_dtype=vllm_config.cache_config.cache_dtype)
+    result["target"].update(
+        head_size=model.get_head_size(), use_mla=model.use_mla, kv_cache_dtype=vllm_config.cache_config.cache_dtype
+    )
     spec = vllm_config.speculative_config
     if spec is not None and spec.method == "dflash":
         draft_config = draft_vllm_config(vllm_config)
         draft = spec.draft_model_config
         result["draft"] = selection(
-            platform, selector, draft_config, head_size=draft.get_head_size(), dtype=draft.dtype,
-            kv_cache_dtype=draft_config.cache_config.cache_dtype, use_mla=False)
-        result["draft"].update(head_size=draft.get_head_size(),
-                               kv_cache_dtype=draft_config.cache_config.cache_dtype)
+            platform,
+            selector,
+            draft_config,
+            head_size=draft.get_head_size(),
+            dtype=draft.dtype,
+            kv_cache_dtype=draft_config.cache_config.cache_dtype,
+            use_mla=False,
+        )
+        result["draft"].update(head_size=draft.get_head_size(), kv_cache_dtype=draft_config.cache_config.cache_dtype)
     if spec is not None and spec.method == "eagle3":
         # The head's one MLA layer asks for an MLA backend with its latent cache's width, whatever
         # its model config says; that config's own view of the head is reported beside it.
@@ -187,12 +202,22 @@ def select(case, platform) -> dict:
         draft, hf = spec.draft_model_config, spec.draft_model_config.hf_config
         layer_head = hf.kv_lora_rank + hf.qk_rope_head_dim
         result["draft"] = selection(
-            platform, selector, draft_config, head_size=layer_head, dtype=draft.dtype,
-            kv_cache_dtype=draft_config.cache_config.cache_dtype, use_mla=True,
-            num_heads=hf.num_attention_heads // vllm_config.parallel_config.tensor_parallel_size)
-        result["draft"].update(head_size=layer_head, kv_cache_dtype=draft_config.cache_config.cache_dtype,
-                               config_use_mla=bool(draft.use_mla), config_head_size=draft.get_head_size(),
-                               inner_model_type=hf.model.model_type)
+            platform,
+            selector,
+            draft_config,
+            head_size=layer_head,
+            dtype=draft.dtype,
+            kv_cache_dtype=draft_config.cache_config.cache_dtype,
+            use_mla=True,
+            num_heads=hf.num_attention_heads // vllm_config.parallel_config.tensor_parallel_size,
+        )
+        result["draft"].update(
+            head_size=layer_head,
+            kv_cache_dtype=draft_config.cache_config.cache_dtype,
+            config_use_mla=bool(draft.use_mla),
+            config_head_size=draft.get_head_size(),
+            inner_model_type=hf.model.model_type,
+        )
     return result
 
 

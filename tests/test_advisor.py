@@ -7,8 +7,17 @@ import json
 import pytest
 
 from kimidflash import cli
-from kimidflash.sweep.advisor import (DEFAULT_COST, SEED_OUTCOMES, SEED_PROFILE, CostModel, advise, cost_from_run,
-                                      cumulative, fit_cost, tokens_per_step)
+from kimidflash.sweep.advisor import (
+    DEFAULT_COST,
+    SEED_OUTCOMES,
+    SEED_PROFILE,
+    CostModel,
+    advise,
+    cost_from_run,
+    cumulative,
+    fit_cost,
+    tokens_per_step,
+)
 from kimidflash.sweep.errors import AdviceError
 
 from .helpers import ROOT
@@ -93,13 +102,22 @@ def test_the_command_fits_costs_to_a_run_and_its_baseline(tmp_path, capsys):
     assert doc["line"] == "recommended SPECULATIVE_METHOD=none" and doc["recommended_k"] is None
 
 
-@pytest.mark.parametrize("argv, message", [
-    ([str(HELDOUT / "shipped-k7-c8.json"), "--baseline", str(HELDOUT / "no-speculation-c1.json")], "same concurrency"),
-    ([str(HELDOUT / "shipped-k7-c8.json"), "--baseline", str(HELDOUT / "shipped-k3-c8.json")], "not a no-speculation"),
-    (["--per-position", "0.5,x"], "numbers separated by commas"),
-    (["--per-position", "0.5", "--verify-cost", "-1"], "must be >= 0"),
-    ([], "one of the two"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            [str(HELDOUT / "shipped-k7-c8.json"), "--baseline", str(HELDOUT / "no-speculation-c1.json")],
+            "same concurrency",
+        ),
+        (
+            [str(HELDOUT / "shipped-k7-c8.json"), "--baseline", str(HELDOUT / "shipped-k3-c8.json")],
+            "not a no-speculation",
+        ),
+        (["--per-position", "0.5,x"], "numbers separated by commas"),
+        (["--per-position", "0.5", "--verify-cost", "-1"], "must be >= 0"),
+        ([], "one of the two"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert cli.main(["advise", *argv]) == 2
     err = capsys.readouterr().err
@@ -126,12 +144,29 @@ def test_runs_at_other_k_fit_both_costs_and_predict_small_k_better(tmp_path, cap
     adding the k=1 and k=3 runs fits the drafting cost too and gets k=1 closer."""
     pts = ROOT / "benchmarks" / "sweep" / "cpu-reference" / "points"
     run, base = pts / "k7" / "c4-r1.json", pts / "none" / "c4-r1.json"
-    ratio = {k: json.loads((pts / f"k{k}" / "c4-r1.json").read_text())["output_throughput"]
-             / json.loads(base.read_text())["output_throughput"] for k in (1, 3, 7)}
+    ratio = {
+        k: json.loads((pts / f"k{k}" / "c4-r1.json").read_text())["output_throughput"]
+        / json.loads(base.read_text())["output_throughput"]
+        for k in (1, 3, 7)
+    }
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     assert cli.main(["advise", str(run), "--baseline", str(base), "--json", str(one)]) == 0
-    assert cli.main(["advise", str(run), "--baseline", str(base), "--also", str(pts / "k1" / "c4-r1.json"),
-                     str(pts / "k3" / "c4-r1.json"), "--json", str(two)]) == 0
+    assert (
+        cli.main(
+            [
+                "advise",
+                str(run),
+                "--baseline",
+                str(base),
+                "--also",
+                str(pts / "k1" / "c4-r1.json"),
+                str(pts / "k3" / "c4-r1.json"),
+                "--json",
+                str(two),
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.strip().splitlines()[-1] == "recommended SPECULATIVE_METHOD=none"
     one, two = json.loads(one.read_text()), json.loads(two.read_text())
     profile = tuple(two["profile"])
@@ -142,19 +177,27 @@ def test_runs_at_other_k_fit_both_costs_and_predict_small_k_better(tmp_path, cap
     assert abs(at_k1(two) - ratio[1]) < abs(at_k1(one) - ratio[1])
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--also", str(HELDOUT / "shipped-k3-c8.json")], "it needs --baseline"),
-    (["--baseline", str(HELDOUT / "no-speculation-c8.json"), "--also", str(HELDOUT / "no-speculation-c8.json")],
-     "not a speculative run"),
-    (["--baseline", str(HELDOUT / "no-speculation-c8.json"), "--also", str(HELDOUT / "shipped-k3-c1.json")],
-     "same concurrency"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--also", str(HELDOUT / "shipped-k3-c8.json")], "it needs --baseline"),
+        (
+            ["--baseline", str(HELDOUT / "no-speculation-c8.json"), "--also", str(HELDOUT / "no-speculation-c8.json")],
+            "not a speculative run",
+        ),
+        (
+            ["--baseline", str(HELDOUT / "no-speculation-c8.json"), "--also", str(HELDOUT / "shipped-k3-c1.json")],
+            "same concurrency",
+        ),
+    ],
+)
 def test_also_is_checked(extra, message, capsys):
     assert cli.main(["advise", str(HELDOUT / "shipped-k7-c8.json"), *extra]) == 2
     assert message in capsys.readouterr().err
 
 
 # --- the fixed part of a DFlash step's cost, from the weights it reads (sweep/drafting.py) ---------------
+
 
 def _checkpoint(d, tensors: dict, config: dict | None = None):
     import torch
@@ -174,17 +217,29 @@ def test_the_fixed_draft_cost_is_what_a_draft_step_reads_over_a_target_step(tmp_
 
     f32, bf16 = torch.float32, torch.bfloat16
     # a dense target with tied embeddings: 100 x 8 embedding (= head) + one layer of 8 x 8 + a norm
-    target = _checkpoint(tmp_path / "t", {"model.embed_tokens.weight": ((100, 8), f32),
-                                          "model.layers.0.mlp.up_proj.weight": ((8, 8), f32),
-                                          "model.norm.weight": ((8,), f32)},
-                         {"tie_word_embeddings": True, "vocab_size": 100, "hidden_size": 8, "num_hidden_layers": 1})
+    target = _checkpoint(
+        tmp_path / "t",
+        {
+            "model.embed_tokens.weight": ((100, 8), f32),
+            "model.layers.0.mlp.up_proj.weight": ((8, 8), f32),
+            "model.norm.weight": ((8,), f32),
+        },
+        {"tie_word_embeddings": True, "vocab_size": 100, "hidden_size": 8, "num_hidden_layers": 1},
+    )
     drafter = _checkpoint(tmp_path / "d", {"layers.0.mlp.up_proj.weight": ((8, 8), bf16), "fc.weight": ((8, 16), bf16)})
     assert target_step_bytes(target, 1) == (4 * (800 + 64 + 8), 4 * 800)
     assert fixed_draft_cost(target, drafter, 1) == round((2 * 192 + 3200) / 3488, 4)  # stored bytes
     assert fixed_draft_cost(target, drafter, 1, "float32") == round((4 * 192 + 3200) / 3488, 4)  # served upcast
     # a draft vocabulary: the drafter reads its own 30-row head, not the target's
-    dv = _checkpoint(tmp_path / "dv", {"layers.0.mlp.up_proj.weight": ((8, 8), bf16), "fc.weight": ((8, 16), bf16),
-                                       "lm_head.weight": ((30, 8), f32), "d2t": ((30,), torch.int64)})
+    dv = _checkpoint(
+        tmp_path / "dv",
+        {
+            "layers.0.mlp.up_proj.weight": ((8, 8), bf16),
+            "fc.weight": ((8, 16), bf16),
+            "lm_head.weight": ((30, 8), f32),
+            "d2t": ((30,), torch.int64),
+        },
+    )
     assert fixed_draft_cost(target, dv, 1) == round((2 * 192 + 4 * 240 + 8 * 30) / 3488, 4)
 
 
@@ -195,14 +250,29 @@ def test_a_moe_target_reads_the_experts_a_batch_can_touch_and_never_its_vision_t
 
     bf16 = torch.bfloat16
     lm = "language_model.model."
-    tensors = {f"{lm}embed_tokens.weight": ((50, 4), bf16), "language_model.lm_head.weight": ((50, 4), bf16),
-               f"{lm}layers.0.self_attn.o_proj.weight": ((4, 4), bf16), f"{lm}norm.weight": ((4,), bf16),
-               "vision_tower.blocks.0.weight": ((64, 64), bf16)}
+    tensors = {
+        f"{lm}embed_tokens.weight": ((50, 4), bf16),
+        "language_model.lm_head.weight": ((50, 4), bf16),
+        f"{lm}layers.0.self_attn.o_proj.weight": ((4, 4), bf16),
+        f"{lm}norm.weight": ((4,), bf16),
+        "vision_tower.blocks.0.weight": ((64, 64), bf16),
+    }
     tensors |= {f"{lm}layers.0.mlp.experts.{e}.down_proj.weight": ((4, 4), bf16) for e in range(8)}
     tensors[f"{lm}layers.0.mlp.shared_experts.down_proj.weight"] = ((4, 4), bf16)
-    target = _checkpoint(tmp_path / "k", tensors, {"architectures": ["KimiK25ForConditionalGeneration"],
-                         "text_config": {"n_routed_experts": 8, "num_experts_per_tok": 2, "vocab_size": 50,
-                                         "hidden_size": 4, "num_hidden_layers": 1}})
+    target = _checkpoint(
+        tmp_path / "k",
+        tensors,
+        {
+            "architectures": ["KimiK25ForConditionalGeneration"],
+            "text_config": {
+                "n_routed_experts": 8,
+                "num_experts_per_tok": 2,
+                "vocab_size": 50,
+                "hidden_size": 4,
+                "num_hidden_layers": 1,
+            },
+        },
+    )
     head, dense, experts = 2 * 200, 2 * (16 + 4 + 16), 2 * 8 * 16
     assert target_step_bytes(target, 1) == (head + dense + experts // 4, head)  # 2 of 8 experts per token
     assert target_step_bytes(target, 3) == (head + dense + experts * 6 // 8, head)

@@ -16,8 +16,18 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "kimidflash"
 # Third-party imports that may wait inside a function: heavy, and needed by few commands
 # (jsonschema: only the benchmark's reply checks need it, and GPU training nodes lack it).
-DEFERRABLE = {"torch", "transformers", "tokenizers", "docker", "matplotlib", "safetensors", "numpy", "vllm",
-              "huggingface_hub", "jsonschema"}
+DEFERRABLE = {
+    "torch",
+    "transformers",
+    "tokenizers",
+    "docker",
+    "matplotlib",
+    "safetensors",
+    "numpy",
+    "vllm",
+    "huggingface_hub",
+    "jsonschema",
+}
 
 
 def modules(src: Path = SRC) -> dict[str, Path]:
@@ -132,20 +142,25 @@ def test_the_cycle_finder_sees_a_cycle_dodged_by_a_function_level_import(tmp_pat
 
 def test_no_import_cycle_between_the_packages_modules():
     found = cycles(graph(modules()))
-    assert not found, "import cycles (move the shared piece into a leaf module): " + \
-        "; ".join(" <-> ".join(c) for c in found)
+    assert not found, "import cycles (move the shared piece into a leaf module): " + "; ".join(
+        " <-> ".join(c) for c in found
+    )
 
 
 def test_imports_sit_at_the_top_of_their_module_but_the_heavy_optional_ones():
     known = modules()
-    late = [f"{known[name].relative_to(SRC)}:{node.lineno} imports {target}"
-            for name in known for target, node, at_top in imports(name, known[name], known)
-            if not at_top and target.partition(".")[0] not in DEFERRABLE]
+    late = [
+        f"{known[name].relative_to(SRC)}:{node.lineno} imports {target}"
+        for name in known
+        for target, node, at_top in imports(name, known[name], known)
+        if not at_top and target.partition(".")[0] not in DEFERRABLE
+    ]
     assert not late, "imports inside functions or blocks (a dodged cycle?):\n" + "\n".join(late)
 
 
 def test_only_the_in_image_check_runs_as_a_script():
     """Commands go through `python -m kimidflash`; imagecheck.py runs by path inside the image."""
-    scripts = sorted(str(p.relative_to(SRC)) for p in modules().values()
-                     if 'if __name__ == "__main__"' in p.read_text())
+    scripts = sorted(
+        str(p.relative_to(SRC)) for p in modules().values() if 'if __name__ == "__main__"' in p.read_text()
+    )
     assert scripts == ["kimidflash/docker/imagecheck.py"], scripts

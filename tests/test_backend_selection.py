@@ -11,6 +11,7 @@ the config the DFlash proposer loads it with. What each config should get comes 
 kimidflash.backends, the same source the validator, the renderer and docs/patches.md
 use.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,16 +32,37 @@ PROBE = Path(__file__).with_name("selection_probe.py")
 # Kimi K2.6's text model as vLLM reads it (DeepSeek-V3 architecture): the attention
 # dimensions are the real ones (MLA head 512 + 64 = 576, 64 heads, 8 per GPU at TP 8).
 KIMI_TARGET = {
-    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
-    "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64,
-    "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-    "v_head_dim": 128, "n_routed_experts": 384, "n_shared_experts": 1, "num_experts_per_tok": 8,
-    "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc",
-    "scoring_func": "sigmoid", "routed_scaling_factor": 2.827, "norm_topk_prob": True,
-    "vocab_size": 163840, "max_position_embeddings": 262144, "rope_theta": 50000.0,
-    "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
-    "bos_token_id": 163584, "eos_token_id": 163585,
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "n_routed_experts": 384,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "routed_scaling_factor": 2.827,
+    "norm_topk_prob": True,
+    "vocab_size": 163840,
+    "max_position_embeddings": 262144,
+    "rope_theta": 50000.0,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+    "bos_token_id": 163584,
+    "eos_token_id": 163585,
 }
 NON_CAUSAL_REFUSED = "non-causal attention not supported"
 
@@ -58,8 +80,12 @@ def models(tmp_path_factory):
 
 
 def config_values(name: str, pin: str, models: Path, **overrides: str) -> dict:
-    sets = {"VLLM_VERSION": pin, "MODEL_DIR": str(models / "target"),
-            "DRAFT_MODEL_DIR": str(models / "draft"), **overrides}
+    sets = {
+        "VLLM_VERSION": pin,
+        "MODEL_DIR": str(models / "target"),
+        "DRAFT_MODEL_DIR": str(models / "draft"),
+        **overrides,
+    }
     return load_config(CONFIGS / name, sets, environ={})
 
 
@@ -71,7 +97,7 @@ def case(label: str, config) -> dict:
     argv = list(r.argv)
     if "--reasoning-parser" in argv:
         i = argv.index("--reasoning-parser")
-        del argv[i:i + 2]
+        del argv[i : i + 2]
     return {"name": label, "argv": argv + ["--skip-tokenizer-init"], "env": r.env}
 
 
@@ -106,7 +132,7 @@ def patched(version: str, dest: Path, leave_out: str | None = None) -> tuple[Pat
 
 
 def assert_as_planned(result: dict, config) -> None:
-    plan = backends.attention_plan(config.values)
+    plan = backends.attention_plan(config)
     target, draft = result["target"], result["draft"]
     assert target["use_mla"] and target["head_size"] == 576
     assert target.get("backend") == plan.target, target
@@ -114,15 +140,15 @@ def assert_as_planned(result: dict, config) -> None:
     assert draft["head_size"] == 128 and draft["non_causal"] is True
     assert draft.get("backend") == (plan.draft or backends.ROCM_FIRST), draft
     assert draft["candidates"][0] == backends.ROCM_FIRST  # first in ROCm's order on both pins
-    assert target["kv_cache_dtype"] == config["KV_CACHE_DTYPE"]
+    assert target["kv_cache_dtype"] == config.kv_cache_dtype
     # The draft's cache as the engine config gives it: from 0.32 the config's own
     # choice (speculative_config.kv_cache_dtype); 0.20.x hands the draft the target's,
     # though its DFlash layers then ignore it (test_draft_layers_get_the_cache_config...).
     # ROCM_ATTN takes BF16 and FP8 alike.
-    if backends.draft_kv_dtype_option(config["VLLM_VERSION"]):
-        assert draft["kv_cache_dtype"] == backends.draft_cache_dtype(config.values), draft
+    if backends.draft_kv_dtype_option(config.vllm_version):
+        assert draft["kv_cache_dtype"] == backends.draft_cache_dtype(config), draft
     else:
-        assert draft["kv_cache_dtype"] == config["KV_CACHE_DTYPE"], draft
+        assert draft["kv_cache_dtype"] == config.kv_cache_dtype, draft
     assert result["aiter"] == {"mla": True, "mha": True}  # the rendered env turns AITER on
 
 
@@ -143,7 +169,7 @@ def test_0_20_2_patched_every_config_gets_its_planned_backends(tmp_path, models)
         assert_as_planned(result, config)
         assert result["draft"]["setting"] is None  # P5 dropped the inherited TRITON_MLA
         assert result["target"]["setting"] == "TRITON_MLA"
-        assert set(backends.exercised(config.values)) <= applied
+        assert set(backends.exercised(config)) <= applied
         # Without P6-P8 (retired) TRITON_ATTN is no candidate; AITER FA is, and the
         # validator keeps the draft off it.
         assert result["draft"]["candidates"] == ["ROCM_ATTN", "ROCM_AITER_FA"], result["draft"]
@@ -153,15 +179,20 @@ def test_0_33_0_patched_every_config_gets_its_planned_backends(tmp_path, models)
     configs = {name: config_values(name, "0.33.0", models) for name in DFLASH_PRODUCTION_CONFIGS}
     # vLLM's own choice for the draft, for comparison: ROCm's order gives the same.
     configs["production.env, draft backend unset"] = config_values(
-        "production.env", "0.33.0", models, DRAFT_ATTENTION_BACKEND="")
+        "production.env", "0.33.0", models, DRAFT_ATTENTION_BACKEND=""
+    )
     out, applied = probe_patched("0.33.0", configs, tmp_path)
     for name, config in configs.items():
         result = out["cases"][name]
         assert_as_planned(result, config)
-        assert result["draft"]["setting"] == (config["DRAFT_ATTENTION_BACKEND"] or None)
-        assert set(backends.exercised(config.values)) <= applied
-    assert json.loads(next(a for a in case("p", configs["production.env"])["argv"]
-                           if a.startswith("{")))["attention_backend"] == "ROCM_ATTN"
+        assert result["draft"]["setting"] == (config.draft_attention_backend or None)
+        assert set(backends.exercised(config)) <= applied
+    assert (
+        json.loads(next(a for a in case("p", configs["production.env"])["argv"] if a.startswith("{")))[
+            "attention_backend"
+        ]
+        == "ROCM_ATTN"
+    )
 
 
 def test_0_33_0_a_draft_with_its_own_fp8_cache_gets_rocm_attn(tmp_path, models):
@@ -183,9 +214,15 @@ def dflash_layer_calls(version: str) -> list[set[str]]:
     import ast
 
     tree = ast.parse((vllm_tree(version) / "vllm/model_executor/models/qwen3_dflash.py").read_text())
-    return [{k.arg for k in node.keywords} for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and (getattr(node.func, "id", None) == "DFlashQwen3DecoderLayer"
-                                               or getattr(node.func, "attr", None) == "decoder_layer_cls")]
+    return [
+        {k.arg for k in node.keywords}
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (
+            getattr(node.func, "id", None) == "DFlashQwen3DecoderLayer"
+            or getattr(node.func, "attr", None) == "decoder_layer_cls"
+        )
+    ]
 
 
 @pytest.mark.parametrize("version", ["0.20.2", "0.21.0", "0.33.0"])
@@ -234,7 +271,8 @@ def test_0_33_0_an_eagle3_mla_head_gets_the_targets_mla_backend_and_e1_makes_it_
     eagle3 = {"DRAFT_MODEL_DIR": str(models / "eagle3")}
     configs = {name: config_values(name, "0.33.0", models, **eagle3) for name in EAGLE3_PRODUCTION_CONFIGS}
     configs["production-eagle3.env, draft backend unset"] = config_values(
-        "production-eagle3.env", "0.33.0", models, DRAFT_ATTENTION_BACKEND="", **eagle3)
+        "production-eagle3.env", "0.33.0", models, DRAFT_ATTENTION_BACKEND="", **eagle3
+    )
     out, applied = probe_patched("0.33.0", configs, tmp_path / "patched")
     assert "E1" in applied
     for name, config in configs.items():
@@ -242,12 +280,13 @@ def test_0_33_0_an_eagle3_mla_head_gets_the_targets_mla_backend_and_e1_makes_it_
         target, draft = result["target"], result["draft"]
         assert target["backend"] == "TRITON_MLA" and target["use_mla"] and target["head_size"] == 576
         assert draft["head_size"] == 576 and draft["non_causal"] is False
-        assert draft["backend"] == (config["DRAFT_ATTENTION_BACKEND"] or "ROCM_AITER_MLA"), draft
+        assert draft["backend"] == (config.draft_attention_backend or "ROCM_AITER_MLA"), draft
         assert draft["candidates"][0] == "ROCM_AITER_MLA", draft  # ROCm's MLA order with AITER on
         assert draft["inner_model_type"] == "kimi_k2"
         assert draft["config_use_mla"] is True and draft["config_head_size"] == 576
-        assert draft["kv_cache_dtype"] == backends.draft_cache_dtype(config.values)
-        assert set(backends.exercised(config.values)) <= applied
-    raw = probe(copy_vllm_package("0.33.0", tmp_path / "raw"),
-                [case("p", configs["production-eagle3.env"])], tmp_path)["cases"]["p"]["draft"]
+        assert draft["kv_cache_dtype"] == backends.draft_cache_dtype(config)
+        assert set(backends.exercised(config)) <= applied
+    raw = probe(copy_vllm_package("0.33.0", tmp_path / "raw"), [case("p", configs["production-eagle3.env"])], tmp_path)[
+        "cases"
+    ]["p"]["draft"]
     assert raw["config_use_mla"] is False and raw["config_head_size"] == 64

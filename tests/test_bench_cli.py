@@ -8,8 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -30,15 +30,33 @@ def server() -> Iterator[FakeServer]:
 
 def cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     # cwd=/ proves the script finds its package from its own location, not from the cwd.
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd="/")
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, cwd="/"
+    )
 
 
 def test_seed_command_line_writes_a_valid_result(server: FakeServer, tmp_path: Path) -> None:
     out = tmp_path / "sub" / "r.json"
-    r = cli("--base-url", server.base_url, "--model", server.model, "--sessions", "4",
-            "--turns-per-session", "1", "--max-tokens", "512", "--warmup", "1", "--output", str(out),
-            "--label", "dflash st=2", "--api-key", "hunter2")
+    r = cli(
+        "--base-url",
+        server.base_url,
+        "--model",
+        server.model,
+        "--sessions",
+        "4",
+        "--turns-per-session",
+        "1",
+        "--max-tokens",
+        "512",
+        "--warmup",
+        "1",
+        "--output",
+        str(out),
+        "--label",
+        "dflash st=2",
+        "--api-key",
+        "hunter2",
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert validate_result(doc) == []
@@ -53,9 +71,26 @@ def test_seed_command_line_writes_a_valid_result(server: FakeServer, tmp_path: P
 def test_sigint_writes_a_partial_result_and_exits_130(server: FakeServer, tmp_path: Path) -> None:
     server._plan = Plan(chunks=(1,) * 100, delay=0.05)
     out = tmp_path / "partial.json"
-    p = subprocess.Popen([sys.executable, str(SCRIPT), "--base-url", server.base_url, "--model", server.model,
-                          "--sessions", "2", "--warmup", "0", "--output", str(out), "-q"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--base-url",
+            server.base_url,
+            "--model",
+            server.model,
+            "--sessions",
+            "2",
+            "--warmup",
+            "0",
+            "--output",
+            str(out),
+            "-q",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         end = time.monotonic() + 20
         while server.counters.generation_tokens < 4 and time.monotonic() < end and p.poll() is None:
@@ -81,23 +116,42 @@ def test_dying_server_exits_3_with_a_partial_result(server: FakeServer, tmp_path
         if i >= 1:
             server.die()
         return Plan(chunks=(1, 1))
+
     server._plan = die_after_second
-    r = cli("--base-url", server.base_url, "--model", server.model, "--sessions", "1",
-            "--turns-per-session", "4", "--warmup", "0", "--output", str(out), "-q")
+    r = cli(
+        "--base-url",
+        server.base_url,
+        "--model",
+        server.model,
+        "--sessions",
+        "1",
+        "--turns-per-session",
+        "4",
+        "--warmup",
+        "0",
+        "--output",
+        str(out),
+        "-q",
+    )
     assert r.returncode == 3, r.stderr
     doc = json.loads(out.read_text())
     assert doc["partial"] and validate_result(doc) == []
     assert doc["completed"] == 1 and doc["failed"] == 1 and doc["not_started"] == 2
 
 
-@pytest.mark.parametrize("args, culprit", [
-    (["--base-url", "127.0.0.1:1/v1", "--model", "m"], "--base-url must be an http(s) URL"),
-    (["--base-url", "http://127.0.0.1:1/v1", "--model", "m"], "cannot reach http://127.0.0.1:1/v1"),
-    (["--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--prompts", "/no/p.jsonl"],
-     "prompts file not found: /no/p.jsonl"),
-    (["--model", "m"], "--base-url is required"),
-    (["--base-url", "http://127.0.0.1:1/v1", "--sessions", "0"], "--sessions must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, culprit",
+    [
+        (["--base-url", "127.0.0.1:1/v1", "--model", "m"], "--base-url must be an http(s) URL"),
+        (["--base-url", "http://127.0.0.1:1/v1", "--model", "m"], "cannot reach http://127.0.0.1:1/v1"),
+        (
+            ["--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--prompts", "/no/p.jsonl"],
+            "prompts file not found: /no/p.jsonl",
+        ),
+        (["--model", "m"], "--base-url is required"),
+        (["--base-url", "http://127.0.0.1:1/v1", "--sessions", "0"], "--sessions must be at least 1"),
+    ],
+)
 def test_bad_input_is_one_line_naming_the_culprit(args: list[str], culprit: str) -> None:
     r = cli(*args)
     assert r.returncode == 2
@@ -128,8 +182,10 @@ def test_validate_subcommand(server: FakeServer, tmp_path: Path) -> None:
 
 def test_progress_bar_counts_measured_requests(server: FakeServer, capsys: pytest.CaptureFixture[str]) -> None:
     from kimidflash.bench import BenchConfig, run_benchmark
-    doc = run_benchmark(BenchConfig(base_url=server.base_url, sessions=3, warmup=1, progress=True,
-                                    metrics_settle_timeout=0.5))
+
+    doc = run_benchmark(
+        BenchConfig(base_url=server.base_url, sessions=3, warmup=1, progress=True, metrics_settle_timeout=0.5)
+    )
     assert doc["completed"] == 3
     err = capsys.readouterr().err
     assert "requests (errors 0)" in err and "3/3" in err  # warm-up not counted in the bar
@@ -138,8 +194,9 @@ def test_progress_bar_counts_measured_requests(server: FakeServer, capsys: pytes
 def test_a_run_where_every_request_failed_is_not_a_measurement(server: FakeServer, tmp_path: Path) -> None:
     server._plan = Plan(fault="http_500")
     out = tmp_path / "failed.json"
-    r = cli("--base-url", server.base_url, "--model", server.model, "--sessions", "2", "--warmup", "0",
-            "--output", str(out))
+    r = cli(
+        "--base-url", server.base_url, "--model", server.model, "--sessions", "2", "--warmup", "0", "--output", str(out)
+    )
     assert r.returncode == 3, r.stderr
     assert "no request completed: http_500" in r.stderr
     assert "0.00 / 0.00" not in r.stderr
@@ -156,18 +213,22 @@ def test_an_unwritable_output_is_refused_before_the_first_request(server: FakeSe
     blocker = tmp_path / "file"
     blocker.write_text("")
     out = blocker / "r.json"  # its "directory" is a file: it can never be written
-    r = cli("--base-url", server.base_url, "--model", server.model, "--sessions", "1", "--warmup", "0",
-            "--output", str(out))
+    r = cli(
+        "--base-url", server.base_url, "--model", server.model, "--sessions", "1", "--warmup", "0", "--output", str(out)
+    )
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and str(out) in lines[0], r.stderr
     assert server.bodies == []  # nothing was sent
 
 
-@pytest.mark.parametrize("args, culprit", [
-    (["--warmup-max-tokens", "0"], "--warmup-max-tokens must be at least 1"),
-    (["--max-connection-errors", "-1"], "--max-connection-errors must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, culprit",
+    [
+        (["--warmup-max-tokens", "0"], "--warmup-max-tokens must be at least 1"),
+        (["--max-connection-errors", "-1"], "--max-connection-errors must be at least 1"),
+    ],
+)
 def test_nonsense_limits_are_refused(server: FakeServer, args: list[str], culprit: str) -> None:
     r = cli("--base-url", server.base_url, "--model", server.model, "--sessions", "1", *args)
     assert r.returncode == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -45,8 +45,9 @@ def server() -> Iterator[FakeServer]:
     s.stop()
 
 
-def one(server: FakeServer, plan: Plan, *, extensions: bool = True, max_tokens: int = 64,
-        timeout: float = 5.0) -> RequestRecord:
+def one(
+    server: FakeServer, plan: Plan, *, extensions: bool = True, max_tokens: int = 64, timeout: float = 5.0
+) -> RequestRecord:
     server._plan = plan
 
     async def go() -> RequestRecord:
@@ -54,6 +55,7 @@ def one(server: FakeServer, plan: Plan, *, extensions: bool = True, max_tokens: 
             rec = RequestRecord(session=0, turn=0, due=time.perf_counter())
             body = chat_payload(server.model, [{"role": "user", "content": "a b c"}], max_tokens, 0.0, extensions)
             return await stream_chat(client, server.base_url + "/chat/completions", body, {}, rec, timeout)
+
     return asyncio.run(go())
 
 
@@ -113,12 +115,15 @@ def test_max_tokens_is_honoured_and_counted(server: FakeServer) -> None:
     assert rec.output_tokens == 9 and rec.chunk_token_total == 9
 
 
-@pytest.mark.parametrize("plan, kind", [
-    (Plan(fault="http_500"), "http_500"),
-    (Plan(fault="disconnect", fault_after=2), "disconnect"),
-    (Plan(fault="error_event", fault_after=1), "server_error_event"),
-    (Plan(fault="no_usage"), "no_usage"),
-])
+@pytest.mark.parametrize(
+    "plan, kind",
+    [
+        (Plan(fault="http_500"), "http_500"),
+        (Plan(fault="disconnect", fault_after=2), "disconnect"),
+        (Plan(fault="error_event", fault_after=1), "server_error_event"),
+        (Plan(fault="no_usage"), "no_usage"),
+    ],
+)
 def test_faults_become_error_kinds(server: FakeServer, plan: Plan, kind: str) -> None:
     rec = one(server, plan)
     assert not rec.ok and rec.error == kind and rec.error_detail
@@ -135,11 +140,14 @@ def test_unknown_model_and_refused_connection() -> None:
     s = FakeServer().start()
     port = s.port
     try:
+
         async def go(model: str) -> RequestRecord:
             async with httpx.AsyncClient() as c:
                 rec = RequestRecord(0, 0, time.perf_counter())
-                return await stream_chat(c, f"http://127.0.0.1:{port}/v1/chat/completions",
-                                         chat_payload(model, [], 4, 0.0), {}, rec, 5)
+                return await stream_chat(
+                    c, f"http://127.0.0.1:{port}/v1/chat/completions", chat_payload(model, [], 4, 0.0), {}, rec, 5
+                )
+
         assert asyncio.run(go("nope")).error == "http_404"
     finally:
         s.stop()
@@ -162,13 +170,19 @@ def test_events_split_across_reads_and_crlf_lines_are_framed_whole() -> None:
 
     async def pieces():
         for i in range(0, len(raw), 7):  # cuts land inside JSON, inside "data:", between \r and \n
-            yield raw[i:i + 7]
+            yield raw[i : i + 7]
 
     async def go() -> RequestRecord:
         transport = httpx.MockTransport(lambda request: httpx.Response(200, content=pieces()))
         async with httpx.AsyncClient(transport=transport) as client:
-            return await stream_chat(client, "http://test/v1/chat/completions", {}, {},
-                                     RequestRecord(session=0, turn=0, due=time.perf_counter()), 5.0)
+            return await stream_chat(
+                client,
+                "http://test/v1/chat/completions",
+                {},
+                {},
+                RequestRecord(session=0, turn=0, due=time.perf_counter()),
+                5.0,
+            )
 
     rec = asyncio.run(go())
     assert rec.ok, rec.error_detail

@@ -6,9 +6,19 @@ import math
 
 import pytest
 
-from kimidflash.bench.metrics import (ACCEPTED_PER_POS, DRAFTS, GENERATION_TOKENS, MetricsError, Snapshot, delta,
-                                      metrics_url_for, parse_prometheus, spec_decode_fields, spec_decode_stats,
-                                      stats_from_counts)
+from kimidflash.bench.metrics import (
+    ACCEPTED_PER_POS,
+    DRAFTS,
+    GENERATION_TOKENS,
+    MetricsError,
+    Snapshot,
+    delta,
+    metrics_url_for,
+    parse_prometheus,
+    spec_decode_fields,
+    spec_decode_stats,
+    stats_from_counts,
+)
 
 TEXT_BEFORE = """\
 # HELP vllm:generation_tokens_total Number of generation tokens processed.
@@ -42,8 +52,9 @@ vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 4.0
 
 
 def test_parse_labels_values_and_escapes() -> None:
-    s = parse_prometheus('a_total{x="q\\"uote",y="back\\\\slash",z="new\\nline"} 2.5 1712345678\n'
-                         'b 1e3\nc{} NaN\nd +Inf\n')
+    s = parse_prometheus(
+        'a_total{x="q\\"uote",y="back\\\\slash",z="new\\nline"} 2.5 1712345678\nb 1e3\nc{} NaN\nd +Inf\n'
+    )
     assert s[("a_total", (("x", 'q"uote'), ("y", "back\\slash"), ("z", "new\nline")))] == 2.5
     assert s[("b", ())] == 1000.0
     assert math.isnan(s[("c", ())])
@@ -123,6 +134,7 @@ def test_background_metrics_keys_positions_and_sums_engines() -> None:
     """The slow tests' counter reader (kimidflash.background.metrics) parses with the same parser."""
     from kimidflash.background import metrics
     from kimidflash.bench import BenchConfig, run_benchmark
+
     from .fakeserver import FakeServer, Plan
 
     with FakeServer(Plan(chunks=(1, 2, 3)), spec_tokens=3) as s:
@@ -136,12 +148,16 @@ def test_background_metrics_keys_positions_and_sums_engines() -> None:
 
 def _replica(gen: float, drafts: float, accepted_by_pos: list[float], t0: float = 0.0):
     """One replica's window: counters from zero to these values."""
-    lines = [f'vllm:generation_tokens_total{{model_name="m"}} {gen}',
-             f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {drafts}',
-             f'vllm:spec_decode_num_draft_tokens_total{{model_name="m"}} {drafts * len(accepted_by_pos)}',
-             f'vllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} {sum(accepted_by_pos)}']
-    lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="m",position="{i}"}} {c}'
-              for i, c in enumerate(accepted_by_pos)]
+    lines = [
+        f'vllm:generation_tokens_total{{model_name="m"}} {gen}',
+        f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {drafts}',
+        f'vllm:spec_decode_num_draft_tokens_total{{model_name="m"}} {drafts * len(accepted_by_pos)}',
+        f'vllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} {sum(accepted_by_pos)}',
+    ]
+    lines += [
+        f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="m",position="{i}"}} {c}'
+        for i, c in enumerate(accepted_by_pos)
+    ]
     return delta(Snapshot.from_text("", t0), Snapshot.from_text("\n".join(lines) + "\n", t0 + 10.0 + gen / 100))
 
 

@@ -23,13 +23,25 @@ def test_builtin_set_is_large_and_diverse() -> None:
 
 def test_jsonl_accepts_prompt_turns_and_messages(tmp_path: Path) -> None:
     f = tmp_path / "p.jsonl"
-    f.write_text("\n".join([
-        json.dumps({"prompt": "one"}),
-        "",
-        json.dumps({"turns": ["two", "two b"], "kind": "math"}),
-        json.dumps({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "three"},
-                                 {"role": "assistant", "content": "x"}, {"role": "user", "content": "three b"}]}),
-    ]))
+    f.write_text(
+        "\n".join(
+            [
+                json.dumps({"prompt": "one"}),
+                "",
+                json.dumps({"turns": ["two", "two b"], "kind": "math"}),
+                json.dumps(
+                    {
+                        "messages": [
+                            {"role": "system", "content": "s"},
+                            {"role": "user", "content": "three"},
+                            {"role": "assistant", "content": "x"},
+                            {"role": "user", "content": "three b"},
+                        ]
+                    }
+                ),
+            ]
+        )
+    )
     convs = P.load_file(f)
     assert [c.turns for c in convs] == [("one",), ("two", "two b"), ("three", "three b")]
     assert convs[1].kind == "math"
@@ -37,11 +49,21 @@ def test_jsonl_accepts_prompt_turns_and_messages(tmp_path: Path) -> None:
 
 def test_sharegpt_keeps_human_turns_and_skips_empty_records(tmp_path: Path) -> None:
     f = tmp_path / "sg.json"
-    f.write_text(json.dumps([
-        {"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"},
-                                      {"from": "human", "value": "how are you"}]},
-        {"id": "b", "conversations": [{"from": "gpt", "value": "only the bot"}]},
-    ]))
+    f.write_text(
+        json.dumps(
+            [
+                {
+                    "id": "a",
+                    "conversations": [
+                        {"from": "human", "value": "hi"},
+                        {"from": "gpt", "value": "hello"},
+                        {"from": "human", "value": "how are you"},
+                    ],
+                },
+                {"id": "b", "conversations": [{"from": "gpt", "value": "only the bot"}]},
+            ]
+        )
+    )
     convs = P.load_file(f)
     assert [(c.id, c.turns) for c in convs] == [("a", ("hi", "how are you"))]
 
@@ -79,9 +101,10 @@ def test_more_sessions_than_prompts_reuses_conversations() -> None:
 
 
 def test_export_writes_the_prompts_a_run_sends(tmp_path: Path) -> None:
-    from kimidflash.bench.cli import main
-    from .fakeserver import FakeServer, Plan
     from kimidflash.bench import BenchConfig, run_benchmark
+    from kimidflash.bench.cli import main
+
+    from .fakeserver import FakeServer, Plan
 
     out = tmp_path / "peer.jsonl"
     assert main(["export-prompts", "--sessions", "5", "--seed", "3", "--warmup", "1", "-o", str(out)]) == 0
@@ -97,30 +120,74 @@ def test_traffic_in_the_formats_operators_keep_it(tmp_path: Path) -> None:
     request body with content parts and a ShareGPT conversation line: each becomes its user turns,
     assistant turns dropped (the server answers), ids and categories kept."""
     f = tmp_path / "traffic.jsonl"
-    f.write_text("\n".join(json.dumps(o) for o in [
-        {"custom_id": "req-1", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "kimi", "metadata": {"category": "code"},
-                  "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "fix this"},
-                               {"role": "assistant", "content": "which?"}, {"role": "user", "content": "the loop"}]}},
-        {"custom_id": "req-2", "method": "POST", "url": "/v1/completions", "body": {"model": "kimi", "prompt": "Once"}},
-        {"model": "kimi", "messages": [{"role": "user", "content": [{"type": "text", "text": "describe"},
-                                                                    {"type": "image_url", "image_url": {"url": "x"}},
-                                                                    {"type": "text", "text": "this chart"}]}]},
-        {"id": "sg", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"},
-                                       {"from": "human", "value": "more"}]},
-    ]) + "\n")
+    f.write_text(
+        "\n".join(
+            json.dumps(o)
+            for o in [
+                {
+                    "custom_id": "req-1",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {
+                        "model": "kimi",
+                        "metadata": {"category": "code"},
+                        "messages": [
+                            {"role": "system", "content": "be brief"},
+                            {"role": "user", "content": "fix this"},
+                            {"role": "assistant", "content": "which?"},
+                            {"role": "user", "content": "the loop"},
+                        ],
+                    },
+                },
+                {
+                    "custom_id": "req-2",
+                    "method": "POST",
+                    "url": "/v1/completions",
+                    "body": {"model": "kimi", "prompt": "Once"},
+                },
+                {
+                    "model": "kimi",
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [
+                                {"type": "text", "text": "describe"},
+                                {"type": "image_url", "image_url": {"url": "x"}},
+                                {"type": "text", "text": "this chart"},
+                            ],
+                        }
+                    ],
+                },
+                {
+                    "id": "sg",
+                    "conversations": [
+                        {"from": "human", "value": "hi"},
+                        {"from": "gpt", "value": "hello"},
+                        {"from": "human", "value": "more"},
+                    ],
+                },
+            ]
+        )
+        + "\n"
+    )
     convs = P.load_file(f)
     assert [(c.id, c.kind, c.turns) for c in convs] == [
-        ("req-1", "code", ("fix this", "the loop")), ("req-2", "unknown", ("Once",)),
-        ("2", "unknown", ("describe\nthis chart",)), ("sg", "unknown", ("hi", "more"))]
+        ("req-1", "code", ("fix this", "the loop")),
+        ("req-2", "unknown", ("Once",)),
+        ("2", "unknown", ("describe\nthis chart",)),
+        ("sg", "unknown", ("hi", "more")),
+    ]
 
 
-@pytest.mark.parametrize("line, words", [
-    ({"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}, "'/v1/embeddings'"),
-    ({"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}}, "no 'messages'"),
-    ({"messages": [{"role": "assistant", "content": "only me"}]}, "no non-empty user turn"),
-    ({"input": "x"}, "Batch API line"),
-])
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        ({"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}, "'/v1/embeddings'"),
+        ({"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}}, "no 'messages'"),
+        ({"messages": [{"role": "assistant", "content": "only me"}]}, "no non-empty user turn"),
+        ({"input": "x"}, "Batch API line"),
+    ],
+)
 def test_a_bad_traffic_line_is_named_by_its_number(tmp_path: Path, line: dict, words: str) -> None:
     f = tmp_path / "t.jsonl"
     f.write_text(json.dumps({"prompt": "fine"}) + "\n" + json.dumps(line) + "\n")

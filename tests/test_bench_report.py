@@ -25,13 +25,22 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A baseline (1 token per chunk) and a speculative series (k=2), each at concurrency 1 and 2."""
     out = tmp_path_factory.mktemp("results")
     files: dict[str, Any] = {}
-    for name, spec, plan in (("base", 0, Plan(chunks=(1,) * 12, delay=0.004)),
-                             ("dflash", 2, Plan(chunks=(1, 3, 2, 3, 3), delay=0.004))):
+    for name, spec, plan in (
+        ("base", 0, Plan(chunks=(1,) * 12, delay=0.004)),
+        ("dflash", 2, Plan(chunks=(1, 3, 2, 3, 3), delay=0.004)),
+    ):
         with FakeServer(plan, spec_tokens=spec) as s:
             for c in (1, 2):
-                doc = run_benchmark(BenchConfig(base_url=s.base_url, sessions=c, turns_per_session=2, warmup=0,
-                                                label="Autoregressive" if not spec else "DFlash k=2",
-                                                metrics_settle_timeout=0.5))
+                doc = run_benchmark(
+                    BenchConfig(
+                        base_url=s.base_url,
+                        sessions=c,
+                        turns_per_session=2,
+                        warmup=0,
+                        label="Autoregressive" if not spec else "DFlash k=2",
+                        metrics_settle_timeout=0.5,
+                    )
+                )
                 path = out / f"{name}-c{c}.json"
                 write_result(path, doc)
                 files[f"{name}{c}"] = (path, doc)
@@ -100,8 +109,12 @@ def test_the_seed_tables_are_reproduced_from_its_published_figures(tmp_path: Pat
     assert h2h["12 users"][1:] == ["125.1 tok/s", "192.8 tok/s", "1.54x"]
     assert h2h["32 users"][1:] == ["—", "507.6 tok/s", "—"]
     lat = [r[1:] for r in rep.tables[1].rows]
-    assert lat == [["8", "31.0s", "31.3s", "15.9"], ["16", "30.8s", "31.1s", "15.7"],
-                   ["24", "30.0s", "30.4s", "15.8"], ["32", "30.7s", "31.0s", "15.9"]]
+    assert lat == [
+        ["8", "31.0s", "31.3s", "15.9"],
+        ["16", "30.8s", "31.1s", "15.7"],
+        ["24", "30.0s", "30.4s", "15.8"],
+        ["32", "30.7s", "31.0s", "15.9"],
+    ]
     st2, st8 = rep.tables[2].rows
     assert st2[1:5] == ["2", "64.0%", "34.0%", "—"] and st2[-3:] == ["49.0%", "—", "+40% throughput"]
     assert st8[2:10] == ["64.0%", "34.0%", "18.0%", "9.0%", "<3%", "<3%", "<3%", "<3%"]
@@ -135,6 +148,7 @@ def test_compare_refuses_bad_inputs(results: dict[str, Any], tmp_path: Path) -> 
 
 def test_compare_command_line(results: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from kimidflash.bench.cli import main
+
     paths = [str(p) for p, _ in results.values()]
     assert main(["compare", *paths, "--markdown", str(tmp_path / "c.md")]) == 0
     out = capsys.readouterr().out
@@ -143,14 +157,19 @@ def test_compare_command_line(results: dict[str, Any], tmp_path: Path, capsys: p
     assert "error: result file not found" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("source, md, extra", [
-    ("seed-mi300x-dflash-vs-autoregressive.json", "compare-dflash-vs-autoregressive.md", ["--charts", "CHARTS"]),
-    ("seed-mi300x-fp8kv.json", "compare-fp8kv.md", ["--baseline", "BF16 KV seqs=32 (seed)"]),
-])
-def test_committed_seed_reports_are_what_compare_renders(source: str, md: str, extra: list[str], tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "source, md, extra",
+    [
+        ("seed-mi300x-dflash-vs-autoregressive.json", "compare-dflash-vs-autoregressive.md", ["--charts", "CHARTS"]),
+        ("seed-mi300x-fp8kv.json", "compare-fp8kv.md", ["--baseline", "BF16 KV seqs=32 (seed)"]),
+    ],
+)
+def test_committed_seed_reports_are_what_compare_renders(
+    source: str, md: str, extra: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """benchmarks/seed/*.md are generated; regenerate with the command in benchmarks/seed/README.md."""
     from kimidflash.bench.cli import main
+
     monkeypatch.chdir(REPO_ROOT)
     out = tmp_path / "seed" / md
     args = [a.replace("CHARTS", str(tmp_path / "seed" / "charts")) for a in extra]

@@ -8,7 +8,8 @@ import asyncio
 import json
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -20,11 +21,13 @@ from .fakeserver import FakeServer, Plan
 
 def when(cond: Any, action: Any, limit: float = 10.0) -> threading.Thread:
     """Run `action` from a thread as soon as `cond()` holds (no sleeps tuned to this machine)."""
+
     def watch() -> None:
         end = time.monotonic() + limit
         while time.monotonic() < end and not cond():
             time.sleep(0.005)
         action()
+
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     return t
@@ -38,8 +41,15 @@ def server() -> Iterator[FakeServer]:
 
 
 def cfg(server: FakeServer, **kw: Any) -> BenchConfig:
-    base: dict[str, Any] = dict(base_url=server.base_url, model=server.model, sessions=2, turns_per_session=1,
-                                max_tokens=32, warmup=0, metrics_settle_timeout=1.0)
+    base: dict[str, Any] = dict(
+        base_url=server.base_url,
+        model=server.model,
+        sessions=2,
+        turns_per_session=1,
+        max_tokens=32,
+        warmup=0,
+        metrics_settle_timeout=1.0,
+    )
     base.update(kw)
     return BenchConfig(**base)
 
@@ -80,7 +90,7 @@ def test_multi_turn_sessions_send_their_history(server: FakeServer) -> None:
         by_session.setdefault(r["session"], []).append(r)
     for reqs in by_session.values():
         reqs.sort(key=lambda r: r["turn"])
-        for prev, nxt in zip(reqs, reqs[1:]):
+        for prev, nxt in zip(reqs, reqs[1:], strict=False):
             # the next turn is due think_time after the previous answer ended
             assert nxt["due_s"] * 1000 >= prev["due_s"] * 1000 + prev["e2el_ms"] + 45
         assert reqs[2]["prompt_tokens"] > reqs[0]["prompt_tokens"]
@@ -159,9 +169,12 @@ def test_interrupt_stops_the_run_and_marks_it_partial(server: FakeServer) -> Non
 
     async def go() -> dict[str, Any]:
         loop = asyncio.get_running_loop()
-        when(lambda: server.in_flight == 3 and server.counters.generation_tokens >= 9,
-             lambda: loop.call_soon_threadsafe(runner.interrupt, "interrupted by test"))
+        when(
+            lambda: server.in_flight == 3 and server.counters.generation_tokens >= 9,
+            lambda: loop.call_soon_threadsafe(runner.interrupt, "interrupted by test"),
+        )
         return await runner.run()
+
     doc = asyncio.run(go())
     assert validate_result(doc) == []
     assert doc["partial"] and doc["partial_reason"] == "interrupted by test"
@@ -198,8 +211,9 @@ def test_model_defaults_to_the_only_served_one_and_api_key_is_sent() -> None:
     with FakeServer(api_key="sekret") as s:
         with pytest.raises(BenchError, match="refused the API key"):
             run_benchmark(BenchConfig(base_url=s.base_url, sessions=1, warmup=0))
-        doc = run_benchmark(BenchConfig(base_url=s.base_url, sessions=1, warmup=0, api_key="sekret",
-                                        metrics_settle_timeout=0.5))
+        doc = run_benchmark(
+            BenchConfig(base_url=s.base_url, sessions=1, warmup=0, api_key="sekret", metrics_settle_timeout=0.5)
+        )
     assert doc["provenance"]["model"] == "fake-model" and doc["completed"] == 1
     assert "sekret" not in repr(doc) and doc["config"]["api_key_set"] is True
     assert doc["speculative"] is False and doc["spec_decode_num_drafts"] is None
@@ -212,14 +226,17 @@ def test_recipe_config_is_recorded_with_its_hash(server: FakeServer, tmp_path: A
     path = CONFIGS_DIR / "cpu-tiny.env"
     doc = run_benchmark(cfg(server, recipe_config=str(path), sessions=1))
     rc = doc["provenance"]["recipe_config"]
-    assert rc["sha256"] == load_config(path).digest() and rc["path"] == portable(path.resolve()) == "configs/cpu-tiny.env"
+    assert (
+        rc["sha256"] == load_config(path).digest() and rc["path"] == portable(path.resolve()) == "configs/cpu-tiny.env"
+    )
     assert rc["values"]["SPECULATIVE_METHOD"] == "dflash"
     assert doc["speculative"] is True and doc["label"].startswith("dflash k=")
     assert doc["provenance"]["server"]["version"] == "0.0.0-fake"
     assert doc["provenance"]["tool_version"]
     # a baseline launched from the same file with --set: the override decides the role and label
-    base = run_benchmark(cfg(server, recipe_config=str(path), recipe_overrides={"SPECULATIVE_METHOD": "none"},
-                             sessions=1))
+    base = run_benchmark(
+        cfg(server, recipe_config=str(path), recipe_overrides={"SPECULATIVE_METHOD": "none"}, sessions=1)
+    )
     rb = base["provenance"]["recipe_config"]
     assert rb["overrides"] == {"SPECULATIVE_METHOD": "none"} and rb["sha256"] == rc["sha256"]
     assert base["speculative"] is False and base["label"] == "autoregressive"
@@ -231,9 +248,27 @@ def test_recipe_set_on_the_command_line(server: FakeServer, tmp_path: Any) -> No
 
     out = tmp_path / "b.json"
     port = server.base_url.rsplit(":", 1)[1].split("/")[0]
-    assert main(["--recipe-config", str(CONFIGS_DIR / "cpu-tiny.env"), "--recipe-set", f"PORT={port}",
-                 "--recipe-set", "SPECULATIVE_METHOD=none", "--model", server.model, "--sessions", "1",
-                 "--output", str(out), "-q", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "--recipe-config",
+                str(CONFIGS_DIR / "cpu-tiny.env"),
+                "--recipe-set",
+                f"PORT={port}",
+                "--recipe-set",
+                "SPECULATIVE_METHOD=none",
+                "--model",
+                server.model,
+                "--sessions",
+                "1",
+                "--output",
+                str(out),
+                "-q",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     assert doc["config"]["base_url"] == server.base_url  # from the recipe, with the override
     assert doc["speculative"] is False
@@ -253,8 +288,12 @@ def test_a_fleet_is_read_as_one_and_each_server_keeps_its_share(server: FakeServ
     sm = doc["server_metrics"]
     assert sm["url"] == urls and sm["generation_tokens"] == doc["total_output_tokens"] == 3 * 15
     assert doc["spec_decode_acceptance_length"] == pytest.approx(1 + 9 / 5)
-    assert sm["replicas"][urls[0]] == {"generation_tokens": 45, "share": 1.0,
-                                       "spec_decode_acceptance_length": pytest.approx(1 + 9 / 5), "error": None}
+    assert sm["replicas"][urls[0]] == {
+        "generation_tokens": 45,
+        "share": 1.0,
+        "spec_decode_acceptance_length": pytest.approx(1 + 9 / 5),
+        "error": None,
+    }
     assert sm["replicas"][urls[1]]["share"] == 0.0 and sm["replicas"][urls[1]]["generation_tokens"] == 0
 
 

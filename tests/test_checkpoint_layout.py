@@ -30,12 +30,23 @@ from kimidflash.train.warmstart import COPIED, target_layer_tensors
 from .test_train_model import SHAPE
 
 V, H = SHAPE["vocab_size"], SHAPE["hidden_size"]
-TEXT = {"model_type": "deepseek_v3", "vocab_size": V, "hidden_size": H, "num_hidden_layers": 4, "kv_lora_rank": 512,
-        "tie_word_embeddings": False,
-        "rope_scaling": {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096}}
-K26_CONFIG = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": TEXT,
-              "vision_config": {"hidden_size": 64}, "media_placeholder_token_id": 7,
-              "quantization_config": {"quant_method": "compressed-tensors"}}
+TEXT = {
+    "model_type": "deepseek_v3",
+    "vocab_size": V,
+    "hidden_size": H,
+    "num_hidden_layers": 4,
+    "kv_lora_rank": 512,
+    "tie_word_embeddings": False,
+    "rope_scaling": {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096},
+}
+K26_CONFIG = {
+    "architectures": ["KimiK25ForConditionalGeneration"],
+    "model_type": "kimi_k25",
+    "text_config": TEXT,
+    "vision_config": {"hidden_size": 64},
+    "media_placeholder_token_id": 7,
+    "quantization_config": {"quant_method": "compressed-tensors"},
+}
 
 
 def g(seed: int) -> torch.Generator:
@@ -46,8 +57,11 @@ def layer_tensors(prefix: str, layers: int, seed: int = 3) -> dict[str, torch.Te
     """Llama-shaped decoder layers with the drafter's geometry (what init_from_target copies)."""
     want = DrafterShape.coerce(SHAPE).expected_tensors()
     gen = g(seed)
-    return {f"{prefix}layers.{L}.{n}": torch.randn(want[f"layers.0.{n}"], generator=gen)
-            for L in range(layers) for n in COPIED}
+    return {
+        f"{prefix}layers.{L}.{n}": torch.randn(want[f"layers.0.{n}"], generator=gen)
+        for L in range(layers)
+        for n in COPIED
+    }
 
 
 def write_checkpoint(root: Path, tensors: dict[str, torch.Tensor], config: dict | None, shards: int = 1) -> Path:
@@ -70,12 +84,14 @@ def write_checkpoint(root: Path, tensors: dict[str, torch.Tensor], config: dict 
 
 def k26_tensors() -> dict[str, torch.Tensor]:
     """Kimi K2.6's names: the text model under language_model., a vision tower and projector beside it."""
-    t = {"language_model.model.embed_tokens.weight": torch.randn(V, H, generator=g(1)),
-         "language_model.lm_head.weight": torch.randn(V, H, generator=g(2)),
-         "language_model.model.norm.weight": torch.ones(H),
-         "vision_tower.encoder.blocks.0.wqkv.weight": torch.randn(12, 4, generator=g(4)),
-         "vision_tower.encoder.blocks.0.wo.weight": torch.randn(4, 4, generator=g(5)),
-         "mm_projector.proj.0.weight": torch.randn(H, 4, generator=g(6))}
+    t = {
+        "language_model.model.embed_tokens.weight": torch.randn(V, H, generator=g(1)),
+        "language_model.lm_head.weight": torch.randn(V, H, generator=g(2)),
+        "language_model.model.norm.weight": torch.ones(H),
+        "vision_tower.encoder.blocks.0.wqkv.weight": torch.randn(12, 4, generator=g(4)),
+        "vision_tower.encoder.blocks.0.wo.weight": torch.randn(4, 4, generator=g(5)),
+        "mm_projector.proj.0.weight": torch.randn(H, 4, generator=g(6)),
+    }
     return t | layer_tensors("language_model.model.", 3)
 
 
@@ -116,19 +132,33 @@ def test_embedding_head_norm_and_layers_are_found_by_suffix(case):
         "llama-tied": ["model.embed_tokens.weight", "model.norm.weight", "model.layers.0.self_attn.q_proj.weight"],
         "llama-untied": ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"],
         # DeepSeek V3's MTP layer carries an embedding of its own: not the text model's
-        "deepseek-mtp": ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
-                         "model.layers.61.embed_tokens.weight", "model.layers.61.shared_head.head.weight"],
+        "deepseek-mtp": [
+            "model.embed_tokens.weight",
+            "lm_head.weight",
+            "model.norm.weight",
+            "model.layers.61.embed_tokens.weight",
+            "model.layers.61.shared_head.head.weight",
+        ],
         "k2.6": list(k26_tensors()),
-        "transformers5": ["model.language_model.embed_tokens.weight", "lm_head.weight",
-                          "model.language_model.norm.weight", "model.visual.blocks.0.attn.qkv.weight"],
+        "transformers5": [
+            "model.language_model.embed_tokens.weight",
+            "lm_head.weight",
+            "model.language_model.norm.weight",
+            "model.visual.blocks.0.attn.qkv.weight",
+        ],
     }[case]
     config = {"llama-tied": {"tie_word_embeddings": True}, "k2.6": K26_CONFIG}.get(case)
     lay = layout.find_layout(names, config, case)
     prefix = {"k2.6": "language_model.model.", "transformers5": "model.language_model."}.get(case, "model.")
     head = {"llama-tied": prefix + "embed_tokens.weight", "k2.6": "language_model.lm_head.weight"}.get(
-        case, "lm_head.weight")
-    assert (lay.prefix, lay.embed, lay.head, lay.norm) == (prefix, prefix + "embed_tokens.weight", head,
-                                                           prefix + "norm.weight")
+        case, "lm_head.weight"
+    )
+    assert (lay.prefix, lay.embed, lay.head, lay.norm) == (
+        prefix,
+        prefix + "embed_tokens.weight",
+        head,
+        prefix + "norm.weight",
+    )
     assert lay.tied == (case == "llama-tied") and lay.layer(5) == f"{prefix}layers.5."
 
 

@@ -33,8 +33,12 @@ def fake_module(monkeypatch):
     return mod
 
 
-TABLE = (Command("run", "fakecmds:ok", "run it"), Command("compare", "fakecmds:ok", "compare results"),
-         Command("bad", "fakecmds:bad", "always bad input"), Command("stop", "fakecmds:interrupted", "Ctrl-C"))
+TABLE = (
+    Command("run", "fakecmds:ok", "run it"),
+    Command("compare", "fakecmds:ok", "compare results"),
+    Command("bad", "fakecmds:bad", "always bad input"),
+    Command("stop", "fakecmds:interrupted", "Ctrl-C"),
+)
 
 
 def run(argv, **kw):

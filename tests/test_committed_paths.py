@@ -40,8 +40,9 @@ def machine_paths(path: Path) -> list[str]:
 
 def committed_files() -> list[Path]:
     try:
-        r = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "-z", *SCANNED_DIRS],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "ls-files", "-z", *SCANNED_DIRS], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         pytest.skip(f"git unavailable: {e}")
     if r.returncode != 0:
@@ -53,14 +54,17 @@ def test_committed_results_record_no_machine_paths():
     files = committed_files()
     assert any(f.suffix == ".json" for f in files), "no committed JSON under drafters/ or benchmarks/?"
     bad = {str(f.relative_to(REPO_ROOT)): hits for f in files if f.is_file() and (hits := machine_paths(f))}
-    assert not bad, ("absolute paths of the building machine in committed files (record them through "
-                     "kimidflash.paths.portable):\n" + "\n".join(f"{f}: {h}" for f, hs in bad.items() for h in hs))
+    assert not bad, (
+        "absolute paths of the building machine in committed files (record them through "
+        "kimidflash.paths.portable):\n" + "\n".join(f"{f}: {h}" for f, hs in bad.items() for h in hs)
+    )
 
 
 def test_scan_finds_machine_paths(tmp_path):
     dirty = tmp_path / "r.json"
-    dirty.write_text(json.dumps({"root": "/root/.cache/x", "command": f"{REPO_ROOT}/src/a.py --out /home/u/o"},
-                                indent=1) + "\n")
+    dirty.write_text(
+        json.dumps({"root": "/root/.cache/x", "command": f"{REPO_ROOT}/src/a.py --out /home/u/o"}, indent=1) + "\n"
+    )
     hits = machine_paths(dirty)
     assert any("/root/.cache/x" in h for h in hits)
     assert any(f"{REPO_ROOT}/src/a.py" in h for h in hits)
@@ -69,8 +73,18 @@ def test_scan_finds_machine_paths(tmp_path):
     md.write_text("recipe /work/main/configs/cpu-tiny.env (sha256 x)\n`/tmp/kd/interim`\n")
     assert machine_paths(md) == ["line 1: /work/main/configs/cpu-tiny.env", "line 2: /tmp/kd/interim"]
     clean = tmp_path / "c.json"
-    clean.write_text(json.dumps({"a": "$KIMIDFLASH_CACHE/models/x", "b": "drafters/tmp/x", "c": "~/m",
-                                 "d": "/models/Kimi-K2.6", "e": "$TMPDIR/kd/interim", "f": "configs/x.env"}))
+    clean.write_text(
+        json.dumps(
+            {
+                "a": "$KIMIDFLASH_CACHE/models/x",
+                "b": "drafters/tmp/x",
+                "c": "~/m",
+                "d": "/models/Kimi-K2.6",
+                "e": "$TMPDIR/kd/interim",
+                "f": "configs/x.env",
+            }
+        )
+    )
     assert machine_paths(clean) == []
 
 
@@ -112,18 +126,51 @@ def test_portable_cache_inside_home_wins(tmp_path, monkeypatch):
 
 
 def test_portable_argv(dirs):
-    cmd = shlex.join([str(REPO_ROOT / "src/kimidflash/train/ab.py"), "configs/cpu-tiny.env",
-                      "--drafter", f"random-dflash={dirs['cache']}/models/tiny-qwen3-dflash",
-                      "--api-key", "***", "--label", "a b", "--out", f"{dirs['home']}/out", "--k", "3"])
+    cmd = shlex.join(
+        [
+            str(REPO_ROOT / "src/kimidflash/train/ab.py"),
+            "configs/cpu-tiny.env",
+            "--drafter",
+            f"random-dflash={dirs['cache']}/models/tiny-qwen3-dflash",
+            "--api-key",
+            "***",
+            "--label",
+            "a b",
+            "--out",
+            f"{dirs['home']}/out",
+            "--k",
+            "3",
+        ]
+    )
     out = portable_argv(cmd)
-    assert out == ("src/kimidflash/train/ab.py configs/cpu-tiny.env --drafter "
-                   "random-dflash=$KIMIDFLASH_CACHE/models/tiny-qwen3-dflash --api-key '***' --label 'a b' "
-                   "--out ~/out --k 3")
-    assert portable_argv(["./train-drafter.sh", f"{REPO_ROOT}/configs/train-overfit-gate.json", "--run-dir",
-                          f"{dirs['tmp']}/run", "--set", f"export.out={dirs['tmp']}/drafter", "--set",
-                          "train.steps=5", "export"]) == [
-        "./train-drafter.sh", "configs/train-overfit-gate.json", "--run-dir", "$TMPDIR/run", "--set",
-        "export.out=$TMPDIR/drafter", "--set", "train.steps=5", "export"]
+    assert out == (
+        "src/kimidflash/train/ab.py configs/cpu-tiny.env --drafter "
+        "random-dflash=$KIMIDFLASH_CACHE/models/tiny-qwen3-dflash --api-key '***' --label 'a b' "
+        "--out ~/out --k 3"
+    )
+    assert portable_argv(
+        [
+            "./train-drafter.sh",
+            f"{REPO_ROOT}/configs/train-overfit-gate.json",
+            "--run-dir",
+            f"{dirs['tmp']}/run",
+            "--set",
+            f"export.out={dirs['tmp']}/drafter",
+            "--set",
+            "train.steps=5",
+            "export",
+        ]
+    ) == [
+        "./train-drafter.sh",
+        "configs/train-overfit-gate.json",
+        "--run-dir",
+        "$TMPDIR/run",
+        "--set",
+        "export.out=$TMPDIR/drafter",
+        "--set",
+        "train.steps=5",
+        "export",
+    ]
     # Words that are not rewritten keep shlex's quoting.
     assert portable_argv("x --prompt 'it'\"'\"'s' --ok") == "x --prompt 'it'\"'\"'s' --ok"
 
@@ -133,17 +180,28 @@ def test_provenance_records_portable_paths(dirs):
     rec = recipe_info(str(CONFIGS_DIR / ".." / "configs" / "cpu-tiny.env"), {"DRAFT_MODEL_DIR": str(draft)})
     assert rec["path"] == "configs/cpu-tiny.env" and rec["files"][0] == "configs/cpu-tiny.env"
     assert rec["overrides"]["DRAFT_MODEL_DIR"] == rec["values"]["DRAFT_MODEL_DIR"] == "$KIMIDFLASH_CACHE/models/d"
-    prov = local_provenance([str(REPO_ROOT / "src/kimidflash/bench/cli.py"), "--api-key", "s3cret",
-                             "--output", str(dirs["home"] / "r.json")])
+    prov = local_provenance(
+        [
+            str(REPO_ROOT / "src/kimidflash/bench/cli.py"),
+            "--api-key",
+            "s3cret",
+            "--output",
+            str(dirs["home"] / "r.json"),
+        ]
+    )
     assert prov["command"] == "src/kimidflash/bench/cli.py --api-key '***' --output ~/r.json"
 
 
 def test_manifest_config_is_portable(dirs):
-    cfg = {"name": "n", "run_dir": str(dirs["cache"] / "train-runs" / "n"), "_path": "/x/t.json",
-           "target": {"serve_config": str(CONFIGS_DIR / "cpu-reference.env"), "serve_overrides": [], "model_dir": None},
-           "drafter_config": f"{CONFIGS_DIR}/../configs/smollm2-dflash-draft.json",
-           "data": {"prompts": str(dirs["home"] / "p.jsonl")},
-           "export": {"out": str(REPO_ROOT / "drafters" / "n"), "dtype": "bfloat16"}}
+    cfg = {
+        "name": "n",
+        "run_dir": str(dirs["cache"] / "train-runs" / "n"),
+        "_path": "/x/t.json",
+        "target": {"serve_config": str(CONFIGS_DIR / "cpu-reference.env"), "serve_overrides": [], "model_dir": None},
+        "drafter_config": f"{CONFIGS_DIR}/../configs/smollm2-dflash-draft.json",
+        "data": {"prompts": str(dirs["home"] / "p.jsonl")},
+        "export": {"out": str(REPO_ROOT / "drafters" / "n"), "dtype": "bfloat16"},
+    }
     out = portable_config(cfg)
     assert "_path" not in out and cfg["run_dir"].startswith("/")  # the config in use keeps its absolute paths
     assert out["run_dir"] == "$KIMIDFLASH_CACHE/train-runs/n"

@@ -44,15 +44,32 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = CONFIGS / "cpu-kimi-tiny.env"
 MODEL = "tiny-kimi-k2.6-dflash"
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city for some days.",
-    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
-                   "properties": {"city": {"type": "string", "enum": ["Paris", "Berlin"]},
-                                  "days": {"type": "integer"}}}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "The time in a zone.",
-    "parameters": {"type": "object", "additionalProperties": False, "required": ["zone"],
-                   "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city for some days.",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["city", "days"],
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Berlin"]}, "days": {"type": "integer"}},
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time in a zone.",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["zone"],
+            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+        },
+    },
+}
 
 
 def chat(client: httpx.Client, **body) -> dict:
@@ -61,8 +78,13 @@ def chat(client: httpx.Client, **body) -> dict:
     return r.json()["choices"][0]
 
 
-ASK = dict(messages=[{"role": "user", "content": "What is the weather in Paris?"}], max_tokens=400,
-           tools=[WEATHER, TIME], chat_template_kwargs={"thinking": False}, parallel_tool_calls=False)
+ASK = dict(
+    messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+    max_tokens=400,
+    tools=[WEATHER, TIME],
+    chat_template_kwargs={"thinking": False},
+    parallel_tool_calls=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +99,14 @@ def fresh(tmp_path_factory) -> dict:
         out["log"] = server.log.read_text()
         before = server.metrics()
         with api_client(server.base_url, 300) as client:
-            out["hello"] = chat(client, messages=[{"role": "user", "content": "Hello! How are you today?"}],
-                                max_tokens=24)
+            out["hello"] = chat(
+                client, messages=[{"role": "user", "content": "Hello! How are you today?"}], max_tokens=24
+            )
             after = server.metrics()
-            out["drafts"] = {k: after[k] - before.get(k, 0) for k in
-                             ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total")}
+            out["drafts"] = {
+                k: after[k] - before.get(k, 0)
+                for k in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total")
+            }
             # One call each: a random model may otherwise call on until max_tokens cuts a call short.
             out["required"] = chat(client, **ASK, tool_choice="required")
             out["named"] = chat(client, **ASK, tool_choice={"type": "function", "function": {"name": "get_weather"}})
@@ -122,17 +147,24 @@ def test_at_vllms_default_strict_level_kimi_k2_arguments_escape_the_schema(tmp_p
     default level get only the call envelope constrained, and this random model's arguments
     break the schema (they were the JSON value `false` when first seen)."""
     target, draft = tmp_path / "tiny-kimi", tmp_path / "tiny-kimi-dflash"
-    with serving(CONFIG, f"MODEL_DIR={target}", f"DRAFT_MODEL_DIR={draft}", "TOOL_STRICT_LEVEL=") as server, \
-            api_client(server.base_url, 300) as client:
-        replies = [chat(client, **ASK, tool_choice=choice) for choice in
-                   ("required", {"type": "function", "function": {"name": "get_weather"}})]
+    with (
+        serving(CONFIG, f"MODEL_DIR={target}", f"DRAFT_MODEL_DIR={draft}", "TOOL_STRICT_LEVEL=") as server,
+        api_client(server.base_url, 300) as client,
+    ):
+        replies = [
+            chat(client, **ASK, tool_choice=choice)
+            for choice in ("required", {"type": "function", "function": {"name": "get_weather"}})
+        ]
     broken = []
     for reply in replies:
         for call in reply["message"].get("tool_calls") or []:
             name, arguments = call["function"]["name"], call["function"]["arguments"]
             try:  # a call cut by max_tokens is judged on what it wrote so far
-                ok = so_far(arguments, SCHEMAS[name]) if reply["finish_reason"] == "length" else \
-                    satisfies(json.loads(arguments), SCHEMAS[name])
+                ok = (
+                    so_far(arguments, SCHEMAS[name])
+                    if reply["finish_reason"] == "length"
+                    else satisfies(json.loads(arguments), SCHEMAS[name])
+                )
             except (ValueError, KeyError, TypeError, AttributeError):
                 ok = False
             if not ok:
@@ -159,16 +191,26 @@ def so_far(arguments: str, schema: dict) -> bool:
     return compact.startswith("{") and set(re.findall(r'"(\w+)":', compact)) <= set(schema["properties"])
 
 
-PROMPTS = [f"{w} {s}" for w in ("Explain", "Summarise", "Describe", "List facts about")
-           for s in ("the cache.", "a drafter.", "prime numbers.", "the server.")]
+PROMPTS = [
+    f"{w} {s}"
+    for w in ("Explain", "Summarise", "Describe", "List facts about")
+    for s in ("the cache.", "a drafter.", "prime numbers.", "the server.")
+]
 MAX_TOKENS = 32
 
 
 def greedy(base_url: str, model: str = MODEL) -> tuple[list[list[int]], list[list[int]]]:
     """Every prompt 8 at a time, then the first four alone: the generated token ids."""
+
     def one(prompt: str) -> list[int]:
-        body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS,
-                "temperature": 0, "return_token_ids": True, "ignore_eos": True}
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "return_token_ids": True,
+            "ignore_eos": True,
+        }
         r = client.post("/v1/chat/completions", json=body)
         r.raise_for_status()
         return r.json()["choices"][0]["token_ids"]
@@ -183,7 +225,9 @@ def test_speculation_changes_no_token_on_the_mla_target(tmp_path, fresh):
     """No speculation, DFlash (the fresh pair's server), ngram and the EAGLE-3 MLA head
     (cpu-kimi-tiny-eagle3.env, generated from nothing through serve.sh, whose server also runs
     test_eagle3_slow.check_served_head), all on the freshly generated target."""
-    from .test_eagle3_slow import CONFIG as EAGLE3, MODEL as EAGLE3_MODEL, check_served_head
+    from .test_eagle3_slow import CONFIG as EAGLE3
+    from .test_eagle3_slow import MODEL as EAGLE3_MODEL
+    from .test_eagle3_slow import check_served_head
 
     target = f"MODEL_DIR={fresh['target']}"
     runs, accepted = {"dflash": fresh["greedy"]}, {}
@@ -302,14 +346,28 @@ def test_kimi_k2_parsers_split_a_scripted_reply_into_reasoning_content_and_a_cal
     config = load_config(env, {})
     prepare(config, log=lambda _m: None)  # the target, and the family's drafter
     scripted = tmp_path / "scripted-kimi"
-    write_scripted(Path(config["MODEL_DIR"]), scripted)
-    tool = {"type": "function", "function": {"name": FUNCTION, "description": "Look something up.",
-                                             "parameters": {"type": "object", "properties": {}}}}
-    ask = {"model": model, "temperature": 0, "max_tokens": 64, "tools": [tool],
-           "messages": [{"role": "user", "content": "Hello! How are you today?"}]}
+    write_scripted(Path(config.model_dir), scripted)
+    tool = {
+        "type": "function",
+        "function": {
+            "name": FUNCTION,
+            "description": "Look something up.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+    ask = {
+        "model": model,
+        "temperature": 0,
+        "max_tokens": 64,
+        "tools": [tool],
+        "messages": [{"role": "user", "content": "Hello! How are you today?"}],
+    }
     plain_fields = {k: v for k, v in ask.items() if k not in ("model", "temperature")}
-    with serving(env, f"MODEL_DIR={scripted}", "PREPARE_MODELS=none") as server, \
-            api_client(server.base_url, 300) as client, ThreadPoolExecutor(8) as pool:
+    with (
+        serving(env, f"MODEL_DIR={scripted}", "PREPARE_MODELS=none") as server,
+        api_client(server.base_url, 300) as client,
+        ThreadPoolExecutor(8) as pool,
+    ):
         thinking = chat(client, **plain_fields, model=model)
         plain = chat(client, **plain_fields, model=model, chat_template_kwargs={"thinking": False})
         streamed = stream_parts(client, ask)

@@ -16,10 +16,10 @@ import pytest
 from dockerfile_parse import DockerfileParser
 
 from kimidflash.config import load_config
-from kimidflash.config.schema import BY_NAME
 from kimidflash.docker import build as build_mod
 from kimidflash.docker import imagecheck
 from kimidflash.docker.spec import LAUNCHER_IN_IMAGE
+from kimidflash.settings import BY_NAME
 
 from .helpers import CONFIGS, ROOT
 
@@ -44,15 +44,18 @@ def index_of(structure, kind, needle):
 
 def test_base_image_defaults_to_the_current_pin(parsed):
     df, structure = parsed
-    production = load_config(CONFIGS / "production.env", environ={}).values
-    pre_from = {s["value"].split("=", 1)[0]: s["value"].split("=", 1)[1] for s in structure[: index_of(structure, "FROM", "")]
-                if s["instruction"] == "ARG"}
-    assert pre_from["BASE_IMAGE"] == production["VLLM_IMAGE"] == BY_NAME["VLLM_IMAGE"].default
-    assert df.baseimage == production["VLLM_IMAGE"]  # the parser resolves the ARG
+    production = load_config(CONFIGS / "production.env", environ={})
+    pre_from = {
+        s["value"].split("=", 1)[0]: s["value"].split("=", 1)[1]
+        for s in structure[: index_of(structure, "FROM", "")]
+        if s["instruction"] == "ARG"
+    }
+    assert pre_from["BASE_IMAGE"] == production.vllm_image == BY_NAME["VLLM_IMAGE"].default
+    assert df.baseimage == production.vllm_image  # the parser resolves the ARG
     assert instructions(structure, "FROM")[0]["value"] == "${BASE_IMAGE}"
     assert len(instructions(structure, "FROM")) == 1
     version_arg = [s["value"] for s in instructions(structure, "ARG") if s["value"].startswith("VLLM_VERSION=")]
-    assert version_arg == [f"VLLM_VERSION={production['VLLM_VERSION']}"]
+    assert version_arg == [f"VLLM_VERSION={production.vllm_version}"]
     # The legacy pin is documented beside the current one.
     assert re.search(r"legacy:\s+vLLM 0\.20\.\d+\s+vllm/vllm-openai-rocm:v0\.20\.\d+", DOCKERFILE.read_text())
 
@@ -70,8 +73,10 @@ def test_patcher_runs_at_build_and_keeps_its_report(parsed):
 
 def test_layer_order_puts_often_changed_files_last(parsed):
     _, structure = parsed
-    order = [index_of(structure, "COPY", f"{d}/ /opt/kimidflash/{d}/") for d in
-             ("patches", "payload", "launchers", "configs", "src")]
+    order = [
+        index_of(structure, "COPY", f"{d}/ /opt/kimidflash/{d}/")
+        for d in ("patches", "payload", "launchers", "configs", "src")
+    ]
     assert order == sorted(order)
     assert index_of(structure, "RUN", "patch_dflash_rocm.py") < order[1]  # patching is not redone for code edits
     assert index_of(structure, "RUN", "imagecheck.py pin") < index_of(structure, "RUN", "patch_dflash_rocm.py")
@@ -119,7 +124,7 @@ def test_classic_builder_variant_only_drops_the_optional_secret_mount():
     text = DOCKERFILE.read_text()
     classic = build_mod.classic_dockerfile(text)
     assert "--mount" not in classic
-    removed = [a for a, b in zip(text.splitlines(), classic.splitlines()) if a != b]
+    removed = [a for a, b in zip(text.splitlines(), classic.splitlines(), strict=False) if a != b]
     assert len(removed) == 1 and removed[0].strip().startswith("RUN --mount=type=secret,id=ca")
     assert len(text.splitlines()) == len(classic.splitlines())
 
@@ -166,8 +171,12 @@ def test_build_context_holds_what_the_dockerfile_copies(tmp_path):
 
 
 def test_host_patchset_hash_is_the_patchers(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "patches" / "patch_dflash_rocm.py"), "--print-hash"],
-                         capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "patches" / "patch_dflash_rocm.py"), "--print-hash"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert build_mod.host_patchset_hash(ROOT, None) == out and len(out) == 12
     bad = tmp_path / "bad.json"
     bad.write_text("[]")
@@ -177,7 +186,9 @@ def test_host_patchset_hash_is_the_patchers(tmp_path):
 
 def test_tags_carry_version_and_patchset_hash():
     assert build_mod.image_tags("kimidflash/kimi26-dflash", "0.33.0", "ab" * 32) == (
-        "kimidflash/kimi26-dflash:0.33.0-abababababab", "kimidflash/kimi26-dflash:latest")
+        "kimidflash/kimi26-dflash:0.33.0-abababababab",
+        "kimidflash/kimi26-dflash:latest",
+    )
 
 
 def test_build_without_engine_says_how_to_start_one(monkeypatch, capsys, tmp_path):

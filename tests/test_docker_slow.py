@@ -10,6 +10,7 @@ container started here is stopped and removed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -32,13 +33,27 @@ from .helpers import CONFIGS, ROOT, free_port
 
 pytestmark = pytest.mark.slow
 TEST_NAME = "kimidflash-test/kimi26-dflash-cpu"
-DRIFT_SET = [{
-    "id": "D1", "group": "drift test", "what": "an edit whose anchor no vLLM has",
-    "why": "a drifted patch set must stop the image build", "upstream": None,
-    "variants": [{"versions": [["0.1.0", "99.0.0"]], "file": "v1/spec_decode/dflash.py",
-                  "edits": [{"anchor": "kimidflash drift test: this text is in no vLLM release\n",
-                             "replace": "x = 1  # kimidflash:D1\n"}]}],
-}]
+DRIFT_SET = [
+    {
+        "id": "D1",
+        "group": "drift test",
+        "what": "an edit whose anchor no vLLM has",
+        "why": "a drifted patch set must stop the image build",
+        "upstream": None,
+        "variants": [
+            {
+                "versions": [["0.1.0", "99.0.0"]],
+                "file": "v1/spec_decode/dflash.py",
+                "edits": [
+                    {
+                        "anchor": "kimidflash drift test: this text is in no vLLM release\n",
+                        "replace": "x = 1  # kimidflash:D1\n",
+                    }
+                ],
+            }
+        ],
+    }
+]
 
 
 def remove_new_untagged(client, existing: set[str]) -> None:
@@ -48,10 +63,8 @@ def remove_new_untagged(client, existing: set[str]) -> None:
         if not new:
             return
         for image in new:
-            try:
+            with contextlib.suppress(Exception):  # a child still holds it: the next round
                 client.images.remove(image.id)
-            except Exception:  # a child still holds it: the next round
-                pass
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +77,14 @@ def cpu_image(client):
     """Built by the user-facing script, exactly as the docs say."""
     env = {**os.environ, "DOCKER_HOST": engine_url(client)}
     t0 = time.monotonic()
-    proc = subprocess.run([str(ROOT / "build-kimi26-dflash.sh"), "configs/cpu-tiny.env", "--name", TEST_NAME],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [str(ROOT / "build-kimi26-dflash.sh"), "configs/cpu-tiny.env", "--name", TEST_NAME],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     print(f"image build (base included when not cached): {time.monotonic() - t0:.0f}s")
@@ -73,10 +92,8 @@ def cpu_image(client):
     assert tag, out[-2000:]
     yield tag.group(0), out
     for ref in (tag.group(0), f"{TEST_NAME}:latest"):
-        try:
+        with contextlib.suppress(Exception):
             client.images.remove(ref)
-        except Exception:
-            pass
 
 
 def test_image_carries_labels_and_the_patch_report(client, cpu_image):
@@ -117,18 +134,35 @@ def test_serves_the_tiny_pair_from_the_container(client, cpu_image):
             assert time.monotonic() < deadline, "not healthy in 300s:\n" + "\n".join(server.tail)
             time.sleep(1)
         print(f"container healthy; launcher said: {[x for x in lines if 'kimi26-vllm-dflash' in x][:2]}")
-        reply = httpx.post(f"{config.base_url}/v1/chat/completions", timeout=120, json={
-            "model": config["SERVED_MODEL_NAME"], "messages": [{"role": "user", "content": "the model reads"}],
-            "max_tokens": 24, "temperature": 0}).json()
+        reply = httpx.post(
+            f"{config.base_url}/v1/chat/completions",
+            timeout=120,
+            json={
+                "model": config.served_model_name,
+                "messages": [{"role": "user", "content": "the model reads"}],
+                "max_tokens": 24,
+                "temperature": 0,
+            },
+        ).json()
         assert reply["usage"]["completion_tokens"] > 0, reply
         assert isinstance(reply["choices"][0]["message"]["content"], str)
         # Spec-decode counters, read from inside the container.
         rc, metrics = server.container.exec_run(
-            ["python3", "-c", f"import urllib.request; print(urllib.request.urlopen('{config.base_url}/metrics').read().decode())"])
+            [
+                "python3",
+                "-c",
+                f"import urllib.request; print(urllib.request.urlopen('{config.base_url}/metrics').read().decode())",
+            ]
+        )
         assert rc == 0
-        counters = {m.group(1): float(m.group(2)) for m in re.finditer(
-            r"^vllm:spec_decode_(num_drafts|num_draft_tokens|num_accepted_tokens)_total\{[^}]*\} (\S+)$",
-            metrics.decode(), re.M)}
+        counters = {
+            m.group(1): float(m.group(2))
+            for m in re.finditer(
+                r"^vllm:spec_decode_(num_drafts|num_draft_tokens|num_accepted_tokens)_total\{[^}]*\} (\S+)$",
+                metrics.decode(),
+                re.M,
+            )
+        }
         assert counters["num_drafts"] > 0 and counters["num_draft_tokens"] == 3 * counters["num_drafts"], counters
         assert "num_accepted_tokens" in counters
         # Docker's own HEALTHCHECK (interval 30s) agrees once it has run.
@@ -166,8 +200,9 @@ def test_drifted_patch_set_fails_the_build_with_the_patchers_message(client, cpu
     existing = {i.id for i in client.images.list(all=True)}
     try:
         with pytest.raises(build_mod.BuildFailed) as err:
-            build_mod.build_image(client, base_image=base, vllm_version="0.32.0", name=TEST_NAME + "-drift",
-                                  patch_set=drift)
+            build_mod.build_image(
+                client, base_image=base, vllm_version="0.32.0", name=TEST_NAME + "-drift", patch_set=drift
+            )
     finally:
         remove_new_untagged(client, existing)
     msg = str(err.value)
@@ -181,10 +216,10 @@ def test_ca_bundle_goes_through_buildkit_as_a_secret(client, cpu_image, tmp_path
         pytest.skip("no docker CLI with BuildKit here (buildx, or a pre-23 client)")
     base = ensure_cpu_base(client, "0.32.0", log=print)
     ca = tmp_path / "proxy-ca.pem"
-    ca.write_bytes(open("/etc/ssl/certs/ca-certificates.crt", "rb").read())
+    with open("/etc/ssl/certs/ca-certificates.crt", "rb") as system_ca:
+        ca.write_bytes(system_ca.read())
     existing = {i.id for i in client.images.list(all=True)}
-    result = build_mod.build_image(client, base_image=base, vllm_version="0.32.0", name=TEST_NAME + "-bk",
-                                   ca_bundle=ca)
+    result = build_mod.build_image(client, base_image=base, vllm_version="0.32.0", name=TEST_NAME + "-bk", ca_bundle=ca)
     try:
         image = client.images.get(result.tags[0])
         assert image.labels[build_mod.LABEL_PATCHSET] == result.report["patchset_hash"]
@@ -206,19 +241,30 @@ def test_serve_sh_runs_the_container_runtime(client, cpu_image):
 
     image_name = cpu_image[0].split(":")[0]
     os.environ["DOCKER_HOST"] = engine_url(client)
-    with serving(CONFIGS / "cpu-tiny.env", "RUNTIME=docker", f"IMAGE_NAME={image_name}",
-                 cmd=[str(ROOT / "serve.sh")]) as server:
-        reply = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120, json={
-            "model": "tiny-qwen3-dflash", "messages": [{"role": "user", "content": "the model reads"}],
-            "max_tokens": 16, "temperature": 0}).json()
+    with serving(
+        CONFIGS / "cpu-tiny.env", "RUNTIME=docker", f"IMAGE_NAME={image_name}", cmd=[str(ROOT / "serve.sh")]
+    ) as server:
+        reply = httpx.post(
+            f"{server.base_url}/v1/chat/completions",
+            timeout=120,
+            json={
+                "model": "tiny-qwen3-dflash",
+                "messages": [{"role": "user", "content": "the model reads"}],
+                "max_tokens": 16,
+                "temperature": 0,
+            },
+        ).json()
         assert reply["usage"]["completion_tokens"] > 0, reply
         assert server.metrics()["vllm:spec_decode_num_drafts_total"] > 0
         names = [c.name for c in client.containers.list(filters={"label": MANAGED_LABEL})]
         assert any(server.base_url.rsplit(":", 1)[1] in n for n in names), names
         server.proc.send_signal(15)
         assert server.proc.wait(timeout=120) == 0
-    assert [c.name for c in client.containers.list(all=True, filters={"label": MANAGED_LABEL})
-            if server.base_url.rsplit(":", 1)[1] in c.name] == []
+    assert [
+        c.name
+        for c in client.containers.list(all=True, filters={"label": MANAGED_LABEL})
+        if server.base_url.rsplit(":", 1)[1] in c.name
+    ] == []
 
 
 def test_preshard_runs_inside_the_image_and_serve_loads_the_shards(client, cpu_image, tmp_path):
@@ -231,21 +277,53 @@ def test_preshard_runs_inside_the_image_and_serve_loads_the_shards(client, cpu_i
     prepare_tiny_models(client, config, tag)
     out = tmp_path / "shards"
     out.mkdir()
-    client.containers.run(tag, entrypoint=["python3", "payload/preshard_kimi26.py"], command=[
-        "configs/cpu-tiny.env", "--set", "MODEL_DIR=/models/target", "--set", "VLLM_VENV=",
-        "--set", "PREPARE_MODELS=none", "--set", "SPECULATIVE_METHOD=none", "--out", "/out/tiny-tp1"],
-        volumes={config["MODEL_DIR"]: {"bind": "/models/target", "mode": "ro"}, str(out): {"bind": "/out", "mode": "rw"}},
-        remove=True, network_mode="none", ipc_mode="host")
+    client.containers.run(
+        tag,
+        entrypoint=["python3", "payload/preshard_kimi26.py"],
+        command=[
+            "configs/cpu-tiny.env",
+            "--set",
+            "MODEL_DIR=/models/target",
+            "--set",
+            "VLLM_VENV=",
+            "--set",
+            "PREPARE_MODELS=none",
+            "--set",
+            "SPECULATIVE_METHOD=none",
+            "--out",
+            "/out/tiny-tp1",
+        ],
+        volumes={
+            config.model_dir: {"bind": "/models/target", "mode": "ro"},
+            str(out): {"bind": "/out", "mode": "rw"},
+        },
+        remove=True,
+        network_mode="none",
+        ipc_mode="host",
+    )
     shards = out / "tiny-tp1"
     doc = preshard_manifest.read(shards)
     assert (doc["tensor_parallel_size"], doc["vllm_version"]) == (1, "0.32.0")  # the image's vLLM reported it
     assert preshard_manifest.problems(shards, tensor_parallel_size=1, vllm_version="0.32.0", hashes=True) == []
 
     os.environ["DOCKER_HOST"] = engine_url(client)
-    with serving(CONFIGS / "cpu-tiny.env", "RUNTIME=docker", f"IMAGE_NAME={tag.split(':')[0]}",
-                 "SPECULATIVE_METHOD=none", f"PRESHARDED_DIR={shards}", cmd=[str(ROOT / "serve.sh")]) as server:
-        reply = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120, json={
-            "model": "tiny-qwen3-dflash", "messages": [{"role": "user", "content": "the model reads"}],
-            "max_tokens": 8, "temperature": 0}).json()
+    with serving(
+        CONFIGS / "cpu-tiny.env",
+        "RUNTIME=docker",
+        f"IMAGE_NAME={tag.split(':')[0]}",
+        "SPECULATIVE_METHOD=none",
+        f"PRESHARDED_DIR={shards}",
+        cmd=[str(ROOT / "serve.sh")],
+    ) as server:
+        reply = httpx.post(
+            f"{server.base_url}/v1/chat/completions",
+            timeout=120,
+            json={
+                "model": "tiny-qwen3-dflash",
+                "messages": [{"role": "user", "content": "the model reads"}],
+                "max_tokens": 8,
+                "temperature": 0,
+            },
+        ).json()
         assert reply["usage"]["completion_tokens"] > 0, reply
         assert "sharded_state_loader" in server.log.read_text()

@@ -60,11 +60,11 @@ def test_rocm_spec_has_exactly_what_rocm_needs(name):
     assert spec["entrypoint"] == [LAUNCHER_IN_IMAGE] and spec["command"] == ["--", *rendered.argv]
     for key, value in rendered.env.items():
         assert spec["environment"][key] == value
-    v = config.values
+    v = config
     # Models at the same path, read-only, so the host-rendered argv holds inside.
-    assert spec["volumes"][v["MODEL_DIR"]] == {"bind": v["MODEL_DIR"], "mode": "ro"}
-    assert spec["volumes"][v["DRAFT_MODEL_DIR"]] == {"bind": v["DRAFT_MODEL_DIR"], "mode": "ro"}
-    assert v["MODEL_DIR"] in rendered.argv
+    assert spec["volumes"][v.model_dir] == {"bind": v.model_dir, "mode": "ro"}
+    assert spec["volumes"][v.draft_model_dir] == {"bind": v.draft_model_dir, "mode": "ro"}
+    assert v.model_dir in rendered.argv
 
 
 def test_cpu_spec_has_no_devices_or_groups():
@@ -76,12 +76,13 @@ def test_cpu_spec_has_no_devices_or_groups():
 
 
 def test_hf_home_mounted_writable_and_ngram_has_no_draft_mount(tmp_path):
-    cfg = write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'production.env'}\nHF_HOME=/data/hf\n"
-                    "SPECULATIVE_METHOD=ngram\n")
+    cfg = write_env(
+        tmp_path / "c.env", f"INCLUDE={CONFIGS / 'production.env'}\nHF_HOME=/data/hf\nSPECULATIVE_METHOD=ngram\n"
+    )
     config, spec = spec_for(cfg)
     assert spec["volumes"]["/data/hf"] == {"bind": "/data/hf", "mode": "rw"}
     assert spec["environment"]["HF_HOME"] == "/data/hf"
-    assert config.values["DRAFT_MODEL_DIR"] not in spec["volumes"]
+    assert config.draft_model_dir not in spec["volumes"]
 
 
 def test_api_key_never_printed_in_run_line(tmp_path):
@@ -101,8 +102,8 @@ def test_run_line_round_trips_to_the_spec():
     words = shlex.split(docker_run_line(spec).replace("\\\n", " "))
     assert words[:3] == ["docker", "run", "--rm"] and "--privileged" not in words
     image_at = words.index(IMAGE)
-    assert words[image_at + 1:] == spec["command"]
-    opts = list(zip(words[3:image_at], words[4:image_at]))
+    assert words[image_at + 1 :] == spec["command"]
+    opts = list(zip(words[3:image_at], words[4:image_at], strict=False))
     assert ("--device", "/dev/kfd") in opts and ("--device", "/dev/dri") in opts
     assert ("--entrypoint", LAUNCHER_IN_IMAGE) in opts
     env = dict(v.split("=", 1) for k, v in opts if k == "-e")
@@ -137,15 +138,18 @@ def test_an_overlay_mounts_the_checkpoint_it_links_and_the_scales_file(tmp_path)
     (overlay / "config.json").write_text('{"model_type": "deepseek_v3", "kv_lora_rank": 512}')  # a real file
     scales = tmp_path / "scales.json"
     KvScales("mla", (LayerScale(0, 4.0, None, 4.0, 1.0),), 1.25, 10, 1).save(scales)
-    env = write_env(tmp_path / "o.env", f"INCLUDE={CONFIGS / 'production-fp8kv.env'}\nMODEL_DIR={overlay}\n"
-                                        f"KV_SCALES_FILE={scales}\n")
+    env = write_env(
+        tmp_path / "o.env",
+        f"INCLUDE={CONFIGS / 'production-fp8kv.env'}\nMODEL_DIR={overlay}\nKV_SCALES_FILE={scales}\n",
+    )
     config = load_config(env, environ={})
     volumes = container_spec(config, render(config), "img:1")["volumes"]
     assert volumes[str(ckpt)] == {"bind": str(ckpt), "mode": "ro"}
     assert volumes[str(overlay)] == {"bind": str(overlay), "mode": "ro"}
     assert volumes[str(scales)] == {"bind": str(scales), "mode": "ro"}
-    plain = load_config(write_env(tmp_path / "p.env", f"INCLUDE={CONFIGS / 'production.env'}\nMODEL_DIR={ckpt}\n"),
-                        environ={})
+    plain = load_config(
+        write_env(tmp_path / "p.env", f"INCLUDE={CONFIGS / 'production.env'}\nMODEL_DIR={ckpt}\n"), environ={}
+    )
     assert set(container_spec(plain, render(plain), "img:1")["volumes"]) == {str(ckpt), "/models/Kimi-K2.5-DFlash"}
 
 
@@ -179,7 +183,7 @@ def test_a_chat_template_is_rendered_mounted_read_only_and_checked_by_preflight(
     template = tmp_path / "t.jinja"
     cfg = write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'production.env'}\nCHAT_TEMPLATE=t.jinja\n")
     config, spec = spec_for(cfg)
-    assert config["CHAT_TEMPLATE"] == str(template)  # relative to the env file
+    assert config.chat_template == str(template)  # relative to the env file
     assert spec["volumes"][str(template)] == {"bind": str(template), "mode": "ro"}
     argv = render(config).argv
     assert argv[argv.index("--chat-template") + 1] == str(template)

@@ -28,12 +28,13 @@ def test_patch_docs_are_generated_from_the_patch_set_and_the_configs(tmp_path, m
     """docs/patches.md's patch table and backend map come from patches/patchset.py and
     the production configs: a change to either makes them stale."""
     doc = tmp_path / "p.md"
-    text = "".join(f"{s}\n{make()}\n{e}\n" for name, make in (("patch-set", docs_gen.patch_set_tables),
-                                                              ("backend-map", docs_gen.backend_map_table))
-                   for s, e in [docs_gen.markers(name)])
+    text = "".join(
+        f"{s}\n{make()}\n{e}\n"
+        for name, make in (("patch-set", docs_gen.patch_set_tables), ("backend-map", docs_gen.backend_map_table))
+        for s, e in [docs_gen.markers(name)]
+    )
     doc.write_text(text)
-    sections = {"patch-set": (docs_gen.patch_set_tables, (doc,)),
-                "backend-map": (docs_gen.backend_map_table, (doc,))}
+    sections = {"patch-set": (docs_gen.patch_set_tables, (doc,)), "backend-map": (docs_gen.backend_map_table, (doc,))}
     assert docs_gen.stale(sections) == []
     real = docs_gen.backends.load_patch_data()
     monkeypatch.setattr(docs_gen.backends, "load_patch_data", lambda: (real[0][:-1], real[1]))

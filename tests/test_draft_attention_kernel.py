@@ -44,6 +44,7 @@ for gfx942 (bfloat16 MFMA, and the dequantised FP8 keys rounded to the bfloat16
 query dtype by ``.to(q.dtype)``), and 0.33.0's interleaved V cache (used only
 when the compile-time qk-norm/rope/cache fusion pass is on).
 """
+
 from __future__ import annotations
 
 import ast
@@ -111,7 +112,7 @@ class _MI300X:
 
     @staticmethod
     def has_device_capability(capability):
-        return 94 >= capability
+        return capability <= 94
 
 
 class DraftPath:
@@ -121,10 +122,11 @@ class DraftPath:
         self.version, self.pkg = version, pkg
         self.custom_calls: list[dict] = []
         self.decision = function_from_source(
-            pkg / "platforms" / "rocm.py", "use_rocm_custom_paged_attention",
-            {"torch": torch, "_ON_GFX9": True, "_ON_GFX1X": False, "on_cdna": lambda: True})
-        self.rocm = stub_module("vllm.platforms.rocm",
-                                use_rocm_custom_paged_attention=self.decision)
+            pkg / "platforms" / "rocm.py",
+            "use_rocm_custom_paged_attention",
+            {"torch": torch, "_ON_GFX9": True, "_ON_GFX1X": False, "on_cdna": lambda: True},
+        )
+        self.rocm = stub_module("vllm.platforms.rocm", use_rocm_custom_paged_attention=self.decision)
         ops = stub_module("vllm._custom_ops", paged_attention_rocm=self._custom_op)
         self.stubs = {
             **common_stubs(),
@@ -133,10 +135,14 @@ class DraftPath:
             "vllm.platforms.rocm": self.rocm,
         }
         self.stubs["vllm"].__dict__["_custom_ops"] = ops
-        mods = load_vllm_files(pkg, self.stubs, [
-            ("vllm.v1.attention.ops.prefix_prefill", PREFIX_PREFILL),
-            ("vllm.v1.attention.ops.chunked_prefill_paged_decode", CHUNKED),
-        ])
+        mods = load_vllm_files(
+            pkg,
+            self.stubs,
+            [
+                ("vllm.v1.attention.ops.prefix_prefill", PREFIX_PREFILL),
+                ("vllm.v1.attention.ops.chunked_prefill_paged_decode", CHUNKED),
+            ],
+        )
         chunked = mods["vllm.v1.attention.ops.chunked_prefill_paged_decode"]
         self.fn = chunked.chunked_prefill_paged_decode
 
@@ -145,27 +151,39 @@ class DraftPath:
         # is not 1 (all of a draft batch): it records the call and writes nothing
         self.custom_calls.append(kwargs)
 
-    def __call__(self, batch: "DraftBatch", causal: bool, production_dtype=torch.bfloat16):
+    def __call__(self, batch: DraftBatch, causal: bool, production_dtype=torch.bfloat16):
         """Run the draft step as rocm_attn's forward does. The decode branch is
         chosen by vLLM's gfx9 decision for ``production_dtype`` (the model's query
         dtype; None: for the float32 tensors actually passed, i.e. the Triton
         decode kernel)."""
         decide = self.decision
         if production_dtype is not None:
-            self.rocm.use_rocm_custom_paged_attention = (
-                lambda qtype, *a, **kw: decide(production_dtype, *a, **kw))
+            self.rocm.use_rocm_custom_paged_attention = lambda qtype, *a, **kw: decide(production_dtype, *a, **kw)
         out = torch.full_like(batch.q, float("nan"))
         try:
             with vllm_stubs_installed(self.stubs):
-                self.fn(query=batch.q, key=batch.k, value=batch.v, output=out,
-                        kv_cache_dtype=batch.kv_cache_dtype,
-                        key_cache=batch.key_cache, value_cache=batch.value_cache,
-                        block_table=batch.table, query_start_loc=batch.cu,
-                        seq_lens=batch.seq_lens, max_seq_len=int(batch.seq_lens.max()),
-                        max_query_len=batch.qlen, k_scale=batch.k_scale,
-                        v_scale=batch.v_scale, alibi_slopes=None,
-                        sliding_window=NO_WINDOW[self.version], sm_scale=D ** -0.5,
-                        output_scale=None, sinks=None, causal=causal)
+                self.fn(
+                    query=batch.q,
+                    key=batch.k,
+                    value=batch.v,
+                    output=out,
+                    kv_cache_dtype=batch.kv_cache_dtype,
+                    key_cache=batch.key_cache,
+                    value_cache=batch.value_cache,
+                    block_table=batch.table,
+                    query_start_loc=batch.cu,
+                    seq_lens=batch.seq_lens,
+                    max_seq_len=int(batch.seq_lens.max()),
+                    max_query_len=batch.qlen,
+                    k_scale=batch.k_scale,
+                    v_scale=batch.v_scale,
+                    alibi_slopes=None,
+                    sliding_window=NO_WINDOW[self.version],
+                    sm_scale=D**-0.5,
+                    output_scale=None,
+                    sinks=None,
+                    causal=causal,
+                )
         finally:
             self.rocm.use_rocm_custom_paged_attention = decide
         return out
@@ -180,8 +198,7 @@ def draft_path(request, tmp_path_factory) -> DraftPath:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_INTERPRET", "1")
         pkg = copy_vllm_package(version, tmp_path_factory.mktemp(f"vllm-{version}"))
-        run = subprocess.run([sys.executable, str(PATCHER), "--vllm-root", str(pkg)],
-                             capture_output=True, text=True)
+        run = subprocess.run([sys.executable, str(PATCHER), "--vllm-root", str(pkg)], capture_output=True, text=True)
         assert run.returncode == 0, run.stdout + run.stderr
         wheel = vllm_tree(version) / "vllm"
         for rel in DRAFT_PATH_FILES:  # what runs on MI300X is vLLM's own code
@@ -251,8 +268,8 @@ class DraftBatch:
         key_cache = torch.full((num_blocks, HKV, D // x, BLOCK, x), float("nan"))
         value_cache = torch.full((num_blocks, HKV, D, BLOCK), float("nan"))
         for i, c in enumerate(CONTEXTS):
-            block_k = self.k[i * qlen:(i + 1) * qlen]
-            block_v = self.v[i * qlen:(i + 1) * qlen]
+            block_k = self.k[i * qlen : (i + 1) * qlen]
+            block_v = self.v[i * qlen : (i + 1) * qlen]
             keys = torch.cat([stored(ctx_k[i], self.k_scale), stored(block_k, self.k_scale)])
             values = torch.cat([stored(ctx_v[i], self.v_scale), stored(block_v, self.v_scale)])
             for pos in range(c + qlen):
@@ -275,7 +292,7 @@ class DraftBatch:
             ctx_v = (self.ctx_v_exact if exact_context else self.ctx_v)[i]
             k = torch.cat([ctx_k, self.k[rows]]).double().repeat_interleave(HQ // HKV, dim=1)
             v = torch.cat([ctx_v, self.v[rows]]).double().repeat_interleave(HQ // HKV, dim=1)
-            s = torch.einsum("qhd,khd->hqk", self.q[rows].double(), k) * D ** -0.5
+            s = torch.einsum("qhd,khd->hqk", self.q[rows].double(), k) * D**-0.5
             if causal:
                 key_pos = torch.arange(c + self.qlen)
                 query_pos = c + torch.arange(self.qlen)
@@ -346,8 +363,10 @@ def test_gfx942_decode_branch_decision(version):
     16, GQA 8 (64 query / 8 KV heads), bfloat16 query, auto or FP8 cache -> the ROCm
     custom op; a float32 query -> the Triton decode kernel."""
     decide = function_from_source(
-        vllm_tree(version) / "vllm" / "platforms" / "rocm.py", "use_rocm_custom_paged_attention",
-        {"torch": torch, "_ON_GFX9": True, "_ON_GFX1X": False, "on_cdna": lambda: True})
+        vllm_tree(version) / "vllm" / "platforms" / "rocm.py",
+        "use_rocm_custom_paged_attention",
+        {"torch": torch, "_ON_GFX9": True, "_ON_GFX1X": False, "on_cdna": lambda: True},
+    )
     for cache in ("auto", "fp8"):
         for gqa in (1, 8):
             assert decide(torch.bfloat16, 128, 16, gqa, 4096, 0, cache)
@@ -355,8 +374,11 @@ def test_gfx942_decode_branch_decision(version):
 
 
 def _call_keywords(tree: ast.AST, callee: str) -> list[dict[str, str]]:
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
-             and getattr(n.func, "id", getattr(n.func, "attr", None)) == callee]
+    calls = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) == callee
+    ]
     return [{kw.arg: ast.unparse(kw.value) for kw in c.keywords} for c in calls]
 
 
@@ -370,18 +392,17 @@ def test_causal_flag_reaches_the_kernel(version):
     backend = ast.parse((pkg / BACKEND).read_text())
     chunked = ast.parse((pkg / CHUNKED).read_text())
     prefill = ast.parse((pkg / PREFIX_PREFILL).read_text())
-    forward = next(n for n in ast.walk(backend)
-                   if isinstance(n, ast.FunctionDef) and n.name == "forward")
+    forward = next(n for n in ast.walk(backend) if isinstance(n, ast.FunctionDef) and n.name == "forward")
     to_chunked = _call_keywords(forward, "chunked_prefill_paged_decode")
     assert [kw["causal"] for kw in to_chunked] == ["attn_metadata.causal"]
     metadata = _call_keywords(backend, "RocmAttentionMetadata")
     assert [kw.get("causal") for kw in metadata] == ["common_attn_metadata.causal"]
-    supports = next(n for n in ast.walk(backend)
-                    if isinstance(n, ast.FunctionDef) and n.name == "supports_non_causal")
+    supports = next(n for n in ast.walk(backend) if isinstance(n, ast.FunctionDef) and n.name == "supports_non_causal")
     assert ast.unparse(supports.body[-1]) == "return True"
     assert [kw["causal"] for kw in _call_keywords(chunked, "context_attention_fwd")] == ["causal"]
-    launches = [n for n in ast.walk(prefill) if isinstance(n, ast.Call)
-                and isinstance(n.func, ast.Subscript)
-                and ast.unparse(n.func.value) == "_fwd_kernel"]
-    assert [{kw.arg: ast.unparse(kw.value) for kw in c.keywords}.get("CAUSAL")
-            for c in launches] == ["causal"]
+    launches = [
+        n
+        for n in ast.walk(prefill)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript) and ast.unparse(n.func.value) == "_fwd_kernel"
+    ]
+    assert [{kw.arg: ast.unparse(kw.value) for kw in c.keywords}.get("CAUSAL") for c in launches] == ["causal"]

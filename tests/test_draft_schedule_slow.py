@@ -36,9 +36,17 @@ TOKENS = 48
 
 
 def chat(client: httpx.Client, prompt: str, max_tokens: int = TOKENS) -> list[int]:
-    r = client.post("/v1/chat/completions", json={
-        "model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-        "temperature": 0, "ignore_eos": True, "return_token_ids": True})
+    r = client.post(
+        "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    )
     r.raise_for_status()
     return r.json()["choices"][0]["token_ids"]
 
@@ -51,10 +59,16 @@ def step(server, client: httpx.Client, prompts: list[str], concurrency: int) -> 
         replies = list(pool.map(lambda p: chat(client, p), prompts))
     wall = time.perf_counter() - t0
     after = server.metrics()
-    delta = {k: after.get(k, 0.0) - before.get(k, 0.0)
-             for k in ("vllm:spec_decode_num_draft_tokens_total", "vllm:generation_tokens_total")}
+    delta = {
+        k: after.get(k, 0.0) - before.get(k, 0.0)
+        for k in ("vllm:spec_decode_num_draft_tokens_total", "vllm:generation_tokens_total")
+    }
     out = delta["vllm:generation_tokens_total"]
-    return {"replies": replies, "tps": out / wall, "drafted_per_token": delta["vllm:spec_decode_num_draft_tokens_total"] / out}
+    return {
+        "replies": replies,
+        "tps": out / wall,
+        "drafted_per_token": delta["vllm:spec_decode_num_draft_tokens_total"] / out,
+    }
 
 
 def patched_venv(*ids: str) -> Path:
@@ -79,9 +93,12 @@ def test_the_ramp_crosses_the_threshold_without_collapse_or_a_changed_token():
     without the speculative path (S5), and nothing a user sees changes."""
     patched_venv("S1", "S2", "S3", "S4", "S5")
     prompts = [c.turns[0] for c in load_builtin()][:8]
-    with serving(REFERENCE, "DTYPE=float32", "NUM_SPECULATIVE_TOKENS=3",
-                 f"NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE={SCHEDULE}") as server, \
-            api_client(server.base_url, 600) as client:
+    with (
+        serving(
+            REFERENCE, "DTYPE=float32", "NUM_SPECULATIVE_TOKENS=3", f"NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE={SCHEDULE}"
+        ) as server,
+        api_client(server.base_url, 600) as client,
+    ):
         chat(client, prompts[0], 8)  # warm-up
         ramp = {c: step(server, client, prompts, c) for c in (1, 2, 4, 8)}
 
@@ -105,13 +122,13 @@ def test_the_ramp_crosses_the_threshold_without_collapse_or_a_changed_token():
     for c in (4, 8):
         assert ramp[c]["drafted_per_token"] < 0.1, (c, ramp[c])
     tps = [ramp[c]["tps"] for c in (1, 2, 4, 8)]
-    assert all(b >= 0.9 * a for a, b in zip(tps, tps[1:])), f"throughput fell as the load grew: {tps}"
+    assert all(b >= 0.9 * a for a, b in zip(tps, tps[1:], strict=False)), f"throughput fell as the load grew: {tps}"
     assert crossed == [alone], "the request that crossed the threshold answered differently"
 
 
 # S2, run on the venv's patched engine core with a fake scheduler and worker: which steps
 # still make the draft-id round trip, and what drafts the scheduler is left with.
-S2_PROBE = r'''
+S2_PROBE = r"""
 import json, sys
 from concurrent.futures import Future
 from contextlib import nullcontext
@@ -154,7 +171,7 @@ def run(method, k):
     return {"round_trips": core.model_executor.round_trips, "updates": core.scheduler.updates}
 
 print(json.dumps({f"{m}/{k}": run(m, k) for m in ("dflash", "eagle3") for k in (0, 3)}))
-'''
+"""
 
 
 def test_s2_a_k0_dflash_step_clears_its_drafts_without_the_worker_round_trip():

@@ -35,9 +35,14 @@ def test_choose_takes_the_frequent_answers_then_the_lowest_ids():
     assert coverage(RECORDS, choose(RECORDS, 5, 50, frequent=0.4)) == 0.8  # all but 7 and 42
 
 
-@pytest.mark.parametrize("size, frequent, words", [(0, 0.5, "size 0: must be in 1..50"),
-                                                    (51, 0.5, "size 51: must be in 1..50"),
-                                                    (8, 1.5, "frequent share 1.5: must be in 0..1")])
+@pytest.mark.parametrize(
+    "size, frequent, words",
+    [
+        (0, 0.5, "size 0: must be in 1..50"),
+        (51, 0.5, "size 51: must be in 1..50"),
+        (8, 1.5, "frequent share 1.5: must be in 0..1"),
+    ],
+)
 def test_choose_refuses_impossible_sizes(size, frequent, words):
     with pytest.raises(TrainConfigError, match=words):
         choose(RECORDS, size, 50, frequent)
@@ -80,8 +85,9 @@ def test_attach_writes_vllms_draft_vocab_form_and_the_walk_drafts_only_from_it(t
         assert set(pred.flatten().tolist()) <= set(ids.tolist())
         assert torch.equal(pred, ids[(h @ head()[0][ids].t()).argmax(-1)])
     full = attach(drafter, target, torch.arange(50), tmp_path / "dv-all", {"rule": "test"})
-    assert ev.offline_acceptance(ev.load_exported_model(full, "t"), FakeStore(), 3, 5) == \
-        ev.offline_acceptance(src.eval(), FakeStore(), 3, 5)
+    assert ev.offline_acceptance(ev.load_exported_model(full, "t"), FakeStore(), 3, 5) == ev.offline_acceptance(
+        src.eval(), FakeStore(), 3, 5
+    )
 
 
 def test_attach_refuses_a_second_vocabulary_and_a_target_that_does_not_fit(tmp_path):

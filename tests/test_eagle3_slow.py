@@ -36,8 +36,12 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = CONFIGS / "cpu-kimi-tiny-eagle3.env"
 MODEL = "tiny-kimi-k2.6-eagle3"
-PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
-          "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}}}
+PERSON = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age"],
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+}
 
 
 def chat(client: httpx.Client, **body) -> dict:
@@ -59,9 +63,13 @@ def check_served_head(server, head_dir: Path) -> None:
     drafts = m["vllm:spec_decode_num_drafts_total"]
     assert drafts > 0 and m["vllm:spec_decode_num_draft_tokens_total"] == 3 * drafts
     with api_client(server.base_url, 300) as client:
-        person = chat(client, messages=[{"role": "user", "content": "Describe a person."}], max_tokens=96,
-                      chat_template_kwargs={"thinking": False},
-                      response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}})
+        person = chat(
+            client,
+            messages=[{"role": "user", "content": "Describe a person."}],
+            max_tokens=96,
+            chat_template_kwargs={"thinking": False},
+            response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}},
+        )
         required = chat(client, **ASK, tool_choice="required")
     if person["finish_reason"] == "stop":
         value = json.loads(person["message"]["content"])
@@ -82,14 +90,32 @@ def test_e1_is_what_makes_vllm_count_a_kimi_k2_head_as_mla(tmp_path):
     with the patched convertor and with the same file with E1 undone."""
     python, unpatched = undone("vllm.transformers_utils.model_arch_config_convertor", "E1", tmp_path)
     config = load_config(CONFIG, environ={})
-    subprocess.run([str(python), "-m", "kimidflash", "tiny-model", "--kind", "kimi-k2.6-eagle3",
-                    config["MODEL_DIR"], config["DRAFT_MODEL_DIR"]], check=True, capture_output=True,
-                   env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=600)
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "kimidflash",
+            "tiny-model",
+            "--kind",
+            "kimi-k2.6-eagle3",
+            config.model_dir,
+            config.draft_model_dir,
+        ],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        timeout=600,
+    )
     argv = render(config).argv
-    argv = argv[argv.index("--model"):]  # the words after `python3 -m vllm.entrypoints.openai.api_server`
+    argv = argv[argv.index("--model") :]  # the words after `python3 -m vllm.entrypoints.openai.api_server`
     request = {"argv": argv, "unpatched": str(unpatched)}
-    r = subprocess.run([str(python), str(Path(__file__).with_name("eagle3_probe.py")), json.dumps(request)],
-                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    r = subprocess.run(
+        [str(python), str(Path(__file__).with_name("eagle3_probe.py")), json.dumps(request)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("EAGLE3-JSON ")]
     assert r.returncode == 0 and lines, r.stderr[-3000:]
     out = json.loads(lines[-1].split(" ", 1)[1])

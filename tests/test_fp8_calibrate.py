@@ -53,7 +53,7 @@ def rope_halves(x: torch.Tensor, theta: float) -> torch.Tensor:
     """NeoX style (first half with second half), Llama's layout; x [T, heads, d]."""
     T, _, d = x.shape
     ang = (torch.arange(T, dtype=torch.float64)[:, None] * inv_freq(d, theta)[None])[:, None, :]
-    a, b = x[..., : d // 2].double(), x[..., d // 2:].double()
+    a, b = x[..., : d // 2].double(), x[..., d // 2 :].double()
     return torch.cat([a * ang.cos() - b * ang.sin(), b * ang.cos() + a * ang.sin()], -1)
 
 
@@ -73,7 +73,7 @@ def reference(model_dir: Path, mla: bool, token_lists: list[list[int]]) -> list[
                 if mla:
                     kv = x @ a.kv_a_proj_with_mqa.weight.T
                     latent = rms(kv[:, : cfg.kv_lora_rank], a.kv_a_layernorm.weight, cfg.rms_norm_eps)
-                    k_pe = rope_pairs(kv[:, cfg.kv_lora_rank:], theta)
+                    k_pe = rope_pairs(kv[:, cfg.kv_lora_rank :], theta)
                     out[i]["latent"] = max(out[i]["latent"], latent.abs().max().item())
                     out[i]["rope"] = max(out[i]["rope"], k_pe.abs().max().item())
                 else:
@@ -101,7 +101,7 @@ def test_captured_maxima_equal_the_independent_reference(models, kind):
     assert scales.tokens == sum(map(len, ids)) and scales.prompts == len(prompts)
     ref = reference(models[kind], mla, ids)
     assert len(scales.layers) == len(ref)
-    for ly, r in zip(scales.layers, ref):
+    for ly, r in zip(scales.layers, ref, strict=False):
         if mla:
             assert ly.latent_amax == pytest.approx(r["latent"], rel=1e-5)
             assert ly.rope_amax == pytest.approx(r["rope"], rel=1e-5)
@@ -117,10 +117,9 @@ def test_capture_restores_the_model_and_refuses_a_missed_rope(models, monkeypatc
 
     orig = modeling_llama.apply_rotary_pos_emb
     model = AutoModelForCausalLM.from_pretrained(models["llama"], dtype=torch.float32).eval()
-    with pytest.raises(RuntimeError, match="boom"):
-        with KvCapture(model, mla=False):
-            assert modeling_llama.apply_rotary_pos_emb is not orig
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), KvCapture(model, mla=False):
+        assert modeling_llama.apply_rotary_pos_emb is not orig
+        raise RuntimeError("boom")
     assert modeling_llama.apply_rotary_pos_emb is orig
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
     # a version that applies rotary elsewhere: the capture never sees a key and says so
@@ -134,8 +133,21 @@ def test_capture_restores_the_model_and_refuses_a_missed_rope(models, monkeypatc
 
 def test_result_json_shape_table_and_portable_provenance(models, tmp_path, capsys):
     out = tmp_path / "s.json"
-    rc = cal.main([str(models["mla"]), "--num-prompts", "3", "--max-tokens", "32", "--seed", "4", "-o", str(out),
-                   "--dtype", "float32"])
+    rc = cal.main(
+        [
+            str(models["mla"]),
+            "--num-prompts",
+            "3",
+            "--max-tokens",
+            "32",
+            "--seed",
+            "4",
+            "-o",
+            str(out),
+            "--dtype",
+            "float32",
+        ]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
     assert data["schema"] == "kimidflash-kv-scales/1" and data["attention"] == "mla"
@@ -143,7 +155,11 @@ def test_result_json_shape_table_and_portable_provenance(models, tmp_path, capsy
     assert all({"k_amax", "latent_amax", "rope_amax", "k_scale"} <= set(d) for d in data["layers"])
     prov = data["provenance"]
     assert prov["model_dir"].startswith("$TMPDIR/") and not prov["prompts_file"].startswith("/")
-    assert prov["prompts_sha256"] == hashlib.sha256(PROMPTS.read_bytes()).hexdigest() and prov["seed"] == 4 and prov["dtype"] == "float32"
+    assert (
+        prov["prompts_sha256"] == hashlib.sha256(PROMPTS.read_bytes()).hexdigest()
+        and prov["seed"] == 4
+        and prov["dtype"] == "float32"
+    )
     assert len(prov["prompt_ids"]) == 3 and sum(prov["categories"].values()) == 3
     scales = KvScales.load(out)
     rows = cal.table_rows(scales)
@@ -154,8 +170,12 @@ def test_result_json_shape_table_and_portable_provenance(models, tmp_path, capsy
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO_ROOT / "payload" / "calibrate_kv_scales.py"), *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "payload" / "calibrate_kv_scales.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_bad_inputs_fail_fast_with_one_line_and_nothing_written(models, tmp_path):

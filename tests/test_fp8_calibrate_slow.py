@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from kimidflash.cpu_reference import smollm2
 from kimidflash.fp8 import calibrate as cal
 from kimidflash.fp8.checkpoint import CheckpointError, verify, write_overlay
 from kimidflash.fp8.scales import KvScales
-from kimidflash.cpu_reference import smollm2
 
 from .fp8_models import MLA, build
 from .helpers import needs_cpu_fp8_kv
@@ -86,7 +86,7 @@ def test_smollm2_scales_are_sane(calibrated):
     states). So checkpoint scales lie in (0.1 * 1.25 / 448, 1.0) = (2.8e-4, 1.0)."""
     scales, _ = calibrated["smollm2"]
     assert len(scales.layers) == 30
-    for (k, v), ly in zip(scales.checkpoint_scales(), scales.layers):
+    for (k, v), ly in zip(scales.checkpoint_scales(), scales.layers, strict=False):
         assert 0.1 < ly.k_amax < 448 / 1.25 and 0.1 < ly.v_amax < 448 / 1.25, ly
         assert 2.8e-4 < k < 1.0 and 2.8e-4 < v < 1.0
     print("smollm2 k_amax", [round(ly.k_amax, 2) for ly in scales.layers])
@@ -118,7 +118,8 @@ def test_stock_vllm_loads_the_mha_overlay(calibrated, models, tmp_path):
     # which is why write_overlay takes the serving format
     fnuz = load(overlay, tmp_path, pose_fnuz=True)
     assert [fnuz[f"model.layers.{i}.self_attn.attn"]["k_scale"] for i in range(30)] == pytest.approx(
-        [k for k, _ in scales.scales_for("e4m3fn")], rel=1e-6)
+        [k for k, _ in scales.scales_for("e4m3fn")], rel=1e-6
+    )
     plain = load(models["smollm2"], tmp_path)
     assert {(d["k_scale"], d["v_scale"]) for d in plain.values()} == {(1.0, 1.0)} and len(plain) == 30
 
@@ -130,8 +131,9 @@ def test_mla_overlay_is_ignored_by_stock_vllm_and_loads_once_routed(calibrated, 
         verify(overlay)
     stock = load(overlay, tmp_path)
     assert len(stock) == MLA["num_hidden_layers"]
-    assert all(d["cls"] == "MLAAttention" and d["quant_method"] is None and d["k_scale"] == 1.0
-               for d in stock.values()), stock
+    assert all(
+        d["cls"] == "MLAAttention" and d["quant_method"] is None and d["k_scale"] == 1.0 for d in stock.values()
+    ), stock
     routed = load(overlay, tmp_path, mla_kv_method=True)
     for i, (k, _) in enumerate(scales.scales_for("e4m3fn")):
         got = routed[f"model.layers.{i}.self_attn.mla_attn.mla_attn"]

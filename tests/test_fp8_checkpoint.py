@@ -21,9 +21,12 @@ from kimidflash.fp8.checkpoint import CheckpointError, verify, write_overlay
 from kimidflash.fp8.safetensors_io import encode_f32_scalars, read_scalar
 from kimidflash.fp8.scales import KvScales, LayerScale
 
-INT4_QUANT = {"quant_method": "compressed-tensors", "format": "pack-quantized",
-              "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int"}}},
-              "ignore": ["lm_head", "re:.*self_attn.*"]}
+INT4_QUANT = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int"}}},
+    "ignore": ["lm_head", "re:.*self_attn.*"],
+}
 
 
 def mha_scales(n: int, k0: float = 3.0) -> KvScales:
@@ -31,17 +34,29 @@ def mha_scales(n: int, k0: float = 3.0) -> KvScales:
 
 
 def mla_scales(n: int) -> KvScales:
-    return KvScales("mla", tuple(LayerScale(i, k_amax=max(2.0 + i, 7.0), latent_amax=2.0 + i, rope_amax=7.0)
-                                 for i in range(n)), 1.25, 100, 2)
+    return KvScales(
+        "mla",
+        tuple(LayerScale(i, k_amax=max(2.0 + i, 7.0), latent_amax=2.0 + i, rope_amax=7.0) for i in range(n)),
+        1.25,
+        100,
+        2,
+    )
 
 
-def make_checkpoint(root: Path, layers: int = 2, mla: bool = False, shards: int = 1, prefix: str = "model.",
-                    quant: dict | None = None, text_nested: bool = False) -> tuple[Path, dict[str, str]]:
+def make_checkpoint(
+    root: Path,
+    layers: int = 2,
+    mla: bool = False,
+    shards: int = 1,
+    prefix: str = "model.",
+    quant: dict | None = None,
+    text_nested: bool = False,
+) -> tuple[Path, dict[str, str]]:
     """A checkpoint with real safetensors shards and, when sharded, an index."""
     root.mkdir(parents=True)
     tensors = {f"{prefix}embed_tokens.weight": torch.ones(4, 2), "lm_head.weight": torch.ones(4, 2)}
     for i in range(layers):
-        names = (["kv_a_layernorm.weight", "kv_a_proj_with_mqa.weight"] if mla else ["k_proj.weight", "v_proj.weight"])
+        names = ["kv_a_layernorm.weight", "kv_a_proj_with_mqa.weight"] if mla else ["k_proj.weight", "v_proj.weight"]
         for n in names:
             tensors[f"{prefix}layers.{i}.self_attn.{n}"] = torch.full((2, 2), float(i))
     cfg: dict = {"num_hidden_layers": layers, "model_type": "deepseek_v3" if mla else "llama"}
@@ -119,7 +134,7 @@ def test_overlay_links_every_file_and_indexes_every_tensor(tmp_path, shards, mla
     # the stock loader reads every tensor the new index names, through the links
     for name, shard in index.items():
         with safe_open(str(out / shard), framework="pt") as f:
-            assert name in f.keys()
+            assert name in f.keys()  # noqa: SIM118 (safe_open has keys() but is neither iterable nor a container)
     if not mla:
         report = verify(out)
         assert report.layers == 3 and len(report.k_scales) == 3 and len(report.v_scales) == 3
@@ -130,21 +145,32 @@ def test_mla_names_are_the_ones_vllm_remaps_onto_mla_attn():
     # maybe_remap_kv_scale_name: \.self_attn\.([kv])_proj\.([kv])_scale$ -> .self_attn.mla_attn.mla_attn.\2_scale;
     # plain .self_attn.k_scale would become .self_attn.attn.k_scale, which an MLA model does not have.
     assert ck.scale_names("language_model.model.", 5, True) == (
-        "language_model.model.layers.5.self_attn.k_proj.k_scale", "language_model.model.layers.5.self_attn.v_proj.v_scale")
-    assert ck.scale_names("model.", 0, False) == ("model.layers.0.self_attn.k_scale", "model.layers.0.self_attn.v_scale")
+        "language_model.model.layers.5.self_attn.k_proj.k_scale",
+        "language_model.model.layers.5.self_attn.v_proj.v_scale",
+    )
+    assert ck.scale_names("model.", 0, False) == (
+        "model.layers.0.self_attn.k_scale",
+        "model.layers.0.self_attn.v_scale",
+    )
 
 
 def test_config_without_quantization_gets_a_kv_only_compressed_tensors_config(tmp_path):
     src, _ = make_checkpoint(tmp_path / "m")
     out = write_overlay(src, mha_scales(2), tmp_path / "m-kv")
     q = json.loads((out / "config.json").read_text())["quantization_config"]
-    assert q == {"quant_method": "compressed-tensors", "config_groups": {}, "ignore": [],
-                 "kv_cache_scheme": ck.KV_CACHE_SCHEME}
+    assert q == {
+        "quant_method": "compressed-tensors",
+        "config_groups": {},
+        "ignore": [],
+        "kv_cache_scheme": ck.KV_CACHE_SCHEME,
+    }
     assert json.loads((src / "config.json").read_text()).get("quantization_config") is None
 
 
 def test_int4_compressed_tensors_config_keeps_its_groups_and_gains_the_kv_scheme(tmp_path):
-    src, _ = make_checkpoint(tmp_path / "m", mla=True, quant=INT4_QUANT, text_nested=True, prefix="language_model.model.")
+    src, _ = make_checkpoint(
+        tmp_path / "m", mla=True, quant=INT4_QUANT, text_nested=True, prefix="language_model.model."
+    )
     out = write_overlay(src, mla_scales(2), tmp_path / "m-kv")
     cfg = json.loads((out / "config.json").read_text())
     q = cfg["quantization_config"]
@@ -160,11 +186,14 @@ def test_existing_matching_kv_scheme_is_kept(tmp_path):
     assert ck.merged_quant_config({"quantization_config": q}, "c") == q
 
 
-@pytest.mark.parametrize("quant, match", [
-    ({"quant_method": "fp8"}, "quant_method='fp8'; only compressed-tensors"),
-    ({**INT4_QUANT, "kv_cache_scheme": {**ck.KV_CACHE_SCHEME, "strategy": "attn_head"}}, "strategy='attn_head'"),
-    ("x", "not an object"),
-])
+@pytest.mark.parametrize(
+    "quant, match",
+    [
+        ({"quant_method": "fp8"}, "quant_method='fp8'; only compressed-tensors"),
+        ({**INT4_QUANT, "kv_cache_scheme": {**ck.KV_CACHE_SCHEME, "strategy": "attn_head"}}, "strategy='attn_head'"),
+        ("x", "not an object"),
+    ],
+)
 def test_other_quant_configs_are_refused(tmp_path, quant, match):
     src, _ = make_checkpoint(tmp_path / "m", quant=quant)
     with pytest.raises(CheckpointError, match=match):
@@ -226,7 +255,7 @@ def _overlay_with(tmp_path: Path, edit) -> Path:
     src, _ = make_checkpoint(tmp_path / "m", layers=3)
     out = write_overlay(src, mha_scales(3), tmp_path / "m-kv")
     with safe_open(str(out / ck.SHARD), framework="pt") as f:
-        tensors = {n: f.get_tensor(n).item() for n in f.keys()}
+        tensors = {n: f.get_tensor(n).item() for n in f.keys()}  # noqa: SIM118 (safe_open has keys() but is neither iterable nor a container)
     edit(tensors)
     (out / ck.SHARD).write_bytes(encode_f32_scalars(tensors))
     return out
@@ -248,13 +277,17 @@ def test_verify_refuses_a_missing_layer(tmp_path):
     index = json.loads((out / ck.INDEX).read_text())
     del index["weight_map"]["model.layers.2.self_attn.k_scale"]
     (out / ck.INDEX).write_text(json.dumps(index))
-    with pytest.raises(CheckpointError, match=r"layer 2 has no k_scale tensor \(expected model.layers.2.self_attn.k_scale\)"):
+    with pytest.raises(
+        CheckpointError, match=r"layer 2 has no k_scale tensor \(expected model.layers.2.self_attn.k_scale\)"
+    ):
         verify(out)
 
 
 def test_verify_refuses_an_index_naming_a_tensor_its_shard_lacks(tmp_path):
     out = _overlay_with(tmp_path, lambda t: t.pop("model.layers.0.self_attn.k_scale"))
-    with pytest.raises(CheckpointError, match=r"layer 0: .*kv-scales.safetensors: has no tensor model.layers.0.self_attn.k_scale"):
+    with pytest.raises(
+        CheckpointError, match=r"layer 0: .*kv-scales.safetensors: has no tensor model.layers.0.self_attn.k_scale"
+    ):
         verify(out)
 
 
@@ -294,11 +327,22 @@ def test_overlay_scales_are_for_the_serving_platforms_format(tmp_path, fmt, fp8_
 
 
 def test_verify_reads_bf16_scales_written_by_another_tool(tmp_path):
-    src, _ = make_checkpoint(tmp_path / "m", layers=1, quant={**INT4_QUANT, "kv_cache_scheme": dict(ck.KV_CACHE_SCHEME)})
-    save_file({"model.layers.0.self_attn.k_scale": torch.tensor(0.25, dtype=torch.bfloat16),
-               "model.layers.0.self_attn.v_scale": torch.tensor(0.5, dtype=torch.bfloat16)}, str(src / "s.safetensors"))
-    index = {"weight_map": {"model.layers.0.self_attn.k_scale": "s.safetensors",
-                            "model.layers.0.self_attn.v_scale": "s.safetensors"}}
+    src, _ = make_checkpoint(
+        tmp_path / "m", layers=1, quant={**INT4_QUANT, "kv_cache_scheme": dict(ck.KV_CACHE_SCHEME)}
+    )
+    save_file(
+        {
+            "model.layers.0.self_attn.k_scale": torch.tensor(0.25, dtype=torch.bfloat16),
+            "model.layers.0.self_attn.v_scale": torch.tensor(0.5, dtype=torch.bfloat16),
+        },
+        str(src / "s.safetensors"),
+    )
+    index = {
+        "weight_map": {
+            "model.layers.0.self_attn.k_scale": "s.safetensors",
+            "model.layers.0.self_attn.v_scale": "s.safetensors",
+        }
+    }
     (src / ck.INDEX).write_text(json.dumps(index))
     r = verify(src)
     assert r.k_scales == (0.25,) and r.v_scales == (0.5,)

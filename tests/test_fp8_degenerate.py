@@ -72,11 +72,14 @@ def test_one_dominant_token_is_collapse() -> None:
     assert dg.token_collapse(toks[:20]) is None  # too short to judge
 
 
-@pytest.mark.parametrize("garbage", [
-    "ok \x00\x01\x02\x03 then",
-    "Answer: \ufffd\ufffd\ufffd\ufffd",
-    "\ue000\ue001 private use \ue002\ue003",
-])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        "ok \x00\x01\x02\x03 then",
+        "Answer: \ufffd\ufffd\ufffd\ufffd",
+        "\ue000\ue001 private use \ue002\ue003",
+    ],
+)
 def test_byte_garbage_is_non_text(garbage: str) -> None:
     found = dg.non_text(garbage)
     assert found is not None and found.rule == "non_text" and "U+" in found.reason
@@ -98,9 +101,11 @@ def test_symbol_soup_and_empty() -> None:
 def test_a_loop_with_varying_separators_is_a_repeated_ngram() -> None:
     """Seen on the CPU reference (v31): the phrase returns with ", and" and a blank
     line between; no period holds, but the same 8 tokens recur again and again."""
-    text = ("The novel was first published in 1813, and the 1813 edition was published in 1813. "
-            "The 1813 edition was published in 1813, and the 1813 edition was published in 1813.\n\n"
-            "The 1813 edition was published in 1813, and the 1813 edition was published in")
+    text = (
+        "The novel was first published in 1813, and the 1813 edition was published in 1813. "
+        "The 1813 edition was published in 1813, and the 1813 edition was published in 1813.\n\n"
+        "The 1813 edition was published in 1813, and the 1813 edition was published in"
+    )
     toks = words(text)
     assert dg.repetition_loop(toks) is None
     found = dg.repeated_ngram(toks, n=5)

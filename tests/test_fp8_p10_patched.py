@@ -15,6 +15,7 @@ be read back at the end as the attention reads them. The patched functions that 
 The expected FP8 maximum follows the helper's platform rule: off ROCm (here) OCP
 e4m3fn, 448; posed as an MI300X (gfx942) e4m3fnuz, 240.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.slow
 
 PROBE = Path(__file__).with_name("fp8_p10_probe.py")
 MLA_FILE = "vllm/model_executor/layers/attention/mla_attention.py"
-E4M3FN_MAX = float(torch.finfo(torch.float8_e4m3fn).max)      # 448
+E4M3FN_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
 E4M3FNUZ_MAX = float(torch.finfo(torch.float8_e4m3fnuz).max)  # 240
 ENTRIES = ("op", "direct")
 # The patched function that hands the write to impl.do_kv_cache_update, per pin and
@@ -69,10 +70,16 @@ INFLIGHT = [batch(16, 3.0, 1.0), batch(16, 12.0, 2.0)]
 SEED = {"headroom": HEADROOM, "k_amax": 20.0}
 
 
-def case(name, entry="op", policy="running-max", kv_cache_dtype="fp8", arch=None, batches=SEQUENCE,
-         seed=None):
-    return {"name": name, "entry": entry, "policy": policy, "kv_cache_dtype": kv_cache_dtype,
-            "arch": arch, "batches": batches, "seed": seed}
+def case(name, entry="op", policy="running-max", kv_cache_dtype="fp8", arch=None, batches=SEQUENCE, seed=None):
+    return {
+        "name": name,
+        "entry": entry,
+        "policy": policy,
+        "kv_cache_dtype": kv_cache_dtype,
+        "arch": arch,
+        "batches": batches,
+        "seed": seed,
+    }
 
 
 CASES = [
@@ -129,8 +136,10 @@ def test_p10_has_a_variant_for_every_pin():
     spec.loader.exec_module(engine)
     patches, _ = engine.load_patchset()
     (p10,) = [p for p in patches if p["id"] == "P10"]
-    covering = {pin: [i for i, v in enumerate(p10["variants"])
-                      if engine.in_range(engine.parse_version(pin), v["versions"])] for pin in PINS}
+    covering = {
+        pin: [i for i, v in enumerate(p10["variants"]) if engine.in_range(engine.parse_version(pin), v["versions"])]
+        for pin in PINS
+    }
     assert all(len(c) == 1 for c in covering.values()), covering
     assert len({c[0] for c in covering.values()}) == len(PINS), covering  # one variant each
     assert {v["file"] for v in p10["variants"]} == {MLA_FILE.removeprefix("vllm/")}
@@ -158,7 +167,7 @@ def test_running_max_the_write_sees_capacity_over_fp8_max(probes, pin, entry):
     # The first batch: max(|kv_c_normed|, |k_pe|) x headroom / FP8_MAX.
     first = result["writes"][0]
     assert seen[0] == pytest.approx(max(first["kv_c_amax"], first["k_pe_amax"]) * HEADROOM / E4M3FN_MAX, rel=1e-6)
-    assert seen[1] > seen[0]   # a larger batch grows it
+    assert seen[1] > seen[0]  # a larger batch grows it
     assert seen[2] == seen[1]  # a smaller one leaves it
     # Only k_pe is large in the last batch, and it moves the scale.
     last = result["writes"][3]

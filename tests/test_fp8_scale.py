@@ -4,15 +4,14 @@ growth rescales the cache so earlier entries read back as written, a calibration
 file seeds the scale, and the vLLM hook is a no-op unless switched on. Fast tier:
 torch is in the project venv. tests/test_fp8_p10_patched.py drives the same helper
 through the patched vLLM trees."""
+
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
-
-import json
-
 import torch
 
 HELPER = Path(__file__).resolve().parents[1] / "patches" / "kimidflash_fp8_kv.py"
@@ -28,9 +27,9 @@ def fp8():
 
 # (arch, dtype vLLM uses for "fp8", its max, smallest subnormal)
 PLATFORMS = [
-    ("gfx942", torch.float8_e4m3fnuz, 240.0, 2.0 ** -10),  # MI300X
-    ("gfx950", torch.float8_e4m3fn, 448.0, 2.0 ** -9),     # MI355X: OCP
-    (None, torch.float8_e4m3fn, 448.0, 2.0 ** -9),         # CUDA / CPU
+    ("gfx942", torch.float8_e4m3fnuz, 240.0, 2.0**-10),  # MI300X
+    ("gfx950", torch.float8_e4m3fn, 448.0, 2.0**-9),  # MI355X: OCP
+    (None, torch.float8_e4m3fn, 448.0, 2.0**-9),  # CUDA / CPU
 ]
 
 
@@ -67,8 +66,7 @@ def test_batch_amax_counts_only_real_finite_rows(fp8):
     kv, pe = torch.randn(6, 512), torch.randn(6, 1, 64)
     kv[1, 3], kv[4, 0], pe[5, 0, 0] = 50.0, float("nan"), 900.0  # row 5: padding, past the slots
     slots = torch.tensor([0, -1, 2, 3, 4])  # row 1 is a dummy/padded row
-    want = max(float(kv[[0, 2, 3]].abs().max()), float(kv[4, 1:].abs().max()),
-               float(pe[:5][[0, 2, 3, 4]].abs().max()))
+    want = max(float(kv[[0, 2, 3]].abs().max()), float(kv[4, 1:].abs().max()), float(pe[:5][[0, 2, 3, 4]].abs().max()))
     assert float(fp8.batch_amax((kv, pe), slots)) == pytest.approx(want)
     assert float(fp8.batch_amax((kv, pe), torch.full((5,), -1))) == 0.0  # a dummy run
     assert float(fp8.batch_amax((torch.empty(0, 512), None), torch.empty(0, dtype=torch.long))) == 0.0
@@ -84,10 +82,14 @@ def test_scales_never_decrease_and_stay_finite(fp8, monkeypatch):
         cap = layer._kimidflash_kv_state.capacity
         assert seen <= cap <= seen * fp8.DEFAULT_HEADROOM * 1.0001  # covers all seen, within headroom
         assert float(layer._k_scale) == pytest.approx(cap / 448.0)
-    assert all(b >= a for a, b in zip(scales, scales[1:]))
+    assert all(b >= a for a, b in zip(scales, scales[1:], strict=False))
     assert scales[-1] > scales[0]  # the batches did push it up
-    for bad in (torch.empty(0, 512), torch.full((2, 512), float("nan")),
-                torch.full((2, 512), float("inf")), torch.zeros(2, 512)):
+    for bad in (
+        torch.empty(0, 512),
+        torch.full((2, 512), float("nan")),
+        torch.full((2, 512), float("inf")),
+        torch.zeros(2, 512),
+    ):
         fp8.observe(layer, bad, None, "fp8", torch.arange(bad.shape[0]))
         assert float(layer._k_scale) == scales[-1]
 
@@ -106,7 +108,7 @@ def test_quantise_dequantise_error_is_bounded(fp8, monkeypatch, arch, dtype, fma
             q = (x / scale).to(dtype)
             assert torch.isfinite(q.float()).all()
             err = (q.float() * scale - x).abs()
-            bound = torch.maximum(x.abs() * 2.0 ** -4, torch.full_like(x, tiny) * scale)
+            bound = torch.maximum(x.abs() * 2.0**-4, torch.full_like(x, tiny) * scale)
             assert (err <= bound * 1.0001).all(), float((err / bound).max())
 
 
@@ -122,7 +124,7 @@ def test_static_unit_scale_is_what_the_fix_is_for(fp8, monkeypatch):
     fp8.observe(layer, x, None, "fp8", torch.arange(1))
     scale = float(layer._k_scale)
     back = (x / scale).to(torch.float8_e4m3fnuz).float() * scale
-    assert (back - x).abs().max() <= 300.0 * 2.0 ** -4
+    assert (back - x).abs().max() <= 300.0 * 2.0**-4
 
 
 def write(cache, rows, slots, scale, dtype):
@@ -152,7 +154,7 @@ def test_growth_rescales_the_cache_so_old_entries_read_back_as_written(fp8, monk
     slots = torch.arange(32)
     back = layer.kv_cache.view(dtype)[slots // 16, slots % 16].float() * float(layer._k_scale)
     for rows, got in ((old, back[:16]), (new, back[16:32])):
-        assert float((got - rows).abs().max() / rows.abs().max()) < 2 * 2 ** -4 + 0.005
+        assert float((got - rows).abs().max() / rows.abs().max()) < 2 * 2**-4 + 0.005
     if strided:
         assert buffer[:, 1].count_nonzero() == 0  # the neighbouring view is untouched
 
@@ -160,8 +162,15 @@ def test_growth_rescales_the_cache_so_old_entries_read_back_as_written(fp8, monk
 def test_a_calibration_file_seeds_each_layer(fp8, monkeypatch, tmp_path):
     monkeypatch.setenv(fp8.ENV, "running-max")
     path = tmp_path / "scales.json"
-    path.write_text(json.dumps({"schema": "kimidflash-kv-scales/1", "headroom": 1.5,
-                                "layers": [{"index": 0, "k_amax": 2.0}, {"index": 1, "k_amax": 8.0}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "schema": "kimidflash-kv-scales/1",
+                "headroom": 1.5,
+                "layers": [{"index": 0, "k_amax": 2.0}, {"index": 1, "k_amax": 8.0}],
+            }
+        )
+    )
     monkeypatch.setenv(fp8.SCALES_ENV, str(path))
     fp8.load_seed.cache_clear()
     layers = [Layer(f"model.layers.{i}.self_attn.attn") for i in (0, 1)]
@@ -177,13 +186,19 @@ def test_a_calibration_file_seeds_each_layer(fp8, monkeypatch, tmp_path):
         fp8.observe(missing, kv, None, "fp8", torch.arange(2))
 
 
-@pytest.mark.parametrize("content, match", [
-    ("{", "cannot read"),
-    ('{"schema": "other"}', "not a kimidflash-kv-scales/1 file"),
-    ('{"schema": "kimidflash-kv-scales/1", "headroom": 1.25, "layers": [{"index": 0}]}', "malformed"),
-    ('{"schema": "kimidflash-kv-scales/1", "headroom": 0.5, "layers": [{"index": 0, "k_amax": 1}]}', "headroom"),
-    ('{"schema": "kimidflash-kv-scales/1", "headroom": 1.25, "layers": [{"index": 0, "k_amax": 0}]}', "layers \\[0\\]"),
-])
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ("{", "cannot read"),
+        ('{"schema": "other"}', "not a kimidflash-kv-scales/1 file"),
+        ('{"schema": "kimidflash-kv-scales/1", "headroom": 1.25, "layers": [{"index": 0}]}', "malformed"),
+        ('{"schema": "kimidflash-kv-scales/1", "headroom": 0.5, "layers": [{"index": 0, "k_amax": 1}]}', "headroom"),
+        (
+            '{"schema": "kimidflash-kv-scales/1", "headroom": 1.25, "layers": [{"index": 0, "k_amax": 0}]}',
+            "layers \\[0\\]",
+        ),
+    ],
+)
 def test_a_bad_calibration_file_names_itself(fp8, tmp_path, content, match):
     path = tmp_path / "s.json"
     path.write_text(content)
@@ -210,7 +225,7 @@ def test_observe_is_a_no_op_unless_enabled(fp8, monkeypatch):
     assert float(layer._k_scale) == 1.0 and not hasattr(layer, "_kimidflash_kv_state")
     monkeypatch.setenv(fp8.ENV, "running-max")
     fp8.observe(layer, kv, pe, "auto", slots)  # not an FP8 cache
-    fp8.observe(layer, kv, pe, "fp8", None)    # no real write (profiling)
+    fp8.observe(layer, kv, pe, "fp8", None)  # no real write (profiling)
     assert float(layer._k_scale) == 1.0 and layer._k_scale_float == 1.0
 
 

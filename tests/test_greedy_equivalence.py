@@ -1,4 +1,4 @@
-""""Zero quality loss": greedy outputs with speculation equal those without, token for token.
+""" "Zero quality loss": greedy outputs with speculation equal those without, token for token.
 
 Run in float32: bfloat16 greedy outputs on CPU change with batch shape, which
 would blame speculation for rounding. Requests go 8 at a time so the
@@ -23,19 +23,44 @@ from .helpers import api_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.extra]
 
-TOPICS = ["the cache", "a drafter", "GPUs", "prime numbers", "the sky", "a detective story", "tokens", "the server",
-          "rivers", "music", "chess", "bread", "volcanoes"]
-FORMS = ["Explain {} in one sentence.", "Write a haiku about {}.", "List three facts about {}.",
-         "Repeat after me: {} {} {} {}."]
+TOPICS = [
+    "the cache",
+    "a drafter",
+    "GPUs",
+    "prime numbers",
+    "the sky",
+    "a detective story",
+    "tokens",
+    "the server",
+    "rivers",
+    "music",
+    "chess",
+    "bread",
+    "volcanoes",
+]
+FORMS = [
+    "Explain {} in one sentence.",
+    "Write a haiku about {}.",
+    "List three facts about {}.",
+    "Repeat after me: {} {} {} {}.",
+]
 PROMPTS = [f.format(*[t] * f.count("{}")) for t in TOPICS for f in FORMS][:52]
 MAX_TOKENS = 48
 
 
 def greedy_outputs(base_url: str) -> list[list[int]]:
     def one(prompt: str) -> list[int]:
-        r = client.post("/v1/chat/completions", json={
-            "model": "tiny-qwen3-dflash", "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": MAX_TOKENS, "temperature": 0, "return_token_ids": True, "ignore_eos": True})
+        r = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": "tiny-qwen3-dflash",
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0,
+                "return_token_ids": True,
+                "ignore_eos": True,
+            },
+        )
         r.raise_for_status()
         return r.json()["choices"][0]["token_ids"]
 
@@ -56,6 +81,6 @@ def test_speculation_changes_no_token(cpu_tiny_config):
             runs[method + ":accepted"] = accepted(server)
     assert all(len(ids) == MAX_TOKENS for ids in runs["none"])
     for method in ("dflash", "ngram"):
-        diffs = [i for i, (a, b) in enumerate(zip(runs["none"], runs[method])) if a != b]
+        diffs = [i for i, (a, b) in enumerate(zip(runs["none"], runs[method], strict=False)) if a != b]
         assert diffs == [], f"{method}: prompts {diffs} differ from the autoregressive run"
     assert runs["ngram:accepted"] > 0, "ngram accepted nothing: the verification path was not exercised"

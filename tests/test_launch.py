@@ -23,8 +23,16 @@ def report(tmp_path, **states):
     """A patch report in the patcher's shape; P10 is the FP8 KV group, as in patches/patchset.py."""
     path = tmp_path / "report.json"
     groups = {"P10": "5 FP8 KV running-max scale"}
-    path.write_text(json.dumps({"vllm_version": "0.33.0", "patches": [
-        {"id": k, "group": groups.get(k, "1 AITER FA non-causal"), "state": v} for k, v in states.items()]}))
+    path.write_text(
+        json.dumps(
+            {
+                "vllm_version": "0.33.0",
+                "patches": [
+                    {"id": k, "group": groups.get(k, "1 AITER FA non-causal"), "state": v} for k, v in states.items()
+                ],
+            }
+        )
+    )
     return path
 
 
@@ -52,22 +60,38 @@ def test_running_max_needs_the_fp8_patch(tmp_path):
 
 
 def test_dash_dash_form_execs_the_command_with_the_rendered_env(tmp_path):
-    r = subprocess.run([str(LAUNCHER), "--", "sh", "-c", 'echo "ran $KIMIDFLASH_MARK"'], capture_output=True, text=True,
-                       env={"PATH": PATH, "KIMIDFLASH_MARK": "yes", "KIMIDFLASH_PATCH_REPORT": str(tmp_path / "x")})
+    r = subprocess.run(
+        [str(LAUNCHER), "--", "sh", "-c", 'echo "ran $KIMIDFLASH_MARK"'],
+        capture_output=True,
+        text=True,
+        env={"PATH": PATH, "KIMIDFLASH_MARK": "yes", "KIMIDFLASH_PATCH_REPORT": str(tmp_path / "x")},
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ran yes"
     assert "exec sh -c" in r.stderr
 
 
 def test_config_form_dry_run_and_refusals():
-    ok = subprocess.run([str(LAUNCHER), str(ROOT / "configs/production.env"), "--dry-run"], capture_output=True, text=True,
-                        env={"PATH": PATH})
+    ok = subprocess.run(
+        [str(LAUNCHER), str(ROOT / "configs/production.env"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        env={"PATH": PATH},
+    )
     assert ok.returncode == 0 and "vllm serve /models/Kimi-K2.6" in ok.stdout
-    bad = subprocess.run([str(LAUNCHER), str(ROOT / "configs/production.env"), "--set", "BLOCK_SIZE=8"],
-                         capture_output=True, text=True, env={"PATH": PATH})
+    bad = subprocess.run(
+        [str(LAUNCHER), str(ROOT / "configs/production.env"), "--set", "BLOCK_SIZE=8"],
+        capture_output=True,
+        text=True,
+        env={"PATH": PATH},
+    )
     assert bad.returncode == 2 and "BLOCK_SIZE" in bad.stderr
-    fp8 = subprocess.run([str(LAUNCHER), str(ROOT / "configs/production-fp8kv.env")], capture_output=True, text=True,
-                         env={"PATH": PATH, "KIMIDFLASH_PATCH_REPORT": "/nonexistent.json"})
+    fp8 = subprocess.run(
+        [str(LAUNCHER), str(ROOT / "configs/production-fp8kv.env")],
+        capture_output=True,
+        text=True,
+        env={"PATH": PATH, "KIMIDFLASH_PATCH_REPORT": "/nonexistent.json"},
+    )
     assert fp8.returncode == 3 and "refusing to start" in fp8.stderr and "FP8 KV patch" in fp8.stderr
 
 

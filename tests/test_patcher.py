@@ -3,6 +3,7 @@
 Covers every state, idempotency, atomicity on drift and on compile errors, revert,
 dry-run, check, the JSON report, usage errors and the patch-set hash.
 """
+
 from __future__ import annotations
 
 import ast
@@ -34,22 +35,68 @@ B_PY = "FLAG = False\nVALUE = 1\n"
 UP_PY = "NATIVE = False\n"
 
 PATCHES = [
-    {"id": "T1", "group": "g", "what": "w1", "why": "y1", "upstream": None,
-     "adds": [{"path": "_helper.py", "source": "helper_src.py"}],
-     "variants": [{"versions": [["1.0.0", "2.0.0"]], "file": "a.py", "edits": [
-         {"anchor": "    return x + 1  # ANCHOR_A\n",
-          "replace": "    return x + 2  # kimidflash:T1\n"}]}]},
-    {"id": "T2", "group": "g", "what": "w2", "why": "y2", "upstream": None,
-     "variants": [{"versions": [["1.0.0", "2.0.0"]], "file": "sub/b.py", "edits": [
-         {"anchor": "FLAG = False\n", "replace": "FLAG = True  # kimidflash:T2\n"},
-         {"anchor": "VALUE = 1\n", "replace": "VALUE = 2  # kimidflash:T2\n"}]}]},
-    {"id": "T3", "group": "g", "what": "w3", "why": "y3",
-     "upstream": [{"file": "up.py", "contains": "NATIVE = True"}],
-     "variants": [{"versions": [["1.0.0", "2.0.0"]], "file": "up.py", "edits": [
-         {"anchor": "NATIVE = False\n", "replace": "NATIVE = 1  # kimidflash:T3\n"}]}]},
-    {"id": "T4", "group": "g", "what": "w4", "why": "y4", "upstream": None,
-     "variants": [{"versions": [["3.0.0", "4.0.0"]], "file": "a.py", "edits": [
-         {"anchor": "def f(x):\n", "replace": "def f(x):  # kimidflash:T4\n"}]}]},
+    {
+        "id": "T1",
+        "group": "g",
+        "what": "w1",
+        "why": "y1",
+        "upstream": None,
+        "adds": [{"path": "_helper.py", "source": "helper_src.py"}],
+        "variants": [
+            {
+                "versions": [["1.0.0", "2.0.0"]],
+                "file": "a.py",
+                "edits": [
+                    {"anchor": "    return x + 1  # ANCHOR_A\n", "replace": "    return x + 2  # kimidflash:T1\n"}
+                ],
+            }
+        ],
+    },
+    {
+        "id": "T2",
+        "group": "g",
+        "what": "w2",
+        "why": "y2",
+        "upstream": None,
+        "variants": [
+            {
+                "versions": [["1.0.0", "2.0.0"]],
+                "file": "sub/b.py",
+                "edits": [
+                    {"anchor": "FLAG = False\n", "replace": "FLAG = True  # kimidflash:T2\n"},
+                    {"anchor": "VALUE = 1\n", "replace": "VALUE = 2  # kimidflash:T2\n"},
+                ],
+            }
+        ],
+    },
+    {
+        "id": "T3",
+        "group": "g",
+        "what": "w3",
+        "why": "y3",
+        "upstream": [{"file": "up.py", "contains": "NATIVE = True"}],
+        "variants": [
+            {
+                "versions": [["1.0.0", "2.0.0"]],
+                "file": "up.py",
+                "edits": [{"anchor": "NATIVE = False\n", "replace": "NATIVE = 1  # kimidflash:T3\n"}],
+            }
+        ],
+    },
+    {
+        "id": "T4",
+        "group": "g",
+        "what": "w4",
+        "why": "y4",
+        "upstream": None,
+        "variants": [
+            {
+                "versions": [["3.0.0", "4.0.0"]],
+                "file": "a.py",
+                "edits": [{"anchor": "def f(x):\n", "replace": "def f(x):  # kimidflash:T4\n"}],
+            }
+        ],
+    },
 ]
 
 
@@ -78,8 +125,7 @@ def snapshot(pkg: Path) -> dict:
 
 
 def patcher(*args, env=None):
-    return subprocess.run([sys.executable, str(PATCHER), *map(str, args)],
-                          capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, str(PATCHER), *map(str, args)], capture_output=True, text=True, env=env)
 
 
 def states(report_path: Path) -> dict:
@@ -99,8 +145,7 @@ def test_apply_reports_every_state_and_writes_json(setup):
     r = patcher("--vllm-root", pkg.parent, "--patch-set", ps, "--json", tmp / "r.json")
     assert r.returncode == 0, r.stderr
     rep = json.loads((tmp / "r.json").read_text())
-    assert states(tmp / "r.json") == {"T1": "applied", "T2": "applied",
-                                      "T3": "upstream", "T4": "not-applicable"}
+    assert states(tmp / "r.json") == {"T1": "applied", "T2": "applied", "T3": "upstream", "T4": "not-applicable"}
     assert rep["vllm_version"] == "1.5.0" and rep["mode"] == "apply" and rep["exit_code"] == 0
     assert rep["patchset_sha256"] == engine.patchset_hash(ps)
     assert rep["patchset_hash"] == rep["patchset_sha256"][:12]
@@ -218,11 +263,14 @@ def test_changed_helper_is_reinstalled(tmp_path):
 
 def test_version_override_and_not_applicable(setup):
     pkg, ps, tmp = setup
-    r = patcher("--vllm-root", pkg, "--patch-set", ps, "--vllm-version", "3.1.0.dev4+rocm",
-                "--json", tmp / "v.json")
+    r = patcher("--vllm-root", pkg, "--patch-set", ps, "--vllm-version", "3.1.0.dev4+rocm", "--json", tmp / "v.json")
     assert r.returncode == 0
-    assert states(tmp / "v.json") == {"T1": "not-applicable", "T2": "not-applicable",
-                                      "T3": "not-applicable", "T4": "applied"}
+    assert states(tmp / "v.json") == {
+        "T1": "not-applicable",
+        "T2": "not-applicable",
+        "T3": "not-applicable",
+        "T4": "applied",
+    }
 
 
 def test_finds_installed_vllm_without_importing_it(setup):
@@ -234,11 +282,14 @@ def test_finds_installed_vllm_without_importing_it(setup):
     assert "T1   pending" in r.stdout
 
 
-@pytest.mark.parametrize("args, culprit", [
-    (["--vllm-root", "/nonexistent/dir"], "--vllm-root /nonexistent/dir"),
-    (["--patch-set", "/nonexistent/set.json"], "/nonexistent/set.json"),
-    (["--check", "--revert"], "not allowed with"),
-])
+@pytest.mark.parametrize(
+    "args, culprit",
+    [
+        (["--vllm-root", "/nonexistent/dir"], "--vllm-root /nonexistent/dir"),
+        (["--patch-set", "/nonexistent/set.json"], "/nonexistent/set.json"),
+        (["--check", "--revert"], "not allowed with"),
+    ],
+)
 def test_usage_errors_are_one_line_and_exit_2(args, culprit):
     r = patcher(*args)
     assert r.returncode == 2
@@ -246,13 +297,18 @@ def test_usage_errors_are_one_line_and_exit_2(args, culprit):
     assert len([ln for ln in r.stderr.splitlines() if "error" in ln]) == 1
 
 
-@pytest.mark.parametrize("mutate, culprit", [
-    (lambda p: p[0].pop("why"), "patch 'T1': missing key 'why'"),
-    (lambda p: p[1]["variants"][0]["edits"][0].update(replace="FLAG = True\n"),
-     "patch 'T2': a replacement lacks the marker 'kimidflash:T2'"),
-    (lambda p: p[2].update(id="T1"), "patch 'T1': duplicate id"),
-    (lambda p: p[3]["variants"][0].update(versions=[["x", "4"]]), "cannot parse version 'x'"),
-])
+@pytest.mark.parametrize(
+    "mutate, culprit",
+    [
+        (lambda p: p[0].pop("why"), "patch 'T1': missing key 'why'"),
+        (
+            lambda p: p[1]["variants"][0]["edits"][0].update(replace="FLAG = True\n"),
+            "patch 'T2': a replacement lacks the marker 'kimidflash:T2'",
+        ),
+        (lambda p: p[2].update(id="T1"), "patch 'T1': duplicate id"),
+        (lambda p: p[3]["variants"][0].update(versions=[["x", "4"]]), "cannot parse version 'x'"),
+    ],
+)
 def test_bad_patch_sets_are_rejected(tmp_path, mutate, culprit):
     pkg = make_tree(tmp_path)
     bad = json.loads(json.dumps(PATCHES))
@@ -297,16 +353,17 @@ def test_shipped_patch_set_is_complete():
     assert len(engine.patchset_hash(short=True)) == 12
 
 
-@pytest.mark.parametrize("path", [PATCHER, *sorted((PATCHER.parent / "patchengine").glob("*.py"))],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", [PATCHER, *sorted((PATCHER.parent / "patchengine").glob("*.py"))], ids=lambda p: p.name
+)
 def test_engine_is_stdlib_only_and_python39_syntax(path):
     """The script and its package run in any vLLM image: stdlib, Python 3.9, and of
     our own code only the package beside it."""
     tree = ast.parse(path.read_text(), feature_version=(3, 9))
-    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
-                for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree)
-                 if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {
+        n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level
+    }
     assert imported - {"patchengine"} <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
 
 

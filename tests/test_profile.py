@@ -10,16 +10,21 @@ from kimidflash.bench import profile
 from kimidflash.bench.errors import BenchError
 from kimidflash.cli import main as cli_main
 
-RAW = """\
-process 11:"VLLM::EngineCore";process 12:"VLLM::Worker";run (vllm/v1/worker/gpu_model_runner.py:10);forward (vllm/model_executor/models/llama.py:5) 6
-process 11:"VLLM::EngineCore";process 12:"VLLM::Worker";run (vllm/v1/worker/gpu_model_runner.py:10);propose (vllm/v1/spec_decode/llm_base_proposer.py:567);forward (vllm/model_executor/models/llama.py:9) 2
-process 11:"VLLM::EngineCore";process 12:"VLLM::Worker";wait (/opt/venv/lib/python3.11/site-packages/vllm/distributed/shm_broadcast.py:3) 2
-"""
+RAW = (
+    'process 11:"VLLM::EngineCore";process 12:"VLLM::Worker";run (vllm/v1/worker/gpu_model_runner.py:10);'
+    "forward (vllm/model_executor/models/llama.py:5) 6\n"
+    'process 11:"VLLM::EngineCore";process 12:"VLLM::Worker";run (vllm/v1/worker/gpu_model_runner.py:10);'
+    "propose (vllm/v1/spec_decode/llm_base_proposer.py:567);forward (vllm/model_executor/models/llama.py:9) 2\n"
+    'process 11:"VLLM::EngineCore";process 12:"VLLM::Worker";'
+    "wait (/opt/venv/lib/python3.11/site-packages/vllm/distributed/shm_broadcast.py:3) 2\n"
+)
 
 
 def test_frames_lose_line_numbers_and_machine_prefixes():
-    assert profile.frame_key("forward (vllm/model_executor/models/llama.py:5)") == \
-        "forward (vllm/model_executor/models/llama.py)"
+    assert (
+        profile.frame_key("forward (vllm/model_executor/models/llama.py:5)")
+        == "forward (vllm/model_executor/models/llama.py)"
+    )
     assert profile.frame_key("wait (/opt/venv/lib/python3.11/site-packages/vllm/x.py:3)") == "wait (vllm/x.py)"
     assert profile.frame_key("main (/home/me/project/run.py:7)") == "main (project/run.py)"
     assert profile.frame_key("<native>") == "<native>"
@@ -51,8 +56,10 @@ def test_a_line_that_is_not_a_stack_is_named_an_empty_stack_counts_and_no_sample
 
 
 def test_the_table_puts_the_largest_change_first_and_hides_what_is_small_everywhere():
-    variants = [{"label": "none", "shares": {"forward": 0.9, "idle": 0.005, "sample": 0.02}},
-                {"label": "k0", "shares": {"forward": 0.88, "propose": 0.03, "idle": 0.004, "sample": 0.025}}]
+    variants = [
+        {"label": "none", "shares": {"forward": 0.9, "idle": 0.005, "sample": 0.02}},
+        {"label": "k0", "shares": {"forward": 0.88, "propose": 0.03, "idle": 0.004, "sample": 0.025}},
+    ]
     rows = profile.table(variants)
     assert [r[0] for r in rows] == ["propose", "forward", "sample"]
     assert rows[0] == ["propose", "0.0%", "3.0%", "+3.0"]
@@ -60,15 +67,19 @@ def test_the_table_puts_the_largest_change_first_and_hides_what_is_small_everywh
 
 
 def test_variants_are_checked_before_any_server_starts(tmp_path, monkeypatch, capsys):
-    assert profile.parse_variant("k0:NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-8:0,DTYPE=float32") == \
-        ("k0", ["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-8:0", "DTYPE=float32"])
+    assert profile.parse_variant("k0:NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-8:0,DTYPE=float32") == (
+        "k0",
+        ["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-8:0", "DTYPE=float32"],
+    )
     assert profile.parse_variant("none") == ("none", [])
     with pytest.raises(BenchError, match="'a b': the label"):
         profile.parse_variant("a b")
     started = []
     monkeypatch.setattr(profile, "run", lambda *a: started.append(a))
-    assert cli_main(["profile", "configs/cpu-reference.env", "--variant", "x", "--variant", "x", "--out",
-                     str(tmp_path)]) == 2
+    assert (
+        cli_main(["profile", "configs/cpu-reference.env", "--variant", "x", "--variant", "x", "--out", str(tmp_path)])
+        == 2
+    )
     assert "--variant labels must differ" in capsys.readouterr().err
     assert cli_main(["profile", "configs/cpu-reference.env", "--variant", "x:NOEQUALS", "--out", str(tmp_path)]) == 2
     assert "NOEQUALS" in capsys.readouterr().err
@@ -81,7 +92,9 @@ def test_variants_are_checked_before_any_server_starts(tmp_path, monkeypatch, ca
 def test_a_server_without_a_vllm_process_is_named():
     import os
 
-    with pytest.raises(BenchError, match=f"no VLLM::Worker or VLLM::EngineCore process under serve \\(pid {os.getpid()}\\)"):
+    with pytest.raises(
+        BenchError, match=f"no VLLM::Worker or VLLM::EngineCore process under serve \\(pid {os.getpid()}\\)"
+    ):
         profile.model_process(os.getpid())
     with pytest.raises(BenchError, match=f"no VLLM::EngineCore process under serve \\(pid {os.getpid()}\\)"):
         profile.model_process(os.getpid(), profile.PROCESSES["engine-core"][0])
@@ -89,6 +102,7 @@ def test_a_server_without_a_vllm_process_is_named():
 
 def test_process_picks_the_engine_core_over_the_worker(monkeypatch):
     """`--process engine-core` samples the engine core even where a worker runs the model."""
+
     class Proc:
         def __init__(self, pid, title):
             self.pid, self.title = pid, title
@@ -105,16 +119,33 @@ def test_process_picks_the_engine_core_over_the_worker(monkeypatch):
 
 
 def test_the_report_is_written_whole(tmp_path):
-    doc = {"concurrency": 8, "variants": [
-        {"label": "none", "overrides": ["SPECULATIVE_METHOD=none"], "process": "VLLM::Worker", "samples": 10,
-         "output_tps_under_profiler": 50.0, "shares": {"forward": 0.9}},
-        {"label": "k0", "overrides": [], "process": "VLLM::Worker", "samples": 12,
-         "output_tps_under_profiler": 48.0, "shares": {"forward": 0.85, "propose": 0.05}}]}
+    doc = {
+        "concurrency": 8,
+        "variants": [
+            {
+                "label": "none",
+                "overrides": ["SPECULATIVE_METHOD=none"],
+                "process": "VLLM::Worker",
+                "samples": 10,
+                "output_tps_under_profiler": 50.0,
+                "shares": {"forward": 0.9},
+            },
+            {
+                "label": "k0",
+                "overrides": [],
+                "process": "VLLM::Worker",
+                "samples": 12,
+                "output_tps_under_profiler": 48.0,
+                "shares": {"forward": 0.85, "propose": 0.05},
+            },
+        ],
+    }
     text = profile.write_report(doc, tmp_path)
     assert (tmp_path / "profile.md").read_text() == text
     assert text.startswith("# Where the worker's time goes at 8 users")
     assert profile.write_report({**doc, "process": "engine-core"}, tmp_path).startswith(
-        "# Where the engine core's time goes at 8 users")
+        "# Where the engine core's time goes at 8 users"
+    )
     assert "| propose | 0.0% | 5.0% | +5.0 |" in text
     assert "| k0 | (the config as it is) | VLLM::Worker | 12 | 48.0 |" in text
 
@@ -131,9 +162,31 @@ def test_a_real_profile_samples_the_worker_and_finds_the_drafter_in_the_speculat
     from .helpers import CONFIGS
 
     out = tmp_path / "profile"
-    assert cli_main(["profile", str(CONFIGS / "cpu-tiny.env"), "--variant", "dflash",
-                     "--variant", "none:SPECULATIVE_METHOD=none", "--concurrency", "2", "--sessions", "8",
-                     "--max-tokens", "64", "--warmup", "1", "--rate", "250", "--out", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "profile",
+                str(CONFIGS / "cpu-tiny.env"),
+                "--variant",
+                "dflash",
+                "--variant",
+                "none:SPECULATIVE_METHOD=none",
+                "--concurrency",
+                "2",
+                "--sessions",
+                "8",
+                "--max-tokens",
+                "64",
+                "--warmup",
+                "1",
+                "--rate",
+                "250",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads((out / "profile.json").read_text())
     dflash, none = doc["variants"]
     assert dflash["process"] == none["process"] == "VLLM::Worker"

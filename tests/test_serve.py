@@ -16,15 +16,19 @@ from .helpers import CONFIGS, write_env
 
 def test_checkpoints_prepare_makes_are_checked_before_preflight(tmp_path, monkeypatch):
     draft = tmp_path / "draft"
-    config = load_config(write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\n"
-                                                       f"DRAFT_MODEL_DIR={draft}\nNUM_SPECULATIVE_TOKENS=5\n"),
-                         environ={})
+    config = load_config(
+        write_env(
+            tmp_path / "c.env",
+            f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nDRAFT_MODEL_DIR={draft}\nNUM_SPECULATIVE_TOKENS=5\n",
+        ),
+        environ={},
+    )
     made: list[str] = []
 
     def fake_prepare(cfg, log):  # a drafter whose block size the config exceeds appears only now
         draft.mkdir()
         (draft / "config.json").write_text(json.dumps({"block_size": 4}))
-        made.append(cfg["DRAFT_MODEL_DIR"])
+        made.append(cfg.draft_model_dir)
 
     monkeypatch.setattr(serve_mod, "prepare", fake_prepare)
     monkeypatch.setattr(serve_mod, "preflight", lambda *a, **k: pytest.fail("preflight ran after a refusal"))
@@ -59,8 +63,11 @@ def test_each_rule_pass_runs_once_on_the_serve_path(tmp_path, monkeypatch, dry_r
 def test_preflight_only_checks_the_host_and_starts_nothing(tmp_path, monkeypatch, capsys):
     """The operator's first step: a ROCm config on a host with no GPUs and no models
     fails with every check's fix; nothing is prepared or started."""
-    env = write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'production.env'}\nMODEL_DIR={tmp_path / 'none'}\n"
-                                        f"DRAFT_MODEL_DIR={tmp_path / 'none-draft'}\n")
+    env = write_env(
+        tmp_path / "c.env",
+        f"INCLUDE={CONFIGS / 'production.env'}\nMODEL_DIR={tmp_path / 'none'}\n"
+        f"DRAFT_MODEL_DIR={tmp_path / 'none-draft'}\n",
+    )
     monkeypatch.setattr(serve_mod, "prepare", lambda *a, **k: pytest.fail("prepare ran"))
     monkeypatch.setattr(serve_mod, "LocalServer", lambda *a, **k: pytest.fail("a server started"))
     (tmp_path / "dev").mkdir()
@@ -70,5 +77,20 @@ def test_preflight_only_checks_the_host_and_starts_nothing(tmp_path, monkeypatch
     assert rc == 1
     for words in ("/dev/kfd", "0 render nodes for TENSOR_PARALLEL_SIZE=8", "MODEL_DIR", "download the checkpoint"):
         assert words in err, words
-    assert serve_mod.main([str(env), "--preflight-only", "--set", "PLATFORM=cpu", "--set", "MOE_BACKEND=auto",
-                           "--set", "TENSOR_PARALLEL_SIZE=1", "--set", "VLLM_VERSION=0.32.0"]) == 1  # models missing
+    assert (
+        serve_mod.main(
+            [
+                str(env),
+                "--preflight-only",
+                "--set",
+                "PLATFORM=cpu",
+                "--set",
+                "MOE_BACKEND=auto",
+                "--set",
+                "TENSOR_PARALLEL_SIZE=1",
+                "--set",
+                "VLLM_VERSION=0.32.0",
+            ]
+        )
+        == 1
+    )  # models missing

@@ -24,14 +24,23 @@ def smol_cfg(tmp_path: Path, **over):
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text(json.dumps({"num_hidden_layers": 30, "hidden_size": 576}))
-    return train_config.load(CONFIGS / "train-cpu-reference.json",
-                             {"target.model_dir": str(model), "train.engine": "speculators", **over})
+    return train_config.load(
+        CONFIGS / "train-cpu-reference.json", {"target.model_dir": str(model), "train.engine": "speculators", **over}
+    )
 
 
 def write_regen(run: Path, lengths=(5, 7, 9)) -> None:
     run.mkdir(parents=True, exist_ok=True)
-    recs = [{"id": f"r{i}", "prompt": "p", "input_ids": list(range(n)), "loss_mask": [0, 0] + [1] * (n - 2),
-             "finish_reason": "stop"} for i, n in enumerate(lengths)]
+    recs = [
+        {
+            "id": f"r{i}",
+            "prompt": "p",
+            "input_ids": list(range(n)),
+            "loss_mask": [0, 0] + [1] * (n - 2),
+            "finish_reason": "stop",
+        }
+        for i, n in enumerate(lengths)
+    ]
     (run / "regen.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
 
@@ -89,7 +98,7 @@ class Fakes:
 
     def run_logged(self, argv, log_path, what, env=None, echo=print):
         self.calls.append(list(argv))
-        arg = dict(zip(argv, argv[1:]))
+        arg = dict(zip(argv, argv[1:], strict=False))
         if argv[1] == "prepare-data":
             Path(arg["--output"]).mkdir(parents=True, exist_ok=True)
             (Path(arg["--output"]) / "state.json").write_text("{}")
@@ -98,8 +107,10 @@ class Fakes:
             from safetensors.torch import save_file
 
             Path(arg["--output"]).mkdir(parents=True, exist_ok=True)
-            save_file({"token_ids": torch.arange(3), "hidden_states": torch.zeros(3, self.layers, self.hidden)},
-                      str(Path(arg["--output"]) / "hs_0.safetensors"))
+            save_file(
+                {"token_ids": torch.arange(3), "hidden_states": torch.zeros(3, self.layers, self.hidden)},
+                str(Path(arg["--output"]) / "hs_0.safetensors"),
+            )
 
     @contextlib.contextmanager
     def served(self, config, overrides, log_path):

@@ -36,8 +36,15 @@ def regen_lines(target: str) -> list[str]:
     recs = []
     for i, n in enumerate((40, 56)):
         ids = [rng.randrange(10, 1000) for _ in range(n)]
-        recs.append({"id": f"made-{i}", "prompt": "", "input_ids": ids, "loss_mask": [0] * 20 + [1] * (n - 20),
-                     "finish_reason": "stop"})
+        recs.append(
+            {
+                "id": f"made-{i}",
+                "prompt": "",
+                "input_ids": ids,
+                "loss_mask": [0] * 20 + [1] * (n - 20),
+                "finish_reason": "stop",
+            }
+        )
     return [json.dumps(r) + "\n" for r in recs]
 
 
@@ -64,8 +71,9 @@ def test_speculators_capture_writes_the_rows_hidden_states_with_the_last_layer(t
     from kimidflash.train.speculators.capture import capture_offline
     from kimidflash.train.target import target_info
 
-    cfg = train_config.load(CONFIGS / config, {"train.engine": "speculators", "capture.concurrency": 2,
-                                               "data.min_free_disk_gb": 1})
+    cfg = train_config.load(
+        CONFIGS / config, {"train.engine": "speculators", "capture.concurrency": 2, "data.min_free_disk_gb": 1}
+    )
     run = tmp_path / "run"
     phase_setup(cfg, run, PhaseArgs())  # prepares the target: prepare-data reads its tokenizer
     (run / "regen.jsonl").write_text("".join(regen_lines(target)))

@@ -33,8 +33,16 @@ def _captured(run: Path) -> None:
 
 
 def test_on_a_gpu_node_it_runs_torchrun_with_fsdp_and_our_options(ran, tmp_path):
-    cfg = tcfg.load(TINY, {"speculators.dry_run": False, "cluster.gpus_per_node": 8, "cluster.gpu_memory_gb": 192,
-                           "train.lr": 3e-4, "train.gamma": 7.0})
+    cfg = tcfg.load(
+        TINY,
+        {
+            "speculators.dry_run": False,
+            "cluster.gpus_per_node": 8,
+            "cluster.gpu_memory_gb": 192,
+            "train.lr": 3e-4,
+            "train.gamma": 7.0,
+        },
+    )
     run = tmp_path / "run"
     _captured(run)
     save = engine.train_speculators(cfg, run, resume=False, max_steps=None, log=lambda _: None)
@@ -47,8 +55,9 @@ def test_on_a_gpu_node_it_runs_torchrun_with_fsdp_and_our_options(ran, tmp_path)
     assert flag["--max-steps"] == str(cfg.train.steps) and flag["--on-missing"] == "raise"
     assert flag["--save-path"] == str(save) == str(run / "speculators" / "checkpoints")
     shape = cfg.shape()
-    assert argv[argv.index("--target-layer-ids") + 1:][:len(shape.target_layer_ids)] == \
-        [str(i + 1) for i in shape.target_layer_ids]
+    assert argv[argv.index("--target-layer-ids") + 1 :][: len(shape.target_layer_ids)] == [
+        str(i + 1) for i in shape.target_layer_ids
+    ]
     drafted = json.loads(Path(flag["--draft-config"]).read_text())
     assert (drafted["num_hidden_layers"], drafted["hidden_size"]) == (shape.num_hidden_layers, shape.hidden_size)
     note = json.loads((run / "manifest.json").read_text())["train"]

@@ -23,7 +23,7 @@ def test_committed_records_round_trip_through_rows_and_held_out_ones_stay_out(tm
     kept = [r for r in records if not is_heldout(r.id, 0.05)]
     assert n == len(rows) == len(kept) and 0 < len(kept) < len(records)
     assert tokens == sum(len(r.input_ids) for r in kept)
-    for rec, row in zip(kept, rows):
+    for rec, row in zip(kept, rows, strict=False):
         assert set(row) == {"id", "input_ids", "loss_mask"}  # what prepare-data passes through as it is
         back = from_row(row, rec.prompt, rec.finish_reason)
         assert back == rec  # the very token ids the target was served and answered: nothing re-tokenized

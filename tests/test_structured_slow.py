@@ -35,19 +35,31 @@ REFERENCE = CONFIGS / "cpu-reference.env"
 SHIPPED = ROOT / "drafters" / "smollm2-135m-dflash"
 MODEL = "smollm2-135m-dflash"
 STATIC = ["NUM_SPECULATIVE_TOKENS=3", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE="]  # k=3 at every load: drafts at 8 too
-METHODS = {"none": ["SPECULATIVE_METHOD=none"], "dflash": STATIC,
-           "ngram": ["SPECULATIVE_METHOD=ngram", *STATIC]}
-CITY = {"type": "object", "additionalProperties": False, "required": ["city", "country", "population"],
-        "properties": {"city": {"type": "string", "maxLength": 30}, "country": {"type": "string", "maxLength": 30},
-                       "population": {"type": "integer", "minimum": 0}}}
+METHODS = {"none": ["SPECULATIVE_METHOD=none"], "dflash": STATIC, "ngram": ["SPECULATIVE_METHOD=ngram", *STATIC]}
+CITY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["city", "country", "population"],
+    "properties": {
+        "city": {"type": "string", "maxLength": 30},
+        "country": {"type": "string", "maxLength": 30},
+        "population": {"type": "integer", "minimum": 0},
+    },
+}
 REGEX = r"(Yes|No), because [a-z ,]{10,60}\."
 CHOICES = ["north", "south", "east", "west"]
 GRAMMAR = 'root ::= "SELECT " cols " FROM " name ";"\ncols ::= name (", " name)*\nname ::= [a-z]{1,12}\n'
 GRAMMAR_RE = r"SELECT [a-z]{1,12}(, [a-z]{1,12})* FROM [a-z]{1,12};"
-TOOL = {"type": "function", "function": {"name": "lookup_city", "description": "Facts about a city.",
-                                         "parameters": CITY}}
-PROMPTS = ["Tell me about a large city in Europe.", "Which way does the sun rise?",
-           "Is the sea salty? Answer and say why.", "Write a query for the names in the users table."]
+TOOL = {
+    "type": "function",
+    "function": {"name": "lookup_city", "description": "Facts about a city.", "parameters": CITY},
+}
+PROMPTS = [
+    "Tell me about a large city in Europe.",
+    "Which way does the sun rise?",
+    "Is the sea salty? Answer and say why.",
+    "Write a query for the names in the users table.",
+]
 
 
 def called(message: dict[str, Any], always: bool = True) -> None:
@@ -68,35 +80,62 @@ def text(check: Any) -> Any:
 def kinds() -> dict[str, tuple[dict[str, Any], Any]]:
     """kind -> (request fields, check of a finished reply's message)."""
     return {
-        "json_schema": ({"response_format": {"type": "json_schema",
-                                             "json_schema": {"name": "city", "schema": CITY, "strict": True}}},
-                        text(lambda t: jsonschema.validate(json.loads(t), CITY))),
-        "json_object": ({"response_format": {"type": "json_object"}},
-                        text(lambda t: isinstance(json.loads(t), dict) or pytest.fail(f"not an object: {t!r}"))),
-        "regex": ({"structured_outputs": {"regex": REGEX}},
-                  text(lambda t: re.fullmatch(REGEX, t) or pytest.fail(f"{t!r} does not match {REGEX}"))),
-        "choice": ({"structured_outputs": {"choice": CHOICES}},
-                   text(lambda t: t in CHOICES or pytest.fail(f"{t!r} is not one of {CHOICES}"))),
-        "grammar": ({"structured_outputs": {"grammar": GRAMMAR}},
-                    text(lambda t: re.fullmatch(GRAMMAR_RE, t) or pytest.fail(f"{t!r} is outside the grammar"))),
+        "json_schema": (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "city", "schema": CITY, "strict": True},
+                }
+            },
+            text(lambda t: jsonschema.validate(json.loads(t), CITY)),
+        ),
+        "json_object": (
+            {"response_format": {"type": "json_object"}},
+            text(lambda t: isinstance(json.loads(t), dict) or pytest.fail(f"not an object: {t!r}")),
+        ),
+        "regex": (
+            {"structured_outputs": {"regex": REGEX}},
+            text(lambda t: re.fullmatch(REGEX, t) or pytest.fail(f"{t!r} does not match {REGEX}")),
+        ),
+        "choice": (
+            {"structured_outputs": {"choice": CHOICES}},
+            text(lambda t: t in CHOICES or pytest.fail(f"{t!r} is not one of {CHOICES}")),
+        ),
+        "grammar": (
+            {"structured_outputs": {"grammar": GRAMMAR}},
+            text(lambda t: re.fullmatch(GRAMMAR_RE, t) or pytest.fail(f"{t!r} is outside the grammar")),
+        ),
         "tools_required": ({"tools": [TOOL], "tool_choice": "required"}, called),
-        "tools_named": ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "lookup_city"}}},
-                        called),
+        "tools_named": (
+            {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "lookup_city"}}},
+            called,
+        ),
         "tools_auto": ({"tools": [TOOL], "tool_choice": "auto"}, lambda m: called(m, always=False)),
     }
 
 
 def ask(client: httpx.Client, prompt: str, fields: dict[str, Any], max_tokens: int = 64) -> httpx.Response:
-    return client.post("/v1/chat/completions", json={
-        "model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-        "temperature": 0, "return_token_ids": True, **fields})
+    return client.post(
+        "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "return_token_ids": True,
+            **fields,
+        },
+    )
 
 
 def answers(client: httpx.Client, concurrency: int) -> dict[tuple[str, str], dict[str, Any]]:
     """One at a time: each kind's first prompt; eight at once: every prompt (tool kinds two, for CI's
     minutes: one request at a time is where the CPU reference is slowest)."""
-    jobs = [(k, p) for k in kinds() for p in (PROMPTS[:1] if concurrency == 1 else
-                                              PROMPTS[:2] if k.startswith("tools") else PROMPTS)]
+    jobs = [
+        (k, p)
+        for k in kinds()
+        for p in (PROMPTS[:1] if concurrency == 1 else PROMPTS[:2] if k.startswith("tools") else PROMPTS)
+    ]
 
     def one(job: tuple[str, str]) -> dict[str, Any]:
         r = ask(client, job[1], kinds()[job[0]][0])
@@ -104,23 +143,27 @@ def answers(client: httpx.Client, concurrency: int) -> dict[tuple[str, str], dic
         return r.json()["choices"][0]
 
     with ThreadPoolExecutor(concurrency) as pool:
-        return dict(zip(jobs, pool.map(one, jobs)))
+        return dict(zip(jobs, pool.map(one, jobs), strict=False))
 
 
 def collect(method: str) -> dict[str, Any]:
     """One server of `method` (through ./serve.sh): every kind one at a time and eight at once, the
     drafts accepted meanwhile; with a drafter or none, the free-text run; under DFlash, the load."""
-    with serving(REFERENCE, "DTYPE=float32", *METHODS[method], cmd=[str(ROOT / "serve.sh")]) as server, \
-            api_client(server.base_url, 600) as client:
+    with (
+        serving(REFERENCE, "DTYPE=float32", *METHODS[method], cmd=[str(ROOT / "serve.sh")]) as server,
+        api_client(server.base_url, 600) as client,
+    ):
         before = server.metrics()
         out: dict[Any, Any] = {c: answers(client, c) for c in (1, 8)}
         after = server.metrics()
-        out["accepted"] = after.get("vllm:spec_decode_num_accepted_tokens_total", 0.0) - \
-            before.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
+        out["accepted"] = after.get("vllm:spec_decode_num_accepted_tokens_total", 0.0) - before.get(
+            "vllm:spec_decode_num_accepted_tokens_total", 0.0
+        )
         if method != "ngram":  # the shipped drafter's free-text check, after the grammar's count
             out["free"] = free_text(client)
-            out["free_accepted"] = server.metrics().get("vllm:spec_decode_num_accepted_tokens_total", 0.0) - \
-                after.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
+            out["free_accepted"] = server.metrics().get("vllm:spec_decode_num_accepted_tokens_total", 0.0) - after.get(
+                "vllm:spec_decode_num_accepted_tokens_total", 0.0
+            )
         if method == "dflash":  # the load test's server (one start fewer)
             out["load"] = mixed_load(server, client)
     return out
@@ -136,6 +179,7 @@ def replies() -> Any:
         if method not in cache:
             cache[method] = collect(method)
         return cache[method]
+
     return get
 
 
@@ -165,7 +209,7 @@ def test_shipped_drafter_changes_no_greedy_token_in_float32(replies):
         pytest.fail(f"{SHIPPED} is missing: the reference drafter has not been exported")
     base, spec = replies("none")["free"], replies("dflash")["free"]
     assert all(len(ids) == 48 for ids in base)
-    diffs = [i for i, (a, b) in enumerate(zip(base, spec)) if a != b]
+    diffs = [i for i, (a, b) in enumerate(zip(base, spec, strict=False)) if a != b]
     assert diffs == [], f"prompts {diffs} differ with the shipped drafter"
     assert replies("dflash")["free_accepted"] > 0, "the shipped drafter was never accepted: verification not exercised"
 
@@ -174,7 +218,7 @@ def test_shipped_drafter_changes_no_greedy_token_in_float32(replies):
 def test_every_structured_kind_is_valid_under_each_method(replies, method):
     for concurrency in (1, 8):
         finished = {k: 0 for k in kinds()}
-        for (kind, prompt), choice in replies(method)[concurrency].items():
+        for (kind, _prompt), choice in replies(method)[concurrency].items():
             if choice["finish_reason"] in ("stop", "tool_calls"):
                 kinds()[kind][1](choice["message"])
                 finished[kind] += 1
@@ -197,30 +241,64 @@ def test_the_tools_template_is_the_models_own_for_requests_without_tools():
     from kimidflash.config import load_config
 
     cfg = load_config(REFERENCE)
-    tok = AutoTokenizer.from_pretrained(cfg["MODEL_DIR"])
-    mine = open(cfg["CHAT_TEMPLATE"]).read()
-    for conv in ([{"role": "user", "content": p}] for p in PROMPTS), (
-            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
-             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": PROMPTS[0]}],):
+    tok = AutoTokenizer.from_pretrained(cfg.model_dir)
+    with open(cfg.chat_template) as f:
+        mine = f.read()
+    for conv in (
+        ([{"role": "user", "content": p}] for p in PROMPTS),
+        (
+            [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": PROMPTS[0]},
+            ],
+        ),
+    ):
         for c in conv:
             for gen in (True, False):
-                assert tok.apply_chat_template(c, tokenize=False, add_generation_prompt=gen) == \
-                    tok.apply_chat_template(c, tokenize=False, add_generation_prompt=gen, chat_template=mine)
-    with_tools = tok.apply_chat_template([{"role": "user", "content": PROMPTS[0]}], tokenize=False,
-                                         add_generation_prompt=True, chat_template=mine, tools=[TOOL])
+                assert tok.apply_chat_template(c, tokenize=False, add_generation_prompt=gen) == tok.apply_chat_template(
+                    c, tokenize=False, add_generation_prompt=gen, chat_template=mine
+                )
+    with_tools = tok.apply_chat_template(
+        [{"role": "user", "content": PROMPTS[0]}],
+        tokenize=False,
+        add_generation_prompt=True,
+        chat_template=mine,
+        tools=[TOOL],
+    )
     assert '"name": "lookup_city"' in with_tools and with_tools.endswith("<|im_start|>assistant\n")
 
 
 BAD = {  # constraints no reply can meet, or that do not parse
-    "unsatisfiable schema": {"response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "string", "minLength": 5, "maxLength": 2}}}},
+    "unsatisfiable schema": {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "string", "minLength": 5, "maxLength": 2}},
+        }
+    },
     "malformed regex": {"structured_outputs": {"regex": "(["}},
     "malformed grammar": {"structured_outputs": {"grammar": "root ::= ("}},
     "empty choice": {"structured_outputs": {"choice": []}},
     "two constraints": {"structured_outputs": {"regex": "a+", "choice": ["a"]}},
 }
-DEEP = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "object", "properties": {
-    "b": {"type": "array", "items": {"type": "object", "properties": {"c": {"type": "string", "maxLength": 3}}}}}}}}}
+DEEP = {
+    "type": "object",
+    "properties": {
+        "a": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "b": {
+                        "type": "array",
+                        "items": {"type": "object", "properties": {"c": {"type": "string", "maxLength": 3}}},
+                    }
+                },
+            },
+        }
+    },
+}
 BIG_ENUM = {"type": "string", "enum": [f"option-{i:04d}" for i in range(2000)]}
 
 
@@ -229,7 +307,8 @@ def mixed_load(server, client: httpx.Client) -> dict[str, Any]:
     good = [fields for fields, _ in kinds().values()] + [  # tool calls among them
         {"response_format": {"type": "json_schema", "json_schema": {"name": "deep", "schema": DEEP}}},
         {"response_format": {"type": "json_schema", "json_schema": {"name": "enum", "schema": BIG_ENUM}}},
-        {}]  # and free text
+        {},
+    ]  # and free text
     jobs: list[tuple[str, dict[str, Any]]] = []
     for i in range(110):
         if i % 11 == 10:

@@ -3,96 +3,51 @@ folder (resume, grid-change refusal, --new), failure isolation, Ctrl-C, best.env
 and the advisor inside a sweep (the summary's maths alone: test_sweep_summary.py).
 
 Each point is "served" by a FakeServer whose speed and acceptance follow the
-point's k (`Fleet`), swapped in for the recipe's serve path; the slow test in
-test_sweep_slow.py runs the real one."""
+point's k (`Fleet`, and the `base` and `fleet` fixtures, in conftest.py: test_sweep_schedule.py
+uses them too), swapped in for the recipe's serve path; the slow test in test_sweep_slow.py runs
+the real one."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from kimidflash.background import ServeError, serving_process, sigterm_as_interrupt
+from kimidflash.background import serving_process, sigterm_as_interrupt
 from kimidflash.cli import main as cli_main
 from kimidflash.config import load_config
-from kimidflash.sweep import execute
 from kimidflash.sweep.errors import SweepError
 from kimidflash.sweep.grid import Grid, add_client, add_server, cases, points, read_grid_file
 
-from .fakeserver import FakeServer, Plan
-from .helpers import CONFIGS, write_env
-
-ACCEPTED = 2  # every draft step accepts min(k, 2) tokens: positions 0 and 1 always, never later
-
-
-class Fleet:
-    """The serve path's stand-in: one FakeServer per point, with faults on request."""
-
-    def __init__(self, base: Path):
-        self.model = load_config(base)["SERVED_MODEL_NAME"]
-        self.served: list[str] = []
-        self.refuse: set[str] = set()  # `--set` strings whose server never becomes ready
-        self.die: set[str] = set()  # ... whose server dies at its first request
-        self.interrupt: set[str] = set()  # ... where the user presses Ctrl-C
-        self.terminate: set[str] = set()  # ... where the sweep gets SIGTERM
-
-    @contextlib.contextmanager
-    def __call__(self, base: Path, sets: list[str], log: Path, timeout: float) -> Iterator[execute.Served]:
-        key = " ".join(sets)
-        self.served.append(key)
-        with open(log, "a") as f:
-            f.write(f"INFO starting fake server for {key}\n")
-        if key in self.interrupt:
-            raise KeyboardInterrupt
-        if key in self.terminate:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)  # the handler raises before this ends
-        if key in self.refuse:
-            with open(log, "a") as f:
-                f.write("ERROR RuntimeError: out of KV cache blocks\n")
-            raise ServeError(f"serve {base} exited 1; log {log}:\nserve: server exited with code 1")
-        cfg = load_config(base, dict(s.split("=", 1) for s in sets))
-        k = cfg["NUM_SPECULATIVE_TOKENS"] if cfg.speculative else 0
-        step = 1 + min(k, ACCEPTED)
-        delay = 0.002 * (1 + 0.25 * k)  # a step costs more the more it verifies
-        dying = key in self.die
-
-        def plan(idx: int, body: dict) -> Plan:
-            if dying:
-                server.die()
-            return Plan(chunks=(1,) + (step,) * 6, delay=delay)
-
-        server = FakeServer(plan, model=self.model, spec_tokens=k).start()
-        try:
-            yield execute.Served(server.base_url.removesuffix("/v1"), lambda: not dying)
-        finally:
-            server.stop()
-
-
-@pytest.fixture
-def base(tmp_path: Path) -> Path:
-    return write_env(tmp_path / "base.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\n")
-
-
-@pytest.fixture
-def fleet(base: Path, monkeypatch) -> Fleet:
-    f = Fleet(base)
-    monkeypatch.setattr(execute, "serve_with_recipe", f)
-    return f
-
 
 def sweep(base: Path, out: Path, *extra: str, ks: str = "1,2,4") -> int:
-    return cli_main(["sweep", str(base), "--grid", f"NUM_SPECULATIVE_TOKENS={ks}", "--concurrency", "1", "2",
-                     "--sessions", "2", "--max-tokens", "16", "--warmup", "0", "--repeats", "1",
-                     "--out", str(out), *extra])
+    return cli_main(
+        [
+            "sweep",
+            str(base),
+            "--grid",
+            f"NUM_SPECULATIVE_TOKENS={ks}",
+            "--concurrency",
+            "1",
+            "2",
+            "--sessions",
+            "2",
+            "--max-tokens",
+            "16",
+            "--warmup",
+            "0",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
 
 
 def events(out: Path) -> list[dict]:
@@ -101,13 +56,22 @@ def events(out: Path) -> list[dict]:
 
 # --- grid -------------------------------------------------------------------------------
 
+
 def test_points_baseline_first_then_largest_k_and_one_baseline_per_other_key(base):
     g = Grid()
     add_server(g, "NUM_SPECULATIVE_TOKENS", [1, 3, 2], "t")
     add_server(g, "MAX_NUM_SEQS", [4, 8], "t")
     pts = points(g, base)
-    assert [p.id for p in pts] == ["none_seqs4", "k3_seqs4", "k1_seqs4", "k2_seqs4",
-                                   "none_seqs8", "k3_seqs8", "k1_seqs8", "k2_seqs8"]
+    assert [p.id for p in pts] == [
+        "none_seqs4",
+        "k3_seqs4",
+        "k1_seqs4",
+        "k2_seqs4",
+        "none_seqs8",
+        "k3_seqs8",
+        "k1_seqs8",
+        "k2_seqs8",
+    ]
     assert {p.baseline_id for p in pts if "seqs8" in p.id} == {"none_seqs8"}
     assert pts[0].sets == ["MAX_NUM_SEQS=4", "SPECULATIVE_METHOD=none"]
     assert pts[1].family == "dflash_seqs4" and pts[1].k == 3 and not pts[0].speculative
@@ -131,20 +95,24 @@ def test_cases_are_named_by_what_varies_and_unfillable_slots_are_refused():
         cases(g)
 
 
-@pytest.mark.parametrize("args, culprit", [
-    (["--grid", "NUM_SPECULATIVE_TOKENS=1,0"], "point k0 (NUM_SPECULATIVE_TOKENS=0) is invalid"),
-    (["--grid", "NUM_SPECULATIV_TOKENS=1"], "did you mean NUM_SPECULATIVE_TOKENS"),
-    (["--grid", "PORT=1,2"], "PORT cannot be swept"),
-    (["--grid", "MAX_NUM_SEQS=4,4"], "repeats a value"),
-    (["--grid", "MAX_NUM_SEQS"], "expected KEY=V1,V2"),
-    (["--concurrency", "0"], "concurrency must be at least 1"),
-    (["--repeats", "0"], "--repeats must be at least 1"),
-    (["--max-p95-latency", "0"], "--max-p95-latency must be positive"),
-    (["--request-timeout", "0"], "--request-timeout 0.0: must be positive"),
-    (["--warmup", "-1"], "--warmup -1: must be 0 or more"),
-])
-def test_a_bad_point_or_setting_refuses_the_whole_sweep_before_anything_starts(base, tmp_path, fleet, capsys,
-                                                                               args, culprit):
+@pytest.mark.parametrize(
+    "args, culprit",
+    [
+        (["--grid", "NUM_SPECULATIVE_TOKENS=1,0"], "point k0 (NUM_SPECULATIVE_TOKENS=0) is invalid"),
+        (["--grid", "NUM_SPECULATIV_TOKENS=1"], "did you mean NUM_SPECULATIVE_TOKENS"),
+        (["--grid", "PORT=1,2"], "PORT cannot be swept"),
+        (["--grid", "MAX_NUM_SEQS=4,4"], "repeats a value"),
+        (["--grid", "MAX_NUM_SEQS"], "expected KEY=V1,V2"),
+        (["--concurrency", "0"], "concurrency must be at least 1"),
+        (["--repeats", "0"], "--repeats must be at least 1"),
+        (["--max-p95-latency", "0"], "--max-p95-latency must be positive"),
+        (["--request-timeout", "0"], "--request-timeout 0.0: must be positive"),
+        (["--warmup", "-1"], "--warmup -1: must be 0 or more"),
+    ],
+)
+def test_a_bad_point_or_setting_refuses_the_whole_sweep_before_anything_starts(
+    base, tmp_path, fleet, capsys, args, culprit
+):
     out = tmp_path / "run"
     assert cli_main(["sweep", str(base), "--out", str(out), *args]) == 2
     assert culprit in capsys.readouterr().err
@@ -153,14 +121,19 @@ def test_a_bad_point_or_setting_refuses_the_whole_sweep_before_anything_starts(b
 
 def test_grid_file_and_its_errors(tmp_path, base):
     f = tmp_path / "grid.toml"
-    f.write_text("[server]\nNUM_SPECULATIVE_TOKENS = [1, 2]\nENABLE_PREFIX_CACHING = true\n"
-                 "[client]\nconcurrency = [1, 4]\nmax_tokens = 32\n")
+    f.write_text(
+        "[server]\nNUM_SPECULATIVE_TOKENS = [1, 2]\nENABLE_PREFIX_CACHING = true\n"
+        "[client]\nconcurrency = [1, 4]\nmax_tokens = 32\n"
+    )
     g = read_grid_file(f)
     assert g.server == {"NUM_SPECULATIVE_TOKENS": ["1", "2"], "ENABLE_PREFIX_CACHING": ["true"]}
     assert g.client == {"concurrency": [1, 4], "max_tokens": [32]}
-    for text, msg in (("[server\n", "not TOML"), ("[clients]\n", "unknown table"),
-                      ("[client]\nthreads = 2\n", "unknown client setting 'threads'"),
-                      ("[client]\nmax_tokens = 'many'\n", "not a whole number")):
+    for text, msg in (
+        ("[server\n", "not TOML"),
+        ("[clients]\n", "unknown table"),
+        ("[client]\nthreads = 2\n", "unknown client setting 'threads'"),
+        ("[client]\nmax_tokens = 'many'\n", "not a whole number"),
+    ):
         f.write_text(text)
         with pytest.raises(SweepError, match=msg):
             read_grid_file(f)
@@ -178,11 +151,16 @@ def test_dry_run_lists_points_and_commands_and_writes_nothing(base, tmp_path, fl
 
 # --- a whole sweep against the fleet --------------------------------------------------------
 
+
 def test_sweep_measures_every_point_predicts_before_the_other_k_and_writes_best_env(base, tmp_path, fleet, capsys):
     out = tmp_path / "run"
     assert sweep(base, out) == 0
-    assert fleet.served == ["SPECULATIVE_METHOD=none", "NUM_SPECULATIVE_TOKENS=4",
-                            "NUM_SPECULATIVE_TOKENS=1", "NUM_SPECULATIVE_TOKENS=2"]
+    assert fleet.served == [
+        "SPECULATIVE_METHOD=none",
+        "NUM_SPECULATIVE_TOKENS=4",
+        "NUM_SPECULATIVE_TOKENS=1",
+        "NUM_SPECULATIVE_TOKENS=2",
+    ]
     for pid in ("none", "k1", "k2", "k4"):
         for c in ("c1", "c2"):
             doc = json.loads((out / "points" / pid / f"{c}-r1.json").read_text())
@@ -203,7 +181,7 @@ def test_sweep_measures_every_point_predicts_before_the_other_k_and_writes_best_
     point_sets = next(p for p in summary["rows"] if p["point"] == b["point"])["overrides"]
     assert all(s in env.splitlines() for s in point_sets)
     cfg = load_config(out / "best.env")  # serve.sh takes it
-    assert cfg["SERVED_MODEL_NAME"] == fleet.model
+    assert cfg.served_model_name == fleet.model
     assert (out / "charts" / "throughput.png").stat().st_size > 0 and (out / "charts" / "pareto.png").is_file()
     md = (out / "summary.md").read_text()
     assert "| point | case | output tok/s" in md and "predicted speedup | measured speedup | error" in md
@@ -237,7 +215,9 @@ def test_changed_grid_or_base_config_is_refused_unless_new(base, tmp_path, fleet
     assert "base_config_sha256" in capsys.readouterr().err
     assert sweep(base, out, "--new") == 0
     old = [p for p in out.iterdir() if p.name.startswith("superseded-")]
-    assert len(old) == 1 and (old[0] / "manifest.json").is_file() and (old[0] / "points" / "k4" / "c1-r1.json").is_file()
+    assert (
+        len(old) == 1 and (old[0] / "manifest.json").is_file() and (old[0] / "points" / "k4" / "c1-r1.json").is_file()
+    )
 
 
 def test_a_folder_of_something_else_is_refused(base, tmp_path, fleet, capsys):
@@ -277,8 +257,7 @@ def test_ctrl_c_keeps_finished_results_and_the_same_command_resumes(base, tmp_pa
     assert "Re-run the same command to resume" in capsys.readouterr().err
     assert events(out)[-1]["event"] == "interrupted"
     done = sorted(p.relative_to(out).as_posix() for p in out.glob("points/*/*.json"))
-    assert done == ["points/k4/c1-r1.json", "points/k4/c2-r1.json", "points/none/c1-r1.json",
-                    "points/none/c2-r1.json"]
+    assert done == ["points/k4/c1-r1.json", "points/k4/c2-r1.json", "points/none/c1-r1.json", "points/none/c2-r1.json"]
     assert not list(out.rglob("*.tmp"))  # nothing half-written
     fleet.interrupt.clear()
     fleet.served.clear()
@@ -316,8 +295,12 @@ def test_ctrl_c_inside_asyncio_run_is_not_swallowed_by_a_task_that_survives_canc
 def test_a_relative_out_folder_is_the_callers_not_the_repository_roots(tmp_path, monkeypatch):
     """serve runs from the repository root, so a sweep given `--out runs/x` from anywhere else once
     had every point fail: serve opened its log under the root instead."""
-    fake_serve = [sys.executable, "-c", "import sys; open(sys.argv[sys.argv.index('--log-file') + 1], 'a')"
-                  ".write(sys.argv[1]); print('serve: ready in 0.1s', flush=True)"]
+    fake_serve = [
+        sys.executable,
+        "-c",
+        "import sys; open(sys.argv[sys.argv.index('--log-file') + 1], 'a')"
+        ".write(sys.argv[1]); print('serve: ready in 0.1s', flush=True)",
+    ]
     monkeypatch.chdir(tmp_path)
     with serving_process("mine.env", [], Path("runs/x/server.log"), timeout=30, cmd=fake_serve) as (proc, _):
         proc.wait(30)

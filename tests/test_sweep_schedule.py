@@ -15,7 +15,7 @@ from kimidflash.sweep.predict import prediction
 from kimidflash.sweep.summary import Limits, best
 
 from .helpers import CONFIGS, write_env
-from .test_sweep import base, fleet, sweep  # noqa: F401 (fixtures)
+from .test_sweep import sweep
 
 
 def test_schedule_ranges_give_each_measured_concurrency_its_winner_up_to_max_num_seqs():
@@ -33,9 +33,12 @@ def _committed_cpu_sweep(tmp_path: Path) -> tuple:
     from kimidflash.sweep.grid import Plan as SweepPlan
 
     (tmp_path / "no-drafter").mkdir()
-    env = write_env(tmp_path / "cpu-reference-then.env", f"INCLUDE={CONFIGS / 'cpu-reference.env'}\n"
-                    f"DRAFT_MODEL_DIR={tmp_path / 'no-drafter'}\nDRAFT_CONFIG={CONFIGS / 'smollm2-dflash-draft.json'}\n"
-                    "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=\n")  # static k, as it was then
+    env = write_env(
+        tmp_path / "cpu-reference-then.env",
+        f"INCLUDE={CONFIGS / 'cpu-reference.env'}\n"
+        f"DRAFT_MODEL_DIR={tmp_path / 'no-drafter'}\nDRAFT_CONFIG={CONFIGS / 'smollm2-dflash-draft.json'}\n"
+        "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=\n",
+    )  # static k, as it was then
     root = CONFIGS.parent / "benchmarks" / "sweep"
     grid = read_grid_file(root / "grid.toml")
     plan = SweepPlan(env, points(grid, env), cases(grid), 3)
@@ -49,12 +52,21 @@ def test_the_committed_cpu_sweep_gives_k3_for_one_user_and_no_drafts_above(tmp_p
 
     plan, rows = _committed_cpu_sweep(tmp_path)
     s = measured_schedule(plan, rows, "dflash")
-    by_c = {r["concurrency"]: max((r for r in rows if r["concurrency"] == c), key=lambda r: r["output_tps"])
-            for c in (1, 4, 8) for r in rows if r["concurrency"] == c}
+    by_c = {
+        r["concurrency"]: max((r for r in rows if r["concurrency"] == c), key=lambda r: r["output_tps"])
+        for c in (1, 4, 8)
+        for r in rows
+        if r["concurrency"] == c
+    }
     assert [d["point"] for d in s["by_concurrency"]] == [by_c[c]["point"] for c in (1, 4, 8)] == ["k3", "none", "none"]
     assert s["schedule"] == "1-1:3,2-8:0" and s["num_speculative_tokens"] == 3  # cpu-tiny.env: MAX_NUM_SEQS=8
-    summary = {"best": best(rows, Limits()), "date": "d", "limits": "none", "repeats": 3,
-               "schedule": pick_schedule([s], rows)}
+    summary = {
+        "best": best(rows, Limits()),
+        "date": "d",
+        "limits": "none",
+        "repeats": 3,
+        "schedule": pick_schedule([s], rows),
+    }
     envs = best_env(summary, plan, RunFolder(tmp_path / "sweep"))
     assert set(envs) == {"best.env", "best-static.env"} and "SPECULATIVE_METHOD=none" in envs["best-static.env"]
     (tmp_path / "sweep").mkdir()
@@ -62,29 +74,44 @@ def test_the_committed_cpu_sweep_gives_k3_for_one_user_and_no_drafts_above(tmp_p
         assert "INCLUDE=../cpu-reference-then.env" in text
         (tmp_path / "sweep" / name).write_text(text)
     cfg = load_config(tmp_path / "sweep" / "best.env")
-    assert cfg["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"] == "1-1:3,2-8:0" and cfg["NUM_SPECULATIVE_TOKENS"] == 3
+    assert cfg.num_speculative_tokens_per_batch_size == "1-1:3,2-8:0" and cfg.num_speculative_tokens == 3
     assert "c=1: k=3 (24.232 tok/s, 1.2572x); c=4: no speculation" in envs["best.env"]
     from kimidflash.sweep.report import markdown
-
     from kimidflash.sweep.schedule import predicted_schedule
 
     advisor = json.loads((CONFIGS.parent / "benchmarks" / "sweep" / "cpu-reference" / "summary.json").read_text())[
-        "advisor"]  # predicted from k=7 and the baseline before the other k ran, with no fixed drafting cost
+        "advisor"
+    ]  # predicted from k=7 and the baseline before the other k ran, with no fixed drafting cost
     s["predicted"] = predicted_schedule(plan, advisor, s)
     assert s["predicted"]["schedule"] == "1-4:1,5-8:0" and s["predicted"]["agree"] is False
     assert [(d["measured_k"], d["predicted_k"]) for d in s["predicted"]["by_concurrency"]] == [(3, 1), (0, 1), (0, 0)]
-    md = markdown({**summary, "base_config": "x", "server_points": 6, "client_cases": 3, "rows": rows, "pareto": [],
-                   "failed": {}, "incomplete": [], "advisor": [], "schedules": [s, {"family": "f", "error": "why"}]})
+    md = markdown(
+        {
+            **summary,
+            "base_config": "x",
+            "server_points": 6,
+            "client_cases": 3,
+            "rows": rows,
+            "pareto": [],
+            "failed": {},
+            "incomplete": [],
+            "advisor": [],
+            "schedules": [s, {"family": "f", "error": "why"}],
+        }
+    )
     assert "-> `best-static.env`" in md and "`NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:3,2-8:0`" in md
     assert "No draft schedule for f: why" in md
     assert "`1-4:1,5-8:0` (differs: predicted c=1 k=1, c=4 k=1, c=8 k=0)" in md
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"max_tokens": [16, 32]}, "vary more than concurrency"),
-    ({"drop": ("k1", "c2")}, None),  # a missing k at one concurrency: the others still decide
-    ({"drop": ("none", "c2")}, "no baseline and k measured at concurrency 2"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"max_tokens": [16, 32]}, "vary more than concurrency"),
+        ({"drop": ("k1", "c2")}, None),  # a missing k at one concurrency: the others still decide
+        ({"drop": ("none", "c2")}, "no baseline and k measured at concurrency 2"),
+    ],
+)
 def test_a_schedule_needs_one_case_per_concurrency_and_a_baseline_at_each(base, change, words):
     from kimidflash.sweep.grid import Plan as SweepPlan
     from kimidflash.sweep.schedule import measured_schedule
@@ -96,8 +123,17 @@ def test_a_schedule_needs_one_case_per_concurrency_and_a_baseline_at_each(base, 
         add_client(grid, "max_tokens", change["max_tokens"], "t")
     plan = SweepPlan(base, points(grid, base), cases(grid), 1)
     tps = {"none": 10.0, "k1": 12.0, "k2": 11.0}
-    rows = [{"point": p.id, "case": c.id, "concurrency": c.concurrency, "output_tps": tps[p.id] / c.concurrency ** (
-        0 if p.id == "none" else 1)} for p in plan.points for c in plan.cases if (p.id, c.id) != change.get("drop")]
+    rows = [
+        {
+            "point": p.id,
+            "case": c.id,
+            "concurrency": c.concurrency,
+            "output_tps": tps[p.id] / c.concurrency ** (0 if p.id == "none" else 1),
+        }
+        for p in plan.points
+        for c in plan.cases
+        if (p.id, c.id) != change.get("drop")
+    ]
     s = measured_schedule(plan, rows, "dflash")
     if words:
         assert words in s["error"]
@@ -106,14 +142,38 @@ def test_a_schedule_needs_one_case_per_concurrency_and_a_baseline_at_each(base, 
 
 
 def test_a_sweep_of_best_env_measures_its_schedule_as_one_point_against_no_speculation(base, tmp_path, fleet):
-    env = write_env(tmp_path / "best.env", f"INCLUDE={base}\nNUM_SPECULATIVE_TOKENS=3\n"
-                                            "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:3,2-8:0\n")
+    env = write_env(
+        tmp_path / "best.env",
+        f"INCLUDE={base}\nNUM_SPECULATIVE_TOKENS=3\nNUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:3,2-8:0\n",
+    )
     out = tmp_path / "verify"
-    assert cli_main(["sweep", str(env), "--concurrency", "1", "2", "--sessions", "2", "--max-tokens", "16",
-                     "--warmup", "0", "--repeats", "1", "--out", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "sweep",
+                str(env),
+                "--concurrency",
+                "1",
+                "2",
+                "--sessions",
+                "2",
+                "--max-tokens",
+                "16",
+                "--warmup",
+                "0",
+                "--repeats",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert fleet.served == ["SPECULATIVE_METHOD=none", ""]  # the baseline, then the schedule as written
     summary = json.loads((out / "summary.json").read_text())
-    assert {(r["point"], r["case"]) for r in summary["rows"]} == {(p, c) for p in ("none", "base") for c in ("c1", "c2")}
+    assert {(r["point"], r["case"]) for r in summary["rows"]} == {
+        (p, c) for p in ("none", "base") for c in ("c1", "c2")
+    }
     assert summary["schedules"] == [] and summary["schedule"] is None  # a measured schedule is not derived again
 
 
@@ -136,15 +196,16 @@ def _without_own_head(drafter: Path, out: Path) -> Path:
 def test_with_its_fixed_part_the_advisor_picks_the_committed_sweeps_best_but_at_one_user(tmp_path):
     """The committed CPU sweep's k=7 runs and baselines, predicted again with the fixed part of the cost
     from SmolLM2's and the drafter's weights (that sweep's drafter is the shipped drafter's shape but for its
-    block size and its own draft-vocabulary head: it shared the target's, so the head is dropped here). It picks no speculation at 4 and 8 users, as measured; at one user it picks k=2, where
-    k=3 measured 1.26x: the model has k=2 and k=3 within 1% (a linear cost cannot hold a peak at k=3 that
-    k=2 and k=5 do not share), so it takes the smaller."""
+    block size and its own draft-vocabulary head: it shared the target's, so the head is dropped here). It
+    picks no speculation at 4 and 8 users, as measured; at one user it picks k=2, where k=3 measured 1.26x:
+    the model has k=2 and k=3 within 1% (a linear cost cannot hold a peak at k=3 that k=2 and k=5 do not
+    share), so it takes the smaller."""
     from kimidflash.cpu_reference import smollm2
     from kimidflash.sweep.drafting import fixed_draft_cost
     from kimidflash.sweep.measured import measured
     from kimidflash.sweep.rundir import RunFolder
 
-    target = Path(load_config(CONFIGS / "cpu-reference.env")["MODEL_DIR"])
+    target = Path(load_config(CONFIGS / "cpu-reference.env").model_dir)
     if not smollm2.read_stamp(target):
         smollm2.ensure(target, log=lambda msg: None)
     plan, rows = _committed_cpu_sweep(tmp_path)
@@ -155,14 +216,18 @@ def test_with_its_fixed_part_the_advisor_picks_the_committed_sweeps_best_but_at_
     for case in plan.cases:
         fixed = fixed_draft_cost(target, shared_head, case.concurrency, "float32")
         assert 0.25 < fixed < 0.3  # against 0.33-0.53 fitted to every measured k; the default's is 0
-        pred = prediction(measured(folder, by_id["none"], case, 3), measured(folder, by_id["k7"], case, 3),
-                          (fixed, "weights"))
+        pred = prediction(
+            measured(folder, by_id["none"], case, 3), measured(folder, by_id["k7"], case, 3), (fixed, "weights")
+        )
         picks[case.concurrency] = pred["recommended_k"]
         if case.concurrency == 1:
             p = pred["predictions"]
             assert p["2"] >= p["3"] >= 0.99 * p["2"]
-    measured_best = {r["concurrency"]: r["point"] for r in rows
-                     if r["output_tps"] == max(x["output_tps"] for x in rows if x["concurrency"] == r["concurrency"])}
+    measured_best = {
+        r["concurrency"]: r["point"]
+        for r in rows
+        if r["output_tps"] == max(x["output_tps"] for x in rows if x["concurrency"] == r["concurrency"])
+    }
     assert measured_best == {1: "k3", 4: "none", 8: "none"}
     assert picks == {1: 2, 4: None, 8: None}
 
@@ -183,15 +248,24 @@ def test_the_sweep_says_when_best_env_is_a_schedule(base, tmp_path, fleet, capsy
 
 def test_a_point_table_measures_a_schedule_beside_the_static_k_and_checks_it(base, tmp_path, fleet):
     grid = tmp_path / "verify.toml"
-    grid.write_text('[server]\nNUM_SPECULATIVE_TOKENS = [1, 3]\n[client]\nconcurrency = [1, 2]\nsessions = 2\n'
-                    'max_tokens = 16\n[[point]]\nNUM_SPECULATIVE_TOKENS = 3\n'
-                    'NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE = "1-1:3,2-8:0"\n')
+    grid.write_text(
+        "[server]\nNUM_SPECULATIVE_TOKENS = [1, 3]\n[client]\nconcurrency = [1, 2]\nsessions = 2\n"
+        "max_tokens = 16\n[[point]]\nNUM_SPECULATIVE_TOKENS = 3\n"
+        'NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE = "1-1:3,2-8:0"\n'
+    )
     out = tmp_path / "run"
-    assert cli_main(["sweep", str(base), "--grid-file", str(grid), "--warmup", "0", "--repeats", "1",
-                     "--out", str(out)]) == 0
-    assert sorted(fleet.served) == sorted(["SPECULATIVE_METHOD=none", "NUM_SPECULATIVE_TOKENS=1",
-                                           "NUM_SPECULATIVE_TOKENS=3",
-                                           "NUM_SPECULATIVE_TOKENS=3 NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:3,2-8:0"])
+    assert (
+        cli_main(["sweep", str(base), "--grid-file", str(grid), "--warmup", "0", "--repeats", "1", "--out", str(out)])
+        == 0
+    )
+    assert sorted(fleet.served) == sorted(
+        [
+            "SPECULATIVE_METHOD=none",
+            "NUM_SPECULATIVE_TOKENS=1",
+            "NUM_SPECULATIVE_TOKENS=3",
+            "NUM_SPECULATIVE_TOKENS=3 NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:3,2-8:0",
+        ]
+    )
     summary = json.loads((out / "summary.json").read_text())
     tps = {(r["point"], r["concurrency"]): r["output_tps"] for r in summary["rows"]}
     [chk] = summary["schedule_checks"]
@@ -203,14 +277,21 @@ def test_a_point_table_measures_a_schedule_beside_the_static_k_and_checks_it(bas
     assert "Schedule point **k3_sched1-1-3-2-8-0** against" in (out / "summary.md").read_text()
 
 
-@pytest.mark.parametrize("table, words", [
-    ('[[point]]\nNUM_SPECULATIVE_TOKENS = [1, 2]\n', "a [[point]] takes one value per key"),
-    ('[[point]]\nPORT = 9000\n', "PORT cannot be swept"),
-    ('[server]\nNUM_SPECULATIVE_TOKENS = [1]\n[[point]]\nNUM_SPECULATIVE_TOKENS = 1\n'
-     'NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE = "1-8:3"\n', "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"),
-])
+@pytest.mark.parametrize(
+    "table, words",
+    [
+        ("[[point]]\nNUM_SPECULATIVE_TOKENS = [1, 2]\n", "a [[point]] takes one value per key"),
+        ("[[point]]\nPORT = 9000\n", "PORT cannot be swept"),
+        (
+            "[server]\nNUM_SPECULATIVE_TOKENS = [1]\n[[point]]\nNUM_SPECULATIVE_TOKENS = 1\n"
+            'NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE = "1-8:3"\n',
+            "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE",
+        ),
+    ],
+)
 def test_a_bad_point_table_refuses_the_sweep_naming_it(base, tmp_path, table, words):
     from kimidflash.sweep.errors import SweepError
+
     grid = tmp_path / "g.toml"
     grid.write_text(table)
     with pytest.raises(SweepError, match=None) as e:
@@ -221,29 +302,58 @@ def test_a_bad_point_table_refuses_the_sweep_naming_it(base, tmp_path, table, wo
 def _check(lost: set[int], concurrencies=(1, 2, 4, 8), statics: dict[int, dict[int, float]] | None = None) -> dict:
     """An interleaved check's rows: as shipped 9 tok/s where it `lost` to no speculation's 10, else 10;
     `statics` {concurrency: {k: tok/s}} adds the config's drafter at static k."""
-    return {"definition": "d", "rows": [
-        {"category": None, "concurrency": c, "as_shipped_tps": 9.0 if c in lost else 10.0, "best_other":
-         "no speculation" if c in lost else "as shipped", "best_other_tps": 10.0, "ratio": 0.9 if c in lost else 1.0,
-         "runs": 3, "lost_to_none": c in lost, "pooled": False,
-         "candidates": [[0, 10.0], *([k, t] for k, t in (statics or {}).get(c, {}).items())]} for c in concurrencies]}
+    return {
+        "definition": "d",
+        "rows": [
+            {
+                "category": None,
+                "concurrency": c,
+                "as_shipped_tps": 9.0 if c in lost else 10.0,
+                "best_other": "no speculation" if c in lost else "as shipped",
+                "best_other_tps": 10.0,
+                "ratio": 0.9 if c in lost else 1.0,
+                "runs": 3,
+                "lost_to_none": c in lost,
+                "pooled": False,
+                "candidates": [[0, 10.0], *([k, t] for k, t in (statics or {}).get(c, {}).items())],
+            }
+            for c in concurrencies
+        ],
+    }
 
 
 def _swept(tmp_path: Path) -> Path:
     """The CPU reference with the schedule its sweep wrote (k=2 up to two users), whatever it ships now."""
-    return write_env(tmp_path / "swept.env", f"INCLUDE={CONFIGS / 'cpu-reference.env'}\n"
-                                             "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-2:2,3-8:0\n")
+    return write_env(
+        tmp_path / "swept.env",
+        f"INCLUDE={CONFIGS / 'cpu-reference.env'}\nNUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-2:2,3-8:0\n",
+    )
 
 
-@pytest.mark.parametrize("config, lost, schedule, sets", [
-    # 1-2:2,3-8:0 lost at two users: drafting stays at one
-    ("swept", {2}, "1-1:2,2-8:0", ["NUM_SPECULATIVE_TOKENS=2", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:2,2-8:0"]),
-    # lost wherever it drafts: no speculation at all
-    ("swept", {1, 2}, None, ["SPECULATIVE_METHOD=none"]),
-    # a static k=3 that lost under load becomes a schedule; batch size 3, not measured, takes the k of four users
-    ("cpu-tiny", {4, 8}, "1-2:3,3-8:0", ["NUM_SPECULATIVE_TOKENS=3", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-2:3,3-8:0"]),
-])
+@pytest.mark.parametrize(
+    "config, lost, schedule, sets",
+    [
+        # 1-2:2,3-8:0 lost at two users: drafting stays at one
+        (
+            "swept",
+            {2},
+            "1-1:2,2-8:0",
+            ["NUM_SPECULATIVE_TOKENS=2", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:2,2-8:0"],
+        ),
+        # lost wherever it drafts: no speculation at all
+        ("swept", {1, 2}, None, ["SPECULATIVE_METHOD=none"]),
+        # a static k=3 that lost under load becomes a schedule; batch size 3, not measured, takes the k of four users
+        (
+            "cpu-tiny",
+            {4, 8},
+            "1-2:3,3-8:0",
+            ["NUM_SPECULATIVE_TOKENS=3", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-2:3,3-8:0"],
+        ),
+    ],
+)
 def test_an_as_shipped_check_that_lost_to_no_speculation_writes_the_schedule_without_drafting_there(
-        tmp_path, config, lost, schedule, sets):
+    tmp_path, config, lost, schedule, sets
+):
     from kimidflash.bench.shipped import checked, write_shipped_check
     from kimidflash.sweep.schedule import k_at
 
@@ -256,13 +366,14 @@ def test_an_as_shipped_check_that_lost_to_no_speculation_writes_the_schedule_wit
     assert fix["sets"] == ["DTYPE=float32", *sets]
     text = write_shipped_check(check, out, env)
     shipped_k = {c: k_at(load_config(env), c) for c in lost}
-    assert "; ".join(f"measured faster at {c} users: k=0, not the shipped k={shipped_k[c]}"
-                     for c in sorted(lost)) in text
+    assert (
+        "; ".join(f"measured faster at {c} users: k=0, not the shipped k={shipped_k[c]}" for c in sorted(lost)) in text
+    )
     served = load_config(out / "checked.env")
-    assert served["DTYPE"] == "float32"
-    assert served["SPECULATIVE_METHOD"] == ("none" if schedule is None else "dflash")
-    assert schedule is None or served["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"] == schedule
-    assert served["MODEL_DIR"] == load_config(env)["MODEL_DIR"]  # INCLUDE= the config it checked
+    assert served.dtype == "float32"
+    assert served.speculative_method == ("none" if schedule is None else "dflash")
+    assert schedule is None or served.num_speculative_tokens_per_batch_size == schedule
+    assert served.model_dir == load_config(env).model_dir  # INCLUDE= the config it checked
 
 
 def test_a_check_at_one_concurrency_changes_only_what_it_measured():
@@ -273,22 +384,35 @@ def test_a_check_at_one_concurrency_changes_only_what_it_measured():
     assert fix["by_concurrency"] == [{"concurrency": 2, "shipped_k": 3, "k": 0}]
 
 
-@pytest.mark.parametrize("statics, schedule, sets", [
-    # the AVX-512 machine's pattern: static k=3 beats the shipped k=2 at one user, k=2 pays at two where
-    # 1-1:2,2-8:0 drafts nothing; four and eight stay without drafts, and so does three, between two and four
-    ({1: {1: 9.5, 3: 10.7}, 2: {2: 14.0, 3: 13.1}, 4: {2: 9.0}, 8: {2: 8.0}}, "1-1:3,2-2:2,3-8:0",
-     ["NUM_SPECULATIVE_TOKENS=3", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:3,2-2:2,3-8:0"]),
-    # within 2% of the shipped k is a tie: nothing changes
-    ({1: {3: 10.15}, 2: {2: 10.15}}, None, None),
-    # k=2 wins everywhere it was measured: a static k
-    ({c: {2: 12.0} for c in (1, 2, 4, 8)}, None, ["NUM_SPECULATIVE_TOKENS=2", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE="]),
-])
+@pytest.mark.parametrize(
+    "statics, schedule, sets",
+    [
+        # the AVX-512 machine's pattern: static k=3 beats the shipped k=2 at one user, k=2 pays at two where
+        # 1-1:2,2-8:0 drafts nothing; four and eight stay without drafts, and so does three, between two and four
+        (
+            {1: {1: 9.5, 3: 10.7}, 2: {2: 14.0, 3: 13.1}, 4: {2: 9.0}, 8: {2: 8.0}},
+            "1-1:3,2-2:2,3-8:0",
+            ["NUM_SPECULATIVE_TOKENS=3", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:3,2-2:2,3-8:0"],
+        ),
+        # within 2% of the shipped k is a tie: nothing changes
+        ({1: {3: 10.15}, 2: {2: 10.15}}, None, None),
+        # k=2 wins everywhere it was measured: a static k
+        (
+            {c: {2: 12.0} for c in (1, 2, 4, 8)},
+            None,
+            ["NUM_SPECULATIVE_TOKENS=2", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE="],
+        ),
+    ],
+)
 def test_a_check_with_static_k_writes_the_k_it_measured_fastest(tmp_path, statics, schedule, sets):
     from kimidflash.bench.shipped import checked, write_shipped_check
 
-    env = write_env(tmp_path / "shipped.env", f"INCLUDE={CONFIGS / 'cpu-reference.env'}\n"
-                                               "NUM_SPECULATIVE_TOKENS=2\n"
-                                               "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:2,2-8:0\n")
+    env = write_env(
+        tmp_path / "shipped.env",
+        f"INCLUDE={CONFIGS / 'cpu-reference.env'}\n"
+        "NUM_SPECULATIVE_TOKENS=2\n"
+        "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:2,2-8:0\n",
+    )
     check = _check(set(), statics=statics)
     check["checked_schedule"] = fix = checked(check, env, [])
     if sets is None:
@@ -297,24 +421,25 @@ def test_a_check_with_static_k_writes_the_k_it_measured_fastest(tmp_path, static
     assert fix["schedule"] == schedule and fix["sets"] == sets
     write_shipped_check(check, tmp_path, env)
     served = load_config(tmp_path / "checked.env")
-    assert served["NUM_SPECULATIVE_TOKENS"] == int(sets[0].split("=")[1])
-    assert served["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"] == (schedule or "")
+    assert served.num_speculative_tokens == int(sets[0].split("=")[1])
+    assert served.num_speculative_tokens_per_batch_size == (schedule or "")
 
 
-def test_a_check_that_changed_no_measured_k_still_takes_drafting_out_between_a_drafting_and_a_plain_load(
-        tmp_path):
+def test_a_check_that_changed_no_measured_k_still_takes_drafting_out_between_a_drafting_and_a_plain_load(tmp_path):
     """k=2 at two users and none at four, measured, say nothing of three: the sweep's schedule gives three
     the k of four (k falls with load), so a config drafting there is corrected like a measured loss."""
     from kimidflash.bench.shipped import checked, write_shipped_check
 
-    env = write_env(tmp_path / "shipped.env", f"INCLUDE={CONFIGS / 'cpu-reference.env'}\n"
-                                               "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:3,2-3:2,4-8:0\n")
+    env = write_env(
+        tmp_path / "shipped.env",
+        f"INCLUDE={CONFIGS / 'cpu-reference.env'}\nNUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:3,2-3:2,4-8:0\n",
+    )
     check = _check(set(), statics={1: {3: 10.0}, 2: {2: 10.0}})  # as shipped level with its own k at 1 and 2
     check["checked_schedule"] = fix = checked(check, env, [])
     assert fix["changed_at"] == [] and fix["between"] == [3] and fix["schedule"] == "1-1:3,2-2:2,3-8:0"
     text = write_shipped_check(check, tmp_path, env)
     assert "batch size 3, not measured, at the k of the next measured load above" in text
-    assert load_config(tmp_path / "checked.env")["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"] == "1-1:3,2-2:2,3-8:0"
+    assert load_config(tmp_path / "checked.env").num_speculative_tokens_per_batch_size == "1-1:3,2-2:2,3-8:0"
 
 
 def test_a_k_must_win_in_every_category_to_be_served():
@@ -333,7 +458,7 @@ def test_the_checks_statics_are_the_configs_own_drafter(tmp_path):
     from kimidflash.bench.shipped import own_statics
 
     env = CONFIGS / "cpu-reference.env"
-    own = load_config(env)["DRAFT_MODEL_DIR"]
+    own = load_config(env).draft_model_dir
     series = ["shipped k=1", "shipped k=3", "other k=2", "as shipped", "ngram k=2"]
     given = [drafter_spec(f"shipped={own}"), drafter_spec(f"other={tmp_path}")]
     assert own_statics(series, given, env, []) == {"shipped k=1": 1, "shipped k=3": 3}
@@ -369,11 +494,18 @@ def test_an_eagle3_family_gets_its_schedule_under_its_own_method(tmp_path):
     plan = SweepPlan(env, points(grid, env), cases(grid), 1)
     assert {p.family for p in plan.points} == {None, "eagle3"}
     tps = {("k3", 1): 15.0, ("k1", 1): 13.0, ("k1", 4): 45.0, ("k3", 4): 42.0}  # k=3 alone, k=1 at 4, none at 8
-    rows = [{"point": p.id, "case": c.id, "concurrency": c.concurrency,
-             "output_tps": tps.get((p.id, c.concurrency), 10.0 * c.concurrency if p.id == "none" else 1.0)}
-            for p in plan.points for c in plan.cases]
+    rows = [
+        {
+            "point": p.id,
+            "case": c.id,
+            "concurrency": c.concurrency,
+            "output_tps": tps.get((p.id, c.concurrency), 10.0 * c.concurrency if p.id == "none" else 1.0),
+        }
+        for p in plan.points
+        for c in plan.cases
+    ]
     s = measured_schedule(plan, rows, "eagle3")
     assert [(d["concurrency"], d["k"]) for d in s["by_concurrency"]] == [(1, 3), (4, 1), (8, 0)]
     assert s["schedule"] == "1-1:3,2-4:1,5-8:0" and s["sets"][0] == "SPECULATIVE_METHOD=eagle3"
     cfg = load_config(env, dict(kv.split("=", 1) for kv in s["sets"]))
-    assert cfg["SPECULATIVE_METHOD"] == "eagle3" and cfg["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"] == s["schedule"]
+    assert cfg.speculative_method == "eagle3" and cfg.num_speculative_tokens_per_batch_size == s["schedule"]

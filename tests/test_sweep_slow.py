@@ -38,22 +38,39 @@ def wait_for(out: Path, proc: subprocess.Popen, event: str, point: str, timeout:
 def test_real_sweep_is_interrupted_resumed_and_sets_the_advisor_beside_the_measurement(tmp_path):
     out = tmp_path / "sweep"
     # the static k of the shipped config: it ships a draft schedule, valid only with its own k
-    base = write_env(tmp_path / "static.env", f"INCLUDE={CONFIGS / 'cpu-reference.env'}\n"
-                                              "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=\n")
-    argv = [str(ROOT / "launchers" / "kimi26-vllm-dflash-sweep.sh"), str(base),
-            "--grid", "NUM_SPECULATIVE_TOKENS=1,4", "--concurrency", "1", "4", "--sessions", "4",
-            "--max-tokens", "32", "--repeats", "1", "--prompts", str(PROMPTS), "--out", str(out)]
-    log = open(tmp_path / "first.log", "w")
-    proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        wait_for(out, proc, "server_ready", "k4", timeout=1500)  # baseline done, the largest k being served
-        os.kill(proc.pid, signal.SIGINT)  # Ctrl-C reaches the sweep (its servers run in their own sessions)
-        assert proc.wait(timeout=180) == 130, (tmp_path / "first.log").read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+    base = write_env(
+        tmp_path / "static.env", f"INCLUDE={CONFIGS / 'cpu-reference.env'}\nNUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=\n"
+    )
+    argv = [
+        str(ROOT / "launchers" / "kimi26-vllm-dflash-sweep.sh"),
+        str(base),
+        "--grid",
+        "NUM_SPECULATIVE_TOKENS=1,4",
+        "--concurrency",
+        "1",
+        "4",
+        "--sessions",
+        "4",
+        "--max-tokens",
+        "32",
+        "--repeats",
+        "1",
+        "--prompts",
+        str(PROMPTS),
+        "--out",
+        str(out),
+    ]
+    with open(tmp_path / "first.log", "w") as log:
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            wait_for(out, proc, "server_ready", "k4", timeout=1500)  # baseline done, the largest k being served
+            os.kill(proc.pid, signal.SIGINT)  # Ctrl-C reaches the sweep (its servers run in their own sessions)
+            assert proc.wait(timeout=180) == 130, (tmp_path / "first.log").read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
     assert events(out)[-1]["event"] == "interrupted"
     leftover = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
     assert leftover == [], "a server outlived the interrupted sweep"
@@ -81,8 +98,8 @@ def test_real_sweep_is_interrupted_resumed_and_sets_the_advisor_beside_the_measu
     assert rows[("k4", "c1")]["acceptance_length"] > 1.0 and rows[("none", "c1")]["acceptance_length"] is None
     assert "predicted speedup | measured speedup" in (out / "summary.md").read_text()
     best = load_config(out / "best.env")  # what serve.sh would take
-    assert best["SERVED_MODEL_NAME"] == "smollm2-135m-dflash"
+    assert best.served_model_name == "smollm2-135m-dflash"
     assert f"{summary['best']['point']} at {summary['best']['case']}" in second.stdout  # the best static point
     if summary.get("schedule"):  # the winners differ by concurrency: best.env is their schedule
-        assert best["NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE"] == summary["schedule"]["schedule"]
+        assert best.num_speculative_tokens_per_batch_size == summary["schedule"]["schedule"]
         assert f"best: the draft schedule {summary['schedule']['schedule']}" in second.stdout

@@ -40,8 +40,16 @@ def test_vision_tower_uses_the_checkpoints_names_that_vllm_maps():
 
 
 def test_kimi_tokens_are_single_special_tokens_and_the_drafter_json_matches_the_target():
-    for token in ("<think>", "</think>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
-                  "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|media_pad|>"):
+    for token in (
+        "<think>",
+        "</think>",
+        "<|tool_calls_section_begin|>",
+        "<|tool_calls_section_end|>",
+        "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>",
+        "<|tool_call_end|>",
+        "<|media_pad|>",
+    ):
         assert token in tiny_kimi.SPECIAL_TOKENS
     shape = tiny_kimi.drafter_shape()
     assert shape.mask_token_id == tiny_kimi.TOKEN_ID["<|reserved_mask|>"]
@@ -53,16 +61,27 @@ def test_the_chat_template_writes_k26s_turns_tool_declarations_and_calls():
     import jinja2
 
     template = jinja2.Environment().from_string(tiny_kimi.CHAT_TEMPLATE)
-    messages = [{"role": "user", "content": "hi"},
-                {"role": "assistant", "content": "", "tool_calls": [{"id": "functions.f:0", "function": {
-                    "name": "f", "arguments": '{"a": 1}'}}]},
-                {"role": "tool", "tool_call_id": "functions.f:0", "content": "42"}]
-    text = template.render(messages=messages, tools=[{"type": "function", "function": {"name": "f"}}],
-                           add_generation_prompt=True, thinking=False)
+    messages = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "functions.f:0", "function": {"name": "f", "arguments": '{"a": 1}'}}],
+        },
+        {"role": "tool", "tool_call_id": "functions.f:0", "content": "42"},
+    ]
+    text = template.render(
+        messages=messages,
+        tools=[{"type": "function", "function": {"name": "f"}}],
+        add_generation_prompt=True,
+        thinking=False,
+    )
     assert text.startswith("<|im_system|>tool_declare<|im_middle|>[")
     assert "<|im_user|>user<|im_middle|>hi<|im_end|>" in text
-    assert ("<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>"
-            '{"a": 1}<|tool_call_end|><|tool_calls_section_end|>') in text
+    assert (
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>"
+        '{"a": 1}<|tool_call_end|><|tool_calls_section_end|>'
+    ) in text
     assert "<|im_system|>tool<|im_middle|>## Return of functions.f:0\n42<|im_end|>" in text
     assert text.endswith("<|im_assistant|>assistant<|im_middle|><think></think>")
     thinking = template.render(messages=messages[:1], add_generation_prompt=True)
@@ -72,11 +91,14 @@ def test_the_chat_template_writes_k26s_turns_tool_declarations_and_calls():
 def test_prepare_values_name_their_generators_and_the_config_serves_the_kimi_pair():
     assert generated.KINDS[generated.PREPARE_KIND["tiny"]] is tiny
     assert generated.KINDS[generated.PREPARE_KIND["tiny-kimi"]] is tiny_kimi
-    values = load_config(CONFIGS_DIR / "cpu-kimi-tiny.env", {}, environ={}).values
-    assert values["PREPARE_MODELS"] == "tiny-kimi" and values["TARGET_ATTENTION"] == "mla"
-    assert (values["TOOL_CALL_PARSER"], values["REASONING_PARSER"], values["TRUST_REMOTE_CODE"]) == \
-        ("kimi_k2", "kimi_k2", True)
-    assert values["BLOCK_SIZE"] == 16 and values["DTYPE"] == "float32"
+    values = load_config(CONFIGS_DIR / "cpu-kimi-tiny.env", {}, environ={})
+    assert values.prepare_models == "tiny-kimi" and values.target_attention == "mla"
+    assert (values.tool_call_parser, values.reasoning_parser, values.trust_remote_code) == (
+        "kimi_k2",
+        "kimi_k2",
+        True,
+    )
+    assert values.block_size == 16 and values.dtype == "float32"
 
 
 def test_config_json_is_k26s_file_form_and_transformers_reads_it_as_kimi_k25(tmp_path):
@@ -118,5 +140,6 @@ def test_a_cpu_pin_without_patch_c1_is_refused_for_dflash_on_an_mla_target():
         load_config(CONFIGS_DIR / "cpu-kimi-tiny.env", {"VLLM_VERSION": "0.31.0"}, environ={})
     assert info.value.key == "VLLM_VERSION" and "patch C1" in str(info.value) and "0.32.0" in str(info.value)
     # ngram needs no shared block size with a draft model: the same pin is fine there.
-    load_config(CONFIGS_DIR / "cpu-kimi-tiny.env", {"VLLM_VERSION": "0.31.0", "SPECULATIVE_METHOD": "ngram"},
-                environ={})
+    load_config(
+        CONFIGS_DIR / "cpu-kimi-tiny.env", {"VLLM_VERSION": "0.31.0", "SPECULATIVE_METHOD": "ngram"}, environ={}
+    )

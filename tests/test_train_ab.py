@@ -1,7 +1,8 @@
 """The drafter A/B command: every variant served in turn, rounds interleaved,
 result files, report, charts and the offline-vs-online table; bad input is one
 clear error. Fast tier: the target is the scripted fake server behind our `serving_process`
-seam. Slow tier: real vLLM on CPU serving the tiny pair."""
+seam (the `fake_serving` and `drafter` fixtures, in conftest.py: test_bench_categories.py uses
+them too). Slow tier: real vLLM on CPU serving the tiny pair."""
 
 from __future__ import annotations
 
@@ -11,19 +12,15 @@ import json
 import os
 import signal
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, Iterator
 
 import pytest
 
-from kimidflash.bench import load_result
+from kimidflash.bench import ab, load_result
 from kimidflash.bench.tables import f_x
 from kimidflash.config import load_config
 from kimidflash.paths import portable
-from kimidflash.bench import ab
 
-from .fakeserver import FakeServer, Plan
-from .helpers import CONFIGS, ROOT, write_env
+from .helpers import CONFIGS, DFLASH, ROOT, write_env
 
 OFFLINE = ROOT / "drafters" / "smollm2-135m-dflash" / "offline-acceptance.json"
 
@@ -34,66 +31,64 @@ def shipped_offline() -> str:
     return f"{k3['mean_acceptance_length']} | {k3.get('walk', {}).get('mean_acceptance_length', '-')}"
 
 
-@pytest.fixture
-def fake_serving(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """Replace the real server with the fake one; record each launch's overrides."""
-    launches: list[list[str]] = []
-
-    @contextlib.contextmanager
-    def serving_process(config: Path, overrides: list[str], log: Path,
-                        timeout: float = 900) -> Iterator[tuple[Any, str]]:
-        launches.append(overrides)
-        spec = 0 if "SPECULATIVE_METHOD=none" in overrides else 3
-        with FakeServer(Plan(chunks=(1, 2, 3)) if spec else Plan(chunks=(1,) * 6), model="tiny-qwen3-dflash",
-                        spec_tokens=spec) as s:  # the fake serves from this process: its pid is the server's
-            yield SimpleNamespace(pid=os.getpid()), s.base_url.removesuffix("/v1")
-
-    monkeypatch.setattr(ab, "serving_process", serving_process)
-    monkeypatch.setattr(ab, "prepare", lambda config, log: None)  # no venv or models for the fake server
-    return launches
-
-
 def argv(out: Path, drafter: Path, *extra: str) -> list[str]:
-    return [str(CONFIGS / "cpu-tiny.env"), "--drafter", f"mine={drafter}", "--k", "3", "--none",
-            "--concurrency", "1", "2", "--sessions", "2", "--max-tokens", "8", "--warmup", "0",
-            "--out", str(out), "--offline", str(OFFLINE), *extra]
-
-
-DFLASH = {"architectures": ["DFlashDraftModel"]}  # a stand-in: ab reads the family and block size only
-
-
-@pytest.fixture
-def drafter(tmp_path: Path) -> Path:
-    d = tmp_path / "drafter"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps(DFLASH))
-    return d
+    return [
+        str(CONFIGS / "cpu-tiny.env"),
+        "--drafter",
+        f"mine={drafter}",
+        "--k",
+        "3",
+        "--none",
+        "--concurrency",
+        "1",
+        "2",
+        "--sessions",
+        "2",
+        "--max-tokens",
+        "8",
+        "--warmup",
+        "0",
+        "--out",
+        str(out),
+        "--offline",
+        str(OFFLINE),
+        *extra,
+    ]
 
 
 def test_rounds_interleave_variants_and_the_report_averages_them(fake_serving, drafter, tmp_path):
     out = tmp_path / "ab"
     assert ab.main(argv(out, drafter, "--rounds", "2")) == 0
     # variants alternate, the second round in reverse order: A, baseline, baseline, A
-    assert [o[0] for o in fake_serving] == ["SPECULATIVE_METHOD=dflash", "SPECULATIVE_METHOD=none",
-                                            "SPECULATIVE_METHOD=none", "SPECULATIVE_METHOD=dflash"]
+    assert [o[0] for o in fake_serving] == [
+        "SPECULATIVE_METHOD=dflash",
+        "SPECULATIVE_METHOD=none",
+        "SPECULATIVE_METHOD=none",
+        "SPECULATIVE_METHOD=dflash",
+    ]
     names = sorted(p.name for p in out.glob("*.json"))
     assert names == sorted(f"{v}-c{c}-r{r}.json" for v in ("mine-k3", "no-speculation") for c in (1, 2) for r in (1, 2))
     doc = load_result(out / "mine-k3-c2-r2.json")
-    assert doc["label"] == "mine k=3" and doc["spec_decode_acceptance_length"] == pytest.approx(2.5)  # drafts of 1 and 2 accepted
+    assert doc["label"] == "mine k=3" and doc["spec_decode_acceptance_length"] == pytest.approx(
+        2.5
+    )  # drafts of 1 and 2 accepted
     assert doc["provenance"]["recipe_config"]["overrides"]["DRAFT_MODEL_DIR"] == portable(drafter)  # as recorded
     assert doc["server_cpu"]["root_pid"] == os.getpid() and doc["server_cpu"]["processes"]  # ab passed its server's pid
     report = (out / "report.md").read_text()
     for c in (1, 2):  # the speedup is the ratio of the round means
-        tps = {v: [load_result(out / f"{v}-c{c}-r{r}.json")["output_throughput"] for r in (1, 2)]
-               for v in ("mine-k3", "no-speculation")}
+        tps = {
+            v: [load_result(out / f"{v}-c{c}-r{r}.json")["output_throughput"] for r in (1, 2)]
+            for v in ("mine-k3", "no-speculation")
+        }
         assert f_x(sum(tps["mine-k3"]) / sum(tps["no-speculation"])) in report.split(f"| {c} users |")[1].split("\n")[0]
     assert len(list((out / "charts").glob("*.png"))) == 3
     table = (out / "offline-vs-online.md").read_text()
     assert f"| mine k=3 | 2 | 3 | {shipped_offline()} | 2.5 |" in table
 
 
-def test_interleave_serves_every_variant_once_and_alternates_them_at_each_concurrency(fake_serving, drafter,
-                                                                                      tmp_path, monkeypatch):
+def test_interleave_serves_every_variant_once_and_alternates_them_at_each_concurrency(
+    fake_serving, drafter, tmp_path, monkeypatch
+):
     """Two runs compared are a run apart, not a cycle of server starts: drift slower than one run cancels."""
     real = ab.run_benchmark
     runs: list[tuple[str, int]] = []
@@ -107,10 +102,19 @@ def test_interleave_serves_every_variant_once_and_alternates_them_at_each_concur
     assert ab.main(argv(out, drafter, "--rounds", "2", "--interleave")) == 0
     assert [o[0] for o in fake_serving] == ["SPECULATIVE_METHOD=dflash", "SPECULATIVE_METHOD=none"]  # once each
     a, b = "mine k=3", "no speculation"
-    assert runs == [(a, 1), (b, 1), (b, 2), (a, 2),  # each concurrency's order reversed from round to round too
-                    (b, 1), (a, 1), (a, 2), (b, 2)]
+    assert runs == [
+        (a, 1),
+        (b, 1),
+        (b, 2),
+        (a, 2),  # each concurrency's order reversed from round to round too
+        (b, 1),
+        (a, 1),
+        (a, 2),
+        (b, 2),
+    ]
     assert sorted(p.name for p in out.glob("*.json")) == sorted(
-        f"{v}-c{c}-r{r}.json" for v in ("mine-k3", "no-speculation") for c in (1, 2) for r in (1, 2))
+        f"{v}-c{c}-r{r}.json" for v in ("mine-k3", "no-speculation") for c in (1, 2) for r in (1, 2)
+    )
     assert "--interleave" in load_result(out / "no-speculation-c2-r2.json")["notes"][-1]
     (out / "mine-k3-c2-r1.json").unlink()  # resumed: only the missing run's variant is served, only that run runs
     runs.clear()
@@ -119,7 +123,8 @@ def test_interleave_serves_every_variant_once_and_alternates_them_at_each_concur
 
 
 def test_as_shipped_serves_the_config_as_it_is_and_is_checked_against_the_best_other_variant(
-        fake_serving, drafter, tmp_path):
+    fake_serving, drafter, tmp_path
+):
     out = tmp_path / "ab"
     own = write_env(tmp_path / "own.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nDRAFT_MODEL_DIR={drafter}\n")
     assert ab.main([str(own), *argv(out, drafter, "--as-shipped", "--rounds", "2")[1:]]) == 0
@@ -138,7 +143,10 @@ def test_as_shipped_serves_the_config_as_it_is_and_is_checked_against_the_best_o
         assert row["best_other"] == best and row["runs"] == 2
         assert row["ratio"] == pytest.approx(pooled("as-shipped", c) / others[best])
         # the config's own drafter at a static k is a candidate for the k to serve there, beside no speculation
-        assert row["candidates"] == [[0, pytest.approx(others["no speculation"])], [3, pytest.approx(others["mine k=3"])]]
+        assert row["candidates"] == [
+            [0, pytest.approx(others["no speculation"])],
+            [3, pytest.approx(others["mine k=3"])],
+        ]
         assert f"| {c} | {row['as_shipped_tps']:.1f} | {best} |" in (out / "shipped-check.md").read_text()
 
 
@@ -163,15 +171,19 @@ def test_as_shipped_without_the_baseline_is_refused(fake_serving, drafter, tmp_p
 
 def test_k_without_a_drafter_or_ngram_is_refused(fake_serving, drafter, tmp_path, capsys):
     """--k sets only the --drafter and --ngram variants; with neither it would measure nothing it names."""
-    args = [a for a in argv(tmp_path / "ab", drafter, "--as-shipped") if not a.startswith("--drafter")
-            and not a.startswith("mine=")]
+    args = [
+        a
+        for a in argv(tmp_path / "ab", drafter, "--as-shipped")
+        if not a.startswith("--drafter") and not a.startswith("mine=")
+    ]
     assert ab.main(args) == 2
     assert "--k 3: only --drafter and --ngram variants take a k" in capsys.readouterr().err
     assert not fake_serving
 
 
-def test_ctrl_c_during_a_run_stops_ab_and_keeps_only_finished_files(fake_serving, drafter, tmp_path, monkeypatch,
-                                                                  capsys):
+def test_ctrl_c_during_a_run_stops_ab_and_keeps_only_finished_files(
+    fake_serving, drafter, tmp_path, monkeypatch, capsys
+):
     """The benchmark runner finishes a cancelled run as a result, so asyncio's own Ctrl-C handling let
     ab write it as a finished file and serve the next variant."""
     real = ab.run_benchmark
@@ -179,10 +191,8 @@ def test_ctrl_c_during_a_run_stops_ab_and_keeps_only_finished_files(fake_serving
 
     async def ctrl_c_in_a_run_that_survives_cancellation() -> None:  # as the runner does
         asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), signal.SIGINT)
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await asyncio.sleep(5)
-        except asyncio.CancelledError:
-            pass
 
     def interrupted_second(cfg):
         calls.append(1)
@@ -208,8 +218,20 @@ def test_reuse_serves_only_what_is_missing(fake_serving, drafter, tmp_path):
 
 def test_each_drafter_sits_beside_its_own_offline_file(fake_serving, drafter, tmp_path):
     other = tmp_path / "other-eval.json"
-    other.write_text(json.dumps({"step": 7, "by_k": {"3": {"mean_acceptance_length": 1.25, "per_position": [0.25],
-                                                          "walk": {"mean_acceptance_length": 1.2}}}}))
+    other.write_text(
+        json.dumps(
+            {
+                "step": 7,
+                "by_k": {
+                    "3": {
+                        "mean_acceptance_length": 1.25,
+                        "per_position": [0.25],
+                        "walk": {"mean_acceptance_length": 1.2},
+                    }
+                },
+            }
+        )
+    )
     out = tmp_path / "ab"
     assert ab.main(argv(out, drafter, "--drafter", f"theirs={drafter}", "--offline", f"theirs={other}")) == 0
     table = (out / "offline-vs-online.md").read_text()
@@ -225,11 +247,18 @@ def test_each_drafter_runs_only_the_k_its_blocks_serve(fake_serving, drafter, tm
     out = tmp_path / "ab"
     assert ab.main(argv(out, drafter, "--drafter", f"wide={wide}", "--k", "3", "7")) == 0
     served_k = [(o[1].split("=", 1)[1], o[2]) for o in fake_serving if o[0] == "SPECULATIVE_METHOD=dflash"]
-    assert served_k == [(str(drafter), "NUM_SPECULATIVE_TOKENS=3"), (str(wide), "NUM_SPECULATIVE_TOKENS=3"),
-                        (str(wide), "NUM_SPECULATIVE_TOKENS=7")]
+    assert served_k == [
+        (str(drafter), "NUM_SPECULATIVE_TOKENS=3"),
+        (str(wide), "NUM_SPECULATIVE_TOKENS=3"),
+        (str(wide), "NUM_SPECULATIVE_TOKENS=7"),
+    ]
     assert "mine served at k=3 only: its blocks of 4 serve no more" in capsys.readouterr().err
-    assert {p.name for p in out.glob("*-c1.json")} == {"mine-k3-c1.json", "wide-k3-c1.json", "wide-k7-c1.json",
-                                                       "no-speculation-c1.json"}
+    assert {p.name for p in out.glob("*-c1.json")} == {
+        "mine-k3-c1.json",
+        "wide-k3-c1.json",
+        "wide-k7-c1.json",
+        "no-speculation-c1.json",
+    }
 
 
 def test_one_run_compares_drafters_of_both_families(fake_serving, drafter, tmp_path):
@@ -238,36 +267,57 @@ def test_one_run_compares_drafters_of_both_families(fake_serving, drafter, tmp_p
     (drafter / "config.json").write_text(json.dumps({**DFLASH, "block_size": 4}))
     head = tmp_path / "head"
     head.mkdir()
-    (head / "config.json").write_text(json.dumps({  # a Llama-style head for cpu-tiny.env's Qwen3 target
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 128, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64, "intermediate_size": 256,
-        "vocab_size": 512, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}))
+    (head / "config.json").write_text(
+        json.dumps(
+            {  # a Llama-style head for cpu-tiny.env's Qwen3 target
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "model_type": "llama",
+                "hidden_size": 128,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "head_dim": 64,
+                "intermediate_size": 256,
+                "vocab_size": 512,
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]},
+            }
+        )
+    )
     assert ab.main(argv(tmp_path / "ab", drafter, "--drafter", f"eagle={head}", "--k", "3", "6")) == 0
     served = [(o[0], o[1], o[2]) for o in fake_serving if o[0] != "SPECULATIVE_METHOD=none"]
-    assert served == [("SPECULATIVE_METHOD=dflash", f"DRAFT_MODEL_DIR={drafter}", "NUM_SPECULATIVE_TOKENS=3"),
-                      ("SPECULATIVE_METHOD=eagle3", f"DRAFT_MODEL_DIR={head}", "NUM_SPECULATIVE_TOKENS=3"),
-                      ("SPECULATIVE_METHOD=eagle3", f"DRAFT_MODEL_DIR={head}", "NUM_SPECULATIVE_TOKENS=6")]
+    assert served == [
+        ("SPECULATIVE_METHOD=dflash", f"DRAFT_MODEL_DIR={drafter}", "NUM_SPECULATIVE_TOKENS=3"),
+        ("SPECULATIVE_METHOD=eagle3", f"DRAFT_MODEL_DIR={head}", "NUM_SPECULATIVE_TOKENS=3"),
+        ("SPECULATIVE_METHOD=eagle3", f"DRAFT_MODEL_DIR={head}", "NUM_SPECULATIVE_TOKENS=6"),
+    ]
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--rounds", "0"], "--rounds must be at least 1, got 0"),
-    (["--offline", "nobody=x.json"], "--offline nobody=x.json: no --drafter is labelled 'nobody'"),
-    (["--offline", "/nonexistent/eval.json"], "--offline /nonexistent/eval.json: not found"),
-    (["--drafter", "nolabel"], "--drafter nolabel: expected LABEL=DIR"),
-    (["--drafter", "b=/nonexistent"], "--drafter b: /nonexistent/config.json not found"),
-    (["--k", "9"], "--drafter mine: its blocks of 8 serve none of --k 9"),
-    (["--workload", "free", "tools"], "sets no TOOL_CALL_PARSER, and vLLM refuses tool_choice without one"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--rounds", "0"], "--rounds must be at least 1, got 0"),
+        (["--offline", "nobody=x.json"], "--offline nobody=x.json: no --drafter is labelled 'nobody'"),
+        (["--offline", "/nonexistent/eval.json"], "--offline /nonexistent/eval.json: not found"),
+        (["--drafter", "nolabel"], "--drafter nolabel: expected LABEL=DIR"),
+        (["--drafter", "b=/nonexistent"], "--drafter b: /nonexistent/config.json not found"),
+        (["--k", "9"], "--drafter mine: its blocks of 8 serve none of --k 9"),
+        (["--workload", "free", "tools"], "sets no TOOL_CALL_PARSER, and vLLM refuses tool_choice without one"),
+    ],
+)
 def test_bad_input_is_one_clear_error(fake_serving, drafter, tmp_path, capsys, extra, message):
     (drafter / "config.json").write_text(json.dumps({**DFLASH, "block_size": 8}))
     assert ab.main(argv(tmp_path / "ab", drafter, *extra)) == 2
     assert message in capsys.readouterr().err and not fake_serving
 
 
-@pytest.mark.parametrize("text, message", [("{", "config.json: Expecting property name"),
-                                           ("[8]", "config.json is not a JSON object"),
-                                           ('{"architectures": ["LlamaForCausalLM"]}',
-                                            "neither a DFlash drafter (DFlashDraftModel) nor an EAGLE-3 head")])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{", "config.json: Expecting property name"),
+        ("[8]", "config.json is not a JSON object"),
+        ('{"architectures": ["LlamaForCausalLM"]}', "neither a DFlash drafter (DFlashDraftModel) nor an EAGLE-3 head"),
+    ],
+)
 def test_an_unreadable_drafter_config_is_one_clear_error(fake_serving, drafter, tmp_path, capsys, text, message):
     (drafter / "config.json").write_text(text)
     assert ab.main(argv(tmp_path / "ab", drafter)) == 2
@@ -287,11 +337,38 @@ def test_ab_on_real_vllm_serves_each_variant_and_reads_its_counters(tmp_path):
     few = [r for kind in ("math", "code") for r in [x for x in held.records if x["kind"] == kind][:4]]
     write_sets(tmp_path / "sets", {"humaneval": humaneval_set()})
     (tmp_path / "sets" / "bb.jsonl").write_text("".join(json.dumps(r) + "\n" for r in few))
-    drafter = load_config(CONFIGS / "cpu-tiny.env")["DRAFT_MODEL_DIR"]
-    assert ab.main([str(CONFIGS / "cpu-tiny.env"), "--drafter", f"tiny={drafter}", "--k", "2", "--none", "--concurrency", "2", "--sessions", "4", "--max-tokens", "24", "--warmup", "1",
-                    "--category", f"humaneval={tmp_path / 'sets' / 'humaneval.jsonl'}",
-                    "--category", f"bb={tmp_path / 'sets' / 'bb.jsonl'}", "--by-kind", "--multi-turn", "humaneval=2",
-                    "--ignore-eos", "--out", str(out)]) == 0
+    drafter = load_config(CONFIGS / "cpu-tiny.env").draft_model_dir
+    assert (
+        ab.main(
+            [
+                str(CONFIGS / "cpu-tiny.env"),
+                "--drafter",
+                f"tiny={drafter}",
+                "--k",
+                "2",
+                "--none",
+                "--concurrency",
+                "2",
+                "--sessions",
+                "4",
+                "--max-tokens",
+                "24",
+                "--warmup",
+                "1",
+                "--category",
+                f"humaneval={tmp_path / 'sets' / 'humaneval.jsonl'}",
+                "--category",
+                f"bb={tmp_path / 'sets' / 'bb.jsonl'}",
+                "--by-kind",
+                "--multi-turn",
+                "humaneval=2",
+                "--ignore-eos",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     docs = {p.name: load_result(p) for p in out.glob("*-c2.json")}
     cats = ("humaneval", "bb-math", "bb-code", "humaneval-multi-turn")
     assert sorted(docs) == sorted(f"{v}-{c}-c2.json" for v in ("no-speculation", "tiny-k2") for c in cats)
@@ -310,8 +387,14 @@ def test_ab_on_real_vllm_serves_each_variant_and_reads_its_counters(tmp_path):
         else:
             assert doc["spec_decode_num_drafts"] > 0 and len(doc["spec_decode_per_position_acceptance_rates"]) == 2
     rows = {(r["category"]): r for r in json.loads((out / "specbench.json").read_text())["rows"]}
-    assert list(rows) == ["humaneval", "bb/code", "bb/math", "bb (all kinds)", "humaneval multi-turn",
-                          "all single-turn categories"]
+    assert list(rows) == [
+        "humaneval",
+        "bb/code",
+        "bb/math",
+        "bb (all kinds)",
+        "humaneval multi-turn",
+        "all single-turn categories",
+    ]
     for name, row in rows.items():  # every row's figures are those of its files, rounds and kinds pooled
         slugs = [m.replace("/", "-").replace(" ", "-") for m in row["members"]]
         for series, slug in (("tiny k=2", "tiny-k2"),):
@@ -322,6 +405,8 @@ def test_ab_on_real_vllm_serves_each_variant_and_reads_its_counters(tmp_path):
             cell = row["series"][series]
             assert cell["speedup"] == pytest.approx(tps / btps), (name, series)
             assert cell["acceptance_length"] == pytest.approx(
-                1 + sum(d["spec_decode_accepted_tokens"] for d in files) / sum(d["spec_decode_num_drafts"] for d in files))
+                1
+                + sum(d["spec_decode_accepted_tokens"] for d in files) / sum(d["spec_decode_num_drafts"] for d in files)
+            )
     report = (out / "report-humaneval.md").read_text()
     assert "tiny k=2" in report and "Speedup" in report

@@ -29,9 +29,17 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 @pytest.fixture(scope="module")
 def llama64(tmp_path_factory):
     """A random Llama whose width, vocabulary and depth fit test_train_model.SHAPE's drafter."""
-    return random_llama(tmp_path_factory.mktemp("llama64"), vocab_size=50, hidden_size=64, intermediate_size=96,
-                        num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                        max_position_embeddings=128)
+    return random_llama(
+        tmp_path_factory.mktemp("llama64"),
+        vocab_size=50,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=128,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,20 +54,22 @@ def tiny_target(tmp_path_factory):
 
 def _seqs(n: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(4, 50, (int(torch.randint(5, 30, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(4, 50, (int(torch.randint(5, 30, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("forward_tokens", [4096, 40])  # one forward; forwards of a few sequences each
 def test_capturing_many_sequences_at_once_equals_one_at_a_time(llama64, device, forward_tokens):
-    src = HFCapture(llama64, [1, 3], dtype=torch.float32, device=torch.device(device), topk=3,
-                    forward_tokens=forward_tokens)
+    src = HFCapture(
+        llama64, [1, 3], dtype=torch.float32, device=torch.device(device), topk=3, forward_tokens=forward_tokens
+    )
     seqs = _seqs(5)
     many = src.capture_many(seqs)
     # on a GPU the batched forward may use TF32 (capture_many's docstring); on the CPU it is float32 throughout
     tol = 1e-5 if device == "cpu" else 2e-2
-    for s, c in zip(seqs, many):
+    for s, c in zip(seqs, many, strict=False):
         one = src.capture_many([s])[0]
         assert c.feats.shape == (len(s), 128) and c.feats.device.type == "cpu"
         assert torch.allclose(c.feats, one.feats, atol=tol)
@@ -91,7 +101,7 @@ def test_capture_in_bfloat16_is_close_to_float32_and_other_precisions_are_refuse
     seqs = _seqs(3, seed=2)
     ref = HFCapture(llama64, [1, 3], dtype=torch.float32).capture_many(seqs)
     half = HFCapture(llama64, [1, 3], dtype=torch.float32, compute_dtype=torch.bfloat16).capture_many(seqs)
-    for a, b in zip(ref, half):
+    for a, b in zip(ref, half, strict=False):
         assert a.feats.dtype == b.feats.dtype == torch.float32  # stored as asked, whatever the compute
         rel = ((a.feats - b.feats).norm() / a.feats.norm()).item()
         assert 0 < rel < 0.05
@@ -108,7 +118,7 @@ def test_a_stream_store_batch_is_its_sequences_one_by_one(llama64):
     recs = [make_record(f"r{i}", "p", s[:3], s[3:], "length") for i, s in enumerate(_seqs(4, seed=1))]
     store = StreamStore(recs, HFCapture(llama64, [1, 3], dtype=torch.float32))
     batch = store.get_many([2, 0, 2])
-    for got, i in zip(batch, [2, 0, 2]):
+    for got, i in zip(batch, [2, 0, 2], strict=False):
         ids, lm, f = store.get(i)
         assert torch.equal(got[0], ids) and torch.equal(got[1], lm) and torch.allclose(got[2], f, atol=1e-5)
         assert lm.tolist() == [0, 0, 0] + [1] * (len(ids) - 3)
@@ -118,8 +128,9 @@ def test_a_stream_store_batch_is_its_sequences_one_by_one(llama64):
 def test_stream_mode_trains_with_batched_capture_on_the_device(tmp_path, llama64, device):
     recs = [make_record(f"r{i}", "p", s[:4], s[4:], "length") for i, s in enumerate(_seqs(6, seed=2)) if len(s) > 8]
     store = StreamStore(recs, HFCapture(llama64, [1, 3], dtype=torch.bfloat16, device=torch.device(device)))
-    res = train_loop(SHAPE, dict(TRAIN, steps=3, device=device, autocast="auto"), store, *head(), tmp_path, 0,
-                     False, progress=False)
+    res = train_loop(
+        SHAPE, dict(TRAIN, steps=3, device=device, autocast="auto"), store, *head(), tmp_path, 0, False, progress=False
+    )
     assert res["step"] == 3 and all(torch.isfinite(torch.tensor(h["loss"])) for h in res["history"])
 
 
@@ -130,10 +141,9 @@ def test_a_response_ends_at_its_first_stop_token_which_it_keeps():
 
 
 def test_float32_matmul_precision_is_restored_after_an_error():
-    with pytest.raises(KeyError):
-        with float32_matmul("high"):
-            assert torch.get_float32_matmul_precision() == "high"
-            raise KeyError("x")
+    with pytest.raises(KeyError), float32_matmul("high"):
+        assert torch.get_float32_matmul_precision() == "high"
+        raise KeyError("x")
     assert torch.get_float32_matmul_precision() == "highest"
 
 
@@ -141,8 +151,12 @@ def test_float32_matmul_precision_is_restored_after_an_error():
 def test_hf_regen_writes_served_shaped_records_and_batching_changes_no_token(tmp_path, tiny_target, device):
     from transformers import AutoTokenizer
 
-    prompts = [{"id": f"p{i}", "prompt": t} for i, t in enumerate(
-        ["Tell me about the sea.", "Hi", "Write a long story about a cat and a dog who become friends.", "Why?"])]
+    prompts = [
+        {"id": f"p{i}", "prompt": t}
+        for i, t in enumerate(
+            ["Tell me about the sea.", "Hi", "Write a long story about a cat and a dog who become friends.", "Why?"]
+        )
+    ]
     one, four = tmp_path / "one.jsonl", tmp_path / "four.jsonl"
     dev = torch.device(device)
     assert regen_hf(tiny_target, prompts, one, batch=1, max_tokens=12, temperature=0.0, device=dev) == 4
@@ -152,13 +166,15 @@ def test_hf_regen_writes_served_shaped_records_and_batching_changes_no_token(tmp
     for p in prompts:
         r = recs[p["id"]]
         n_prompt = r.loss_mask.count(0)
-        text = tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], tokenize=False,
-                                       add_generation_prompt=True)
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": p["prompt"]}], tokenize=False, add_generation_prompt=True
+        )
         assert r.input_ids[:n_prompt] == tok(text, add_special_tokens=False)["input_ids"]
         assert r.loss_mask == [0] * n_prompt + [1] * (len(r.input_ids) - n_prompt)
         response = r.input_ids[n_prompt:]
-        assert (r.finish_reason, len(response)) == ("length", 12) or \
-            (r.finish_reason == "stop" and response[-1] == tok.eos_token_id and tok.eos_token_id not in response[:-1])
+        assert (r.finish_reason, len(response)) == ("length", 12) or (
+            r.finish_reason == "stop" and response[-1] == tok.eos_token_id and tok.eos_token_id not in response[:-1]
+        )
     if device == "cpu":  # float32 on the CPU: padding a batch changes no greedy token
         assert read_records(one) and {r.id: r for r in read_records(one)} == recs
     written = [json.loads(line)["id"] for line in four.read_text().splitlines()]
@@ -184,7 +200,9 @@ def test_hf_regen_halves_a_batch_the_device_has_no_memory_for(tmp_path, tiny_tar
 
     prompts = [{"id": f"p{i}", "prompt": t} for i, t in enumerate(["Tell me about the sea.", "Hi", "Why?"])]
     whole = tmp_path / "whole.jsonl"
-    assert regen_hf(tiny_target, prompts, whole, batch=1, max_tokens=6, temperature=0.0, device=torch.device("cpu")) == 3
+    assert (
+        regen_hf(tiny_target, prompts, whole, batch=1, max_tokens=6, temperature=0.0, device=torch.device("cpu")) == 3
+    )
     real, sizes = rh.generate_batch, []
 
     def small_device(model, pad, group, *a):
@@ -195,20 +213,33 @@ def test_hf_regen_halves_a_batch_the_device_has_no_memory_for(tmp_path, tiny_tar
 
     monkeypatch.setattr(rh, "generate_batch", small_device)
     halved = tmp_path / "halved.jsonl"
-    assert regen_hf(tiny_target, prompts, halved, batch=3, max_tokens=6, temperature=0.0, device=torch.device("cpu")) == 3
+    assert (
+        regen_hf(tiny_target, prompts, halved, batch=3, max_tokens=6, temperature=0.0, device=torch.device("cpu")) == 3
+    )
     assert sizes == [3, 1, 2, 1, 1] and read_records(halved) == read_records(whole)
     monkeypatch.setattr(rh, "generate_batch", lambda *a: (_ for _ in ()).throw(torch.OutOfMemoryError("none fits")))
     with pytest.raises(torch.OutOfMemoryError, match="none fits"):
-        regen_hf(tiny_target, prompts[:1], tmp_path / "x.jsonl", batch=1, max_tokens=6, temperature=0.0,
-                 device=torch.device("cpu"))
+        regen_hf(
+            tiny_target,
+            prompts[:1],
+            tmp_path / "x.jsonl",
+            batch=1,
+            max_tokens=6,
+            temperature=0.0,
+            device=torch.device("cpu"),
+        )
 
 
 def test_hf_regen_refuses_sampling_and_an_empty_batch(tmp_path, tiny_target):
     p = [{"id": "a", "prompt": "x"}]
     with pytest.raises(RegenError, match="regen.temperature is 0.7"):
-        regen_hf(tiny_target, p, tmp_path / "o.jsonl", batch=2, max_tokens=4, temperature=0.7, device=torch.device("cpu"))
+        regen_hf(
+            tiny_target, p, tmp_path / "o.jsonl", batch=2, max_tokens=4, temperature=0.7, device=torch.device("cpu")
+        )
     with pytest.raises(RegenError, match="regen.concurrency must be at least 1"):
-        regen_hf(tiny_target, p, tmp_path / "o.jsonl", batch=0, max_tokens=4, temperature=0.0, device=torch.device("cpu"))
+        regen_hf(
+            tiny_target, p, tmp_path / "o.jsonl", batch=0, max_tokens=4, temperature=0.0, device=torch.device("cpu")
+        )
     assert not (tmp_path / "o.jsonl").exists()
 
 
@@ -218,19 +249,27 @@ def _regen_run(tmp_path, tiny_target, source="hf"):
     from .helpers import CONFIGS
 
     cfg_file = tmp_path / "t.json"
-    cfg_file.write_text(json.dumps({
-        "drafter_config": str(CONFIGS / "smollm2-dflash-draft.json"),
-        "target": {"serve_config": None, "model_dir": str(tiny_target)},
-        "regen": {"source": source, "concurrency": 1, "max_tokens": 6}, "train": {"device": "cpu"}}))
+    cfg_file.write_text(
+        json.dumps(
+            {
+                "drafter_config": str(CONFIGS / "smollm2-dflash-draft.json"),
+                "target": {"serve_config": None, "model_dir": str(tiny_target)},
+                "regen": {"source": source, "concurrency": 1, "max_tokens": 6},
+                "train": {"device": "cpu"},
+            }
+        )
+    )
     run = tmp_path / "run"
     run.mkdir()
-    (run / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Say {i}."}) + "\n"
-                                               for i in range(5)))
+    (run / "prompts.jsonl").write_text(
+        "".join(json.dumps({"id": f"p{i}", "prompt": f"Say {i}."}) + "\n" for i in range(5))
+    )
     return tcfg.load(cfg_file), run
 
 
 def test_the_regen_phase_answers_through_hf_and_an_interrupted_run_keeps_and_counts_its_records(
-        tmp_path, tiny_target, monkeypatch):
+    tmp_path, tiny_target, monkeypatch
+):
     from kimidflash.train import regen_hf as rh
     from kimidflash.train.phases import PhaseArgs, phase_regen
 
@@ -276,9 +315,12 @@ def test_memory_mode_holds_what_stream_mode_computes_and_trains_on_the_device(tm
     for i in range(len(recs)):
         (ids, lm, f), (ids2, lm2, f2) = mem.get(i), stream.get(i)
         assert torch.equal(ids, ids2) and torch.equal(lm, lm2)
-        assert f.device.type == device and torch.allclose(f.float().cpu(), f2.float(), atol=2e-2 if device == "cuda" else 1e-2)
-    res = train_loop(SHAPE, dict(TRAIN, steps=3, device=device, autocast="auto"), mem, *head(), tmp_path, 0,
-                     False, progress=False)
+        assert f.device.type == device and torch.allclose(
+            f.float().cpu(), f2.float(), atol=2e-2 if device == "cuda" else 1e-2
+        )
+    res = train_loop(
+        SHAPE, dict(TRAIN, steps=3, device=device, autocast="auto"), mem, *head(), tmp_path, 0, False, progress=False
+    )
     assert res["step"] == 3 and all(torch.isfinite(torch.tensor(h["loss"])) for h in res["history"])
 
 
@@ -319,10 +361,16 @@ def test_a_run_without_shards_notes_its_data_in_the_manifest(tmp_path, llama64, 
     cfg = tcfg.load(CONFIGS / "train-cpu-reference.json", {"capture.mode": mode, "train.device": "cpu"})
     store = _train_store(cfg, run, DrafterShape.coerce(SHAPE), str(llama64), log=lambda _: None)
     note = json.loads((run / "manifest.json").read_text())["capture"]
-    assert (note["mode"], note["train_records"], note["train_records"] + note["heldout_records"]) == (mode, len(store), 40)
+    assert (note["mode"], note["train_records"], note["train_records"] + note["heldout_records"]) == (
+        mode,
+        len(store),
+        40,
+    )
     assert note["train_response_tokens"] == sum(int(store.get(i)[1].sum()) for i in range(len(store)))
 
-    vllm = tcfg.load(CONFIGS / "train-cpu-reference.json", {"capture.mode": "memory", "capture.source": "vllm",
-                                                            "capture.base_url": "http://127.0.0.1:9"})
+    vllm = tcfg.load(
+        CONFIGS / "train-cpu-reference.json",
+        {"capture.mode": "memory", "capture.source": "vllm", "capture.base_url": "http://127.0.0.1:9"},
+    )
     with pytest.raises(TrainConfigError, match="capture.mode=memory needs capture.source=hf"):
         _train_store(vllm, run, DrafterShape.coerce(SHAPE), str(llama64), log=lambda _: None)

@@ -18,9 +18,17 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    return random_llama(tmp_path_factory.mktemp("llama"), vocab_size=64, hidden_size=32, intermediate_size=64,
-                        num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                        max_position_embeddings=64)
+    return random_llama(
+        tmp_path_factory.mktemp("llama"),
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=64,
+    )
 
 
 def test_layer_id_is_the_output_of_that_decoder_layer(tiny_llama):
@@ -34,8 +42,12 @@ def test_layer_id_is_the_output_of_that_decoder_layer(tiny_llama):
     assert feats.shape == (6, 64)
     m = LlamaForCausalLM.from_pretrained(tiny_llama).eval()
     captured = {}
-    hooks = [m.model.layers[i].register_forward_hook(lambda mod, a, out, i=i: captured.__setitem__(
-        i, (out[0] if isinstance(out, tuple) else out)[0])) for i in (0, 2)]
+    hooks = [
+        m.model.layers[i].register_forward_hook(
+            lambda mod, a, out, i=i: captured.__setitem__(i, (out[0] if isinstance(out, tuple) else out)[0])
+        )
+        for i in (0, 2)
+    ]
     with torch.no_grad():
         m(torch.tensor([ids]))
     for h in hooks:
@@ -71,8 +83,9 @@ def _served_states(tmp_path, answer):
         hs, tok = answer(ids)
         save_file({"hidden_states": hs, "token_ids": torch.tensor(tok)}, path)
         Path(path + ".lock").touch()
-        return httpx.Response(200, json={"choices": [{"text": "x"}],
-                                         "kv_transfer_params": {"hidden_states_path": path}})
+        return httpx.Response(
+            200, json={"choices": [{"text": "x"}], "kv_transfer_params": {"hidden_states_path": path}}
+        )
 
     src = VLLMCapture("http://stub/v1", "tgt", [1, 5], dtype=torch.float32, concurrency=2)
     src.client = httpx.Client(base_url="http://stub", transport=httpx.MockTransport(handler))
@@ -110,8 +123,12 @@ def test_vllm_source_names_a_server_that_is_not_capturing():
     from kimidflash.train.errors import CaptureError
 
     src = VLLMCapture("http://stub", "tgt", [1])
-    src.client = httpx.Client(base_url="http://stub", transport=httpx.MockTransport(
-        lambda r: httpx.Response(200, json={"choices": [{"text": "x"}], "kv_transfer_params": None})))
+    src.client = httpx.Client(
+        base_url="http://stub",
+        transport=httpx.MockTransport(
+            lambda r: httpx.Response(200, json={"choices": [{"text": "x"}], "kv_transfer_params": None})
+        ),
+    )
     with pytest.raises(CaptureError, match="SPECULATIVE_METHOD=extract_hidden_states"):
         src.features([1, 2])
 

@@ -13,8 +13,15 @@ import time
 import pytest
 
 from kimidflash.train import config as tcfg
-from kimidflash.train.data import (DataError, is_heldout, load_prompts, make_record, read_records,
-                                   synthetic_combos, synthetic_prompts)
+from kimidflash.train.data import (
+    DataError,
+    is_heldout,
+    load_prompts,
+    make_record,
+    read_records,
+    synthetic_combos,
+    synthetic_prompts,
+)
 
 from .helpers import CONFIGS, ROOT
 
@@ -56,14 +63,22 @@ def test_set_overrides_parse_json_values():
         tcfg.load(CONFIGS / "train-cpu-reference.json", {"train.nope": 1})
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["configs/missing.json"], "training config not found"),
-    (["configs/train-cpu-reference.json", "bogus"], "unknown phase 'bogus'"),
-    (["configs/train-cpu-reference.json", "train", "--run-dir", "/nonexistent/run"], "no manifest.json"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["configs/missing.json"], "training config not found"),
+        (["configs/train-cpu-reference.json", "bogus"], "unknown phase 'bogus'"),
+        (["configs/train-cpu-reference.json", "train", "--run-dir", "/nonexistent/run"], "no manifest.json"),
+    ],
+)
 def test_cli_bad_input_is_one_line_and_exit_2(args, needle):
-    p = subprocess.run([str(ROOT / "train-drafter.sh"), *args], cwd=ROOT, capture_output=True, text=True,
-                       env={"PATH": "/usr/bin:/bin", "KIMIDFLASH_PYTHON": sys.executable})
+    p = subprocess.run(
+        [str(ROOT / "train-drafter.sh"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "KIMIDFLASH_PYTHON": sys.executable},
+    )
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
@@ -134,8 +149,7 @@ sys.exit(guarded(body, "rerun"))
 def test_sigterm_stops_a_training_command_and_the_server_it_started(tmp_path):
     """A regen killed with SIGTERM (a job scheduler, `timeout`, `kill`) once left its target server
     running: the server has its own session. Now SIGTERM ends the command as Ctrl-C does."""
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], cwd=ROOT, stderr=subprocess.PIPE,
-                             text=True)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     pid_file = tmp_path / "server.pid"
     for _ in range(600):
         if pid_file.is_file() or child.poll() is not None:

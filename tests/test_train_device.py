@@ -32,11 +32,18 @@ def test_asking_for_a_gpu_torch_does_not_see_is_refused(monkeypatch):
         dev.resolve("tpu")
 
 
-@pytest.mark.parametrize("device, amx, avx512_bf16, mode, on", [
-    ("cpu", False, False, "auto", False), ("cpu", True, False, "auto", True), ("cpu", False, True, "auto", True),
-    ("cuda", False, False, "auto", True), ("cpu", False, False, "bfloat16", True), ("cuda", False, False, "none", False),
-    ("cpu", True, True, "none", False),
-])
+@pytest.mark.parametrize(
+    "device, amx, avx512_bf16, mode, on",
+    [
+        ("cpu", False, False, "auto", False),
+        ("cpu", True, False, "auto", True),
+        ("cpu", False, True, "auto", True),
+        ("cuda", False, False, "auto", True),
+        ("cpu", False, False, "bfloat16", True),
+        ("cuda", False, False, "none", False),
+        ("cpu", True, True, "none", False),
+    ],
+)
 def test_autocast_auto_means_bf16_where_it_is_native(monkeypatch, device, amx, avx512_bf16, mode, on):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
@@ -63,8 +70,11 @@ def test_an_unknown_autocast_is_refused():
 
 def test_a_batch_moves_whole():
     moved = _batch().to(torch.device("meta"))
-    assert all(getattr(moved, name).device.type == "meta" for name in moved.__dataclass_fields__
-               if getattr(moved, name) is not None)
+    assert all(
+        getattr(moved, name).device.type == "meta"
+        for name in moved.__dataclass_fields__
+        if getattr(moved, name) is not None
+    )
     assert moved.soft_ids is None  # no distillation targets: nothing to move
 
 

@@ -46,8 +46,11 @@ def test_the_stored_table_puts_the_prediction_of_token_t_on_row_t():
 
 
 def test_vllm_prompt_logprobs_become_the_same_table():
-    entries = [None, {"5": {"logprob": -0.1}, "9": {"logprob": -2.5}, "3": {"logprob": -3.0}},
-               {"4": {"logprob": -1.5}, "8": {"logprob": -0.5}}]  # vLLM adds the actual token if not in top k
+    entries = [
+        None,
+        {"5": {"logprob": -0.1}, "9": {"logprob": -2.5}, "3": {"logprob": -3.0}},
+        {"4": {"logprob": -1.5}, "8": {"logprob": -0.5}},
+    ]  # vLLM adds the actual token if not in top k
     ids, lp = table_from_prompt_logprobs(entries, 2, "srv")
     assert ids[1].tolist() == [5, 9] and ids[2].tolist() == [8, 4]
     assert torch.allclose(lp[2].float(), torch.tensor([-0.5, -1.5]), atol=1e-3)
@@ -128,8 +131,15 @@ def test_shards_carry_the_table_and_distillation_refuses_shards_without_it(tmp_p
     cap = tmp_path / "capture"
     cap.mkdir()
     write_shard(cap / "shard-00000.safetensors", recs, Source(0), "hf float32")
-    (cap / "index.json").write_text(json.dumps({"layer_ids": [0], "topk": 0, "shards": [
-        {"file": "shard-00000.safetensors", "kind": "train", "ids": ["a", "b"]}]}))
+    (cap / "index.json").write_text(
+        json.dumps(
+            {
+                "layer_ids": [0],
+                "topk": 0,
+                "shards": [{"file": "shard-00000.safetensors", "kind": "train", "ids": ["a", "b"]}],
+            }
+        )
+    )
     assert not _stale(cap / "shard-00000.safetensors", recs, 0, "hf float32")
     assert _stale(cap / "shard-00000.safetensors", recs, 4, "hf float32")  # asked for a table it lacks: capture again
     assert _stale(cap / "shard-00000.safetensors", recs, 0, "hf bfloat16")  # another precision: capture again

@@ -11,13 +11,40 @@ from kimidflash.train.batch import collate
 from kimidflash.train.export import expected_tensors, export_model
 from kimidflash.train.trainer import build_model, train_loop
 
-SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "head_dim": 16, "intermediate_size": 96, "vocab_size": 50, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-         "block_size": 4, "num_target_layers": 6, "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
-         "dflash_config": {"mask_token_id": 3, "target_layer_ids": [1, 3]}, "training": {"block_size": 4}}
-TRAIN = {"steps": 6, "batch_size": 2, "anchors_per_seq": 3, "block_size": 4, "gamma": 4.0, "lr": 1e-3,
-         "weight_decay": 0.0, "warmup_steps": 2, "min_lr_ratio": 0.1, "grad_clip": 1.0, "autocast": "bfloat16",
-         "checkpoint_every": 2, "log_every": 1, "threads": 1, "init_std": 0.05}
+SHAPE = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 96,
+    "vocab_size": 50,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "block_size": 4,
+    "num_target_layers": 6,
+    "architectures": ["DFlashDraftModel"],
+    "model_type": "qwen3",
+    "dflash_config": {"mask_token_id": 3, "target_layer_ids": [1, 3]},
+    "training": {"block_size": 4},
+}
+TRAIN = {
+    "steps": 6,
+    "batch_size": 2,
+    "anchors_per_seq": 3,
+    "block_size": 4,
+    "gamma": 4.0,
+    "lr": 1e-3,
+    "weight_decay": 0.0,
+    "warmup_steps": 2,
+    "min_lr_ratio": 0.1,
+    "grad_clip": 1.0,
+    "autocast": "bfloat16",
+    "checkpoint_every": 2,
+    "log_every": 1,
+    "threads": 1,
+    "init_std": 0.05,
+}
 
 
 class FakeStore:
@@ -86,7 +113,7 @@ def test_export_names_shapes_and_config(tmp_path):
     from safetensors import safe_open
 
     with safe_open(str(out / "model.safetensors"), "pt") as f:
-        got = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        got = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (safe_open has keys() but is neither iterable nor a container)
         assert f.get_tensor("fc.weight").dtype == torch.bfloat16
     assert got == expected_tensors(SHAPE)
     assert got["fc.weight"] == (64, 128)
@@ -112,19 +139,26 @@ def test_the_drafter_readme_names_the_setup_prompts_and_what_auto_autocast_meant
     from kimidflash.train.export_run import drafter_readme
 
     cfg = load(REPO_ROOT / "configs" / "train-cpu-reference.json")
-    manifest = {"prompts": {"source": "synthetic:15850", "count": 15850},
-                "train": {"final_loss_mean_last50": 1.5, "bf16_autocast": True}}
+    manifest = {
+        "prompts": {"source": "synthetic:15850", "count": 15850},
+        "train": {"final_loss_mean_last50": 1.5, "bf16_autocast": True},
+    }
     text = drafter_readme(cfg, manifest, {"step": 12}, None)
     assert "prompts `synthetic:15850`" in text and "autocast auto (= bf16 on the training machine)" in text
     old = drafter_readme(cfg, {"train": {}}, {"step": 12}, None)  # a manifest from before either was recorded
     assert f"prompts `{cfg.data.prompts}`" in old and "autocast auto;" in old
     assert "init_from_drafter" not in old
-    grown = drafter_readme(cfg, {"train": {"config": {"init_from_drafter": "$KIMIDFLASH_CACHE/drafters/v4"}}},
-                           {"step": 12}, None)
+    grown = drafter_readme(
+        cfg, {"train": {"config": {"init_from_drafter": "$KIMIDFLASH_CACHE/drafters/v4"}}}, {"step": 12}, None
+    )
     assert "started from the drafter in `$KIMIDFLASH_CACHE/drafters/v4` (`train.init_from_drafter`)" in grown
     # the train phase's options (its --set overrides), not the export invocation's config; the loss rounded
-    trained = drafter_readme(cfg, {"train": {"config": {"lr": 0.0005, "batch_size": 32},
-                                             "final_loss_mean_last50": 1.4357677999999996}}, {"step": 12}, None)
+    trained = drafter_readme(
+        cfg,
+        {"train": {"config": {"lr": 0.0005, "batch_size": 32}, "final_loss_mean_last50": 1.4357677999999996}},
+        {"step": 12},
+        None,
+    )
     assert "batch 32 x" in trained and "lr 0.0005," in trained and f"lr {cfg.train.lr}" not in trained
     assert "last 50 steps: 1.435768" in trained
 
@@ -136,8 +170,17 @@ def test_the_drafter_readme_gives_the_walk_and_says_when_the_run_folder_was_copi
 
     cfg = load(REPO_ROOT / "configs" / "train-cpu-reference.json")
     inv = [{"argv": ["./train-drafter.sh", "C", "train", "--run-dir", d]} for d in ("R3", "R3", "R4")]
-    ev = {"split": "heldout", "by_k": {"3": {"drafts": 10, "mean_acceptance_length": 2.4, "per_position": [0.6],
-                                              "walk": {"mean_acceptance_length": 2.1}}}}
+    ev = {
+        "split": "heldout",
+        "by_k": {
+            "3": {
+                "drafts": 10,
+                "mean_acceptance_length": 2.4,
+                "per_position": [0.6],
+                "walk": {"mean_acceptance_length": 2.1},
+            }
+        },
+    }
     text = drafter_readme(cfg, {"train": {}, "invocations": inv}, {"step": 12}, ev)
     assert "mean length 2.4, per position [0.6]; 2.1 as a server walks" in text
     assert "the commands on `R3` made it, and those on `R4` continued a copy" in text

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,13 @@ from kimidflash.train.errors import TrainConfigError
 from .helpers import CONFIGS, ROOT
 
 K26 = CONFIGS / "train-kimi-k2.6.json"
-MI300X = {"cluster.nodes": 1, "cluster.gpus_per_node": 8, "cluster.gpu_memory_gb": 192, "cluster.gpu_tflops": 1307,
-          "cluster.disk_gb": 14000}
+MI300X = {
+    "cluster.nodes": 1,
+    "cluster.gpus_per_node": 8,
+    "cluster.gpu_memory_gb": 192,
+    "cluster.gpu_tflops": 1307,
+    "cluster.disk_gb": 14000,
+}
 
 
 def _k26(**over):
@@ -45,8 +49,9 @@ def test_k26_on_8_mi300x_fits_with_fsdp_and_each_line_is_its_arithmetic(tmp_path
     assert plan.disk_need == 90_000 * 1500 * per_token
     T = tplan.packed(cfg)[0]
     assert plan.steps == min(cfg.train.steps, cfg.speculators.epochs * -(-(90_000 * 1500) // (8 * T)))
-    assert plan.seconds == pytest.approx(plan.steps * tplan.training_flops_per_step(cfg.shape(), cfg)
-                                         / (1307e12 * cfg.cluster.mfu))
+    assert plan.seconds == pytest.approx(
+        plan.steps * tplan.training_flops_per_step(cfg.shape(), cfg) / (1307e12 * cfg.cluster.mfu)
+    )
     half = tplan.make_plan(_k26(**{"cluster.mfu": cfg.cluster.mfu / 2}), tmp_path, data)
     assert half.seconds == pytest.approx(2 * plan.seconds)
     assert "fits" in plan.text()
@@ -78,8 +83,9 @@ def test_speculators_without_gpus_is_refused_unless_a_dry_run(tmp_path):
     cfg = tcfg.load(CONFIGS / "train-cpu-reference.json", {"train.engine": "speculators", **disk})
     data = tplan.count_data(cfg, tmp_path, samples=10, tokens_per_sample=100)
     assert any("speculators trains on GPUs" in r for r in tplan.make_plan(cfg, tmp_path, data).refusals)
-    cfg = tcfg.load(CONFIGS / "train-cpu-reference.json",
-                    {"train.engine": "speculators", "speculators.dry_run": True, **disk})
+    cfg = tcfg.load(
+        CONFIGS / "train-cpu-reference.json", {"train.engine": "speculators", "speculators.dry_run": True, **disk}
+    )
     assert tplan.make_plan(cfg, tmp_path, data).refusals == []
 
 
@@ -97,11 +103,20 @@ def test_our_trainer_is_refused_for_k26_naming_the_speculators_engine(tmp_path, 
 
 def test_count_data_reads_the_runs_training_split(tmp_path):
     cfg = tcfg.load(CONFIGS / "train-cpu-reference.json", {"data.heldout_fraction": 0.5})
-    recs = [{"id": f"r{i}", "prompt": "p", "input_ids": [1] * (i + 2), "loss_mask": [0] + [1] * (i + 1),
-             "finish_reason": "stop"} for i in range(20)]
+    recs = [
+        {
+            "id": f"r{i}",
+            "prompt": "p",
+            "input_ids": [1] * (i + 2),
+            "loss_mask": [0] + [1] * (i + 1),
+            "finish_reason": "stop",
+        }
+        for i in range(20)
+    ]
     (tmp_path / "regen.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     data = tplan.count_data(cfg, tmp_path)
     from kimidflash.train.data import is_heldout
+
     kept = [r for r in recs if not is_heldout(r["id"], 0.5)]
     assert 0 < data.samples == len(kept) < 20
     assert data.tokens == sum(len(r["input_ids"]) for r in kept)
@@ -110,9 +125,26 @@ def test_count_data_reads_the_runs_training_split(tmp_path):
 def test_plan_command_prints_the_plan_and_exits_2_when_refused(tmp_path):
     def plan(*extra: str) -> subprocess.CompletedProcess:
         sets = [a for k, v in MI300X.items() for a in ("--set", f"{k}={v}")]
-        return subprocess.run([sys.executable, "-m", "kimidflash", "train", str(K26), "--plan", *sets,
-                               "--set", "train.engine=speculators", "--run-dir", str(tmp_path), *extra],
-                              capture_output=True, text=True, cwd=ROOT, timeout=120)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kimidflash",
+                "train",
+                str(K26),
+                "--plan",
+                *sets,
+                "--set",
+                "train.engine=speculators",
+                "--run-dir",
+                str(tmp_path),
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
 
     ok = plan("--samples", "90000", "--tokens-per-sample", "1500")
     assert ok.returncode == 0, ok.stderr
@@ -131,17 +163,21 @@ def test_unknown_engine_is_refused():
 
 
 def test_without_records_the_prompts_count_at_their_longest_answer_capped_by_regen_records(tmp_path):
-    cfg = tcfg.load(CONFIGS / "train-cpu-reference.json", {"data.prompts": "synthetic:1000",
-                                                            "data.heldout_fraction": 0.1, "regen.max_tokens": 100})
+    cfg = tcfg.load(
+        CONFIGS / "train-cpu-reference.json",
+        {"data.prompts": "synthetic:1000", "data.heldout_fraction": 0.1, "regen.max_tokens": 100},
+    )
     data = tplan.count_data(cfg, tmp_path)
     assert (data.samples, data.tokens) == (900, 900 * (tplan.PROMPT_TOKENS + 100))
-    capped = tplan.count_data(tcfg.load(CONFIGS / "train-cpu-reference.json", {"regen.records": 200,
-                                                                              "data.heldout_fraction": 0.0}), tmp_path)
+    capped = tplan.count_data(
+        tcfg.load(CONFIGS / "train-cpu-reference.json", {"regen.records": 200, "data.heldout_fraction": 0.0}), tmp_path
+    )
     assert capped.samples == 200
 
 
 def test_an_evaluation_only_run_is_never_trained(tmp_path):
     from kimidflash.train.phases import PHASES, PhaseArgs
+
     cfg = tcfg.load(CONFIGS / "eval-real-bigbench-heldout.json")
     assert cfg.data.heldout_fraction == 1.0 and cfg.data.prompts == "bigbench:heldout"
     with pytest.raises(TrainConfigError, match="evaluation-only run"):
@@ -171,18 +207,22 @@ def test_k26_eagle3_head_on_8_mi300x_fits_one_replica_per_rank_and_each_line_is_
     assert lines["logits"] == 12 * cfg.train.batch_size * T * s * 163840
     assert plan.per_rank == sum(lines.values()) < 0.9 * 192 * 2**30
     assert plan.disk_need == 90_000 * 1500 * (3 * 7168 * 2 + 5)  # bf16 features, int32 id, int8 mask
-    assert plan.seconds == pytest.approx(cfg.train.steps * plan_eagle3.flops_per_step(head, cfg, T)
-                                         / (1307e12 * cfg.cluster.mfu))
+    assert plan.seconds == pytest.approx(
+        cfg.train.steps * plan_eagle3.flops_per_step(head, cfg, T) / (1307e12 * cfg.cluster.mfu)
+    )
     two = tplan.make_plan(tcfg.load(K26_EAGLE3, {"cluster.nodes": 2}), tmp_path, data)
     assert two.per_rank == plan.per_rank and two.seconds == plan.seconds  # more ranks: more data per step
     assert "8 ranks" in plan.text() and "16 ranks" in two.text() and "fits" in plan.text()
 
 
-@pytest.mark.parametrize("over, words", [
-    ({"train.engine": "speculators"}, "speculators 0.9.0 builds EAGLE-3 heads with Llama and Qwen3 layers only"),
-    ({"capture.mode": "stream"}, "capture.mode=stream: train.method eagle3 trains on captured shards"),
-    ({"train.batch_size": 16}, "per rank does not fit"),
-])
+@pytest.mark.parametrize(
+    "over, words",
+    [
+        ({"train.engine": "speculators"}, "speculators 0.9.0 builds EAGLE-3 heads with Llama and Qwen3 layers only"),
+        ({"capture.mode": "stream"}, "capture.mode=stream: train.method eagle3 trains on captured shards"),
+        ({"train.batch_size": 16}, "per rank does not fit"),
+    ],
+)
 def test_k26_eagle3_plan_refuses_what_our_engine_cannot_run(tmp_path, over, words):
     cfg = tcfg.load(K26_EAGLE3, over)
     plan = tplan.make_plan(cfg, tmp_path, tplan.count_data(cfg, tmp_path, samples=90_000, tokens_per_sample=1500))

@@ -48,7 +48,7 @@ def test_yarn_with_factor_one_is_plain_rope():
 def test_yarn_scales_cos_and_sin_by_its_magnitude():
     assert K26.magnitude == pytest.approx(0.1 * math.log(64) + 1)  # 1.4159
     cos, sin = rope_cos_sin(torch.tensor(POSITIONS), 64, K26)
-    assert torch.allclose(cos ** 2 + sin ** 2, torch.full_like(cos, K26.magnitude ** 2), rtol=1e-5)
+    assert torch.allclose(cos**2 + sin**2, torch.full_like(cos, K26.magnitude**2), rtol=1e-5)
     assert Rope("yarn", 1e4, (("factor", 8.0), ("attention_factor", 1.25))).magnitude == 1.25
     both = Rope("yarn", 1e4, (("factor", 8.0), ("mscale", 1.0), ("mscale_all_dim", 0.5)))
     assert both.magnitude == pytest.approx((0.1 * math.log(8) + 1) / (0.05 * math.log(8) + 1))
@@ -74,8 +74,11 @@ def test_the_drafter_applies_the_rope_its_config_declares():
     b = sample_batch(FakeStore(), 2, torch.Generator().manual_seed(0), 3, 4, 3)
     out = {}
     short = dict(YARN, original_max_position_embeddings=8)  # positions here reach ~20
-    for name, rope in (("plain", {}), ("yarn", {"rope_scaling": dict(short, factor=4.0)}),
-                       ("one", {"rope_scaling": dict(short, factor=1.0)})):
+    for name, rope in (
+        ("plain", {}),
+        ("yarn", {"rope_scaling": dict(short, factor=4.0)}),
+        ("one", {"rope_scaling": dict(short, factor=1.0)}),
+    ):
         model = build_model(shape_with(rope_theta=10000.0, **rope), *head(), seed=0, std=0.05)
         assert model.rope.rope_type == ("default" if name == "plain" else "yarn")
         out[name] = model.hidden(b.feats, b.block_ids, b.block_pos, b.mask)
@@ -99,22 +102,42 @@ def test_a_plain_drafter_exports_default_rope_and_no_rope_scaling():
     assert cfg["rope_parameters"] == {"rope_type": "default", "rope_theta": 20000.0} and "rope_scaling" not in cfg
 
 
-@pytest.mark.parametrize("fields, words", [
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope type 'llama3' is not one the trainer reproduces"),
-    ({"rope_scaling": {"type": "longrope", "short_factor": [1], "long_factor": [2]}}, "rope type 'longrope'"),
-    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_parameters rope type 'dynamic'"),
-    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope type 'linear'"),
-    # what our exports used to write: transformers serves the rope_scaling, training used the other
-    ({"rope_theta": 5e4, "rope_scaling": {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096},
-      "rope_parameters": {"rope_type": "default", "rope_theta": 5e4}}, "rope_scaling {'type': 'yarn'"),
-    ({"rope_scaling": YARN, "rope_parameters": dict(YARN, factor=32.0)}, "disagree"),
-    ({"rope_scaling": {"type": "yarn", "rope_type": "linear", "factor": 2.0}},
-     "says type 'yarn' and rope_type 'linear'"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 64.0}}, "original_max_position_embeddings must be a positive"),
-    ({"rope_scaling": dict(YARN, partial_rotary_factor=0.5)}, "rope_scaling.partial_rotary_factor is not reproduced"),
-    ({"rope_parameters": {"rope_type": "default", "factor": 2.0}}, "rope_parameters.factor is not reproduced"),
-    ({"rope_scaling": YARN, "is_neox_style": False}, "neox-style"),
-])
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        (
+            {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+            "rope type 'llama3' is not one the trainer reproduces",
+        ),
+        ({"rope_scaling": {"type": "longrope", "short_factor": [1], "long_factor": [2]}}, "rope type 'longrope'"),
+        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_parameters rope type 'dynamic'"),
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope type 'linear'"),
+        # what our exports used to write: transformers serves the rope_scaling, training used the other
+        (
+            {
+                "rope_theta": 5e4,
+                "rope_scaling": {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096},
+                "rope_parameters": {"rope_type": "default", "rope_theta": 5e4},
+            },
+            "rope_scaling {'type': 'yarn'",
+        ),
+        ({"rope_scaling": YARN, "rope_parameters": dict(YARN, factor=32.0)}, "disagree"),
+        (
+            {"rope_scaling": {"type": "yarn", "rope_type": "linear", "factor": 2.0}},
+            "says type 'yarn' and rope_type 'linear'",
+        ),
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": 64.0}},
+            "original_max_position_embeddings must be a positive",
+        ),
+        (
+            {"rope_scaling": dict(YARN, partial_rotary_factor=0.5)},
+            "rope_scaling.partial_rotary_factor is not reproduced",
+        ),
+        ({"rope_parameters": {"rope_type": "default", "factor": 2.0}}, "rope_parameters.factor is not reproduced"),
+        ({"rope_scaling": YARN, "is_neox_style": False}, "neox-style"),
+    ],
+)
 def test_a_rope_the_trainer_cannot_reproduce_is_refused_before_training(tmp_path, fields, words):
     p = tmp_path / "draft.json"
     p.write_text(json.dumps(shape_with(**fields)))
@@ -125,9 +148,13 @@ def test_a_rope_the_trainer_cannot_reproduce_is_refused_before_training(tmp_path
 
 
 def test_equal_rope_scaling_and_rope_parameters_are_accepted_whatever_the_type_key():
-    shape = DrafterShape.from_dict(shape_with(rope_theta=5e4, rope_scaling={"type": "yarn", "factor": 64.0,
-                                                                         "original_max_position_embeddings": 4096},
-                                              rope_parameters={**YARN, "rope_theta": 5e4}))
+    shape = DrafterShape.from_dict(
+        shape_with(
+            rope_theta=5e4,
+            rope_scaling={"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096},
+            rope_parameters={**YARN, "rope_theta": 5e4},
+        )
+    )
     assert shape.rope == K26
 
 
@@ -153,8 +180,9 @@ def test_our_yarn_equals_vllms_rotary_embedding_for_the_exported_config(tmp_path
     pos = torch.tensor(POSITIONS)
     q, k = torch.randn(len(pos), 4 * hd, generator=g), torch.randn(len(pos), 2 * hd, generator=g)
     torch.save({"positions": pos, "q": q, "k": k}, tmp_path / "inputs.pt")
-    p = subprocess.run([str(venv / "bin" / "python"), str(PROBE),
-                        str(tmp_path)], capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [str(venv / "bin" / "python"), str(PROBE), str(tmp_path)], capture_output=True, text=True, timeout=600
+    )
     assert "ROPE-PROBE ok" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
     got = torch.load(tmp_path / "outputs.pt")
     assert got["class"] == "YaRNScalingRotaryEmbedding" and got["rope_parameters"]["rope_type"] == "yarn"
@@ -165,8 +193,9 @@ def test_our_yarn_equals_vllms_rotary_embedding_for_the_exported_config(tmp_path
     for name in ("native", "forward"):
         if got[f"{name}_q"] is None:
             continue
-        worst[name] = max((got[f"{name}_q"] - ours_q).abs().max().item(),
-                          (got[f"{name}_k"] - ours_k).abs().max().item())
+        worst[name] = max(
+            (got[f"{name}_q"] - ours_q).abs().max().item(), (got[f"{name}_k"] - ours_k).abs().max().item()
+        )
     worst["context"] = (got["context_k"] - ours_k).abs().max().item()
     print(f"vLLM {got['version']} {got['rope_parameters']}: worst |vllm - ours| {worst}")
     assert all(w < 1e-5 for w in worst.values()), worst

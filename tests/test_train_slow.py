@@ -40,12 +40,21 @@ GATE_STEPS = (200, 300, 400, 500, 600, 800)  # chunks of one resumed run (consta
 DV_TOKENS = 128  # a draft vocabulary of 128 of the tiny target's 1,024 tokens
 
 
-def _chat(base_url: str, model: str, prompts: list[str], max_tokens: int, concurrency: int,
-          ignore_eos: bool = False) -> list[list[int]]:
+def _chat(
+    base_url: str, model: str, prompts: list[str], max_tokens: int, concurrency: int, ignore_eos: bool = False
+) -> list[list[int]]:
     def one(prompt: str) -> list[int]:
-        r = client.post("/v1/chat/completions", json={
-            "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "return_token_ids": True, "ignore_eos": ignore_eos})
+        r = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": model,
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "return_token_ids": True,
+                "ignore_eos": ignore_eos,
+            },
+        )
         r.raise_for_status()
         return r.json()["choices"][0]["token_ids"]
 
@@ -56,24 +65,37 @@ def _chat(base_url: str, model: str, prompts: list[str], max_tokens: int, concur
 def _replay(serve_config, overrides: list[str], model: str, run, cfg: dict) -> dict:
     """The run's prompts served with `overrides`: drafts and accepted tokens from vLLM's counters, and
     how many replies equal the regenerated answers (float32 greedy: speculation changes no token)."""
-    prompts = [json.loads(l)["prompt"] for l in (run / "prompts.jsonl").read_text().splitlines()]
-    regen = {json.loads(l)["prompt"]: json.loads(l) for l in (run / "regen.jsonl").read_text().splitlines()}
+    prompts = [json.loads(line)["prompt"] for line in (run / "prompts.jsonl").read_text().splitlines()]
+    regen = {json.loads(line)["prompt"]: json.loads(line) for line in (run / "regen.jsonl").read_text().splitlines()}
     with serving(serve_config, *overrides) as server:
         before = server.metrics()
         got = _chat(server.base_url, model, prompts, cfg["regen"]["max_tokens"], cfg["regen"]["concurrency"])
         after = server.metrics()
     drafts = after["vllm:spec_decode_num_drafts_total"] - before.get("vllm:spec_decode_num_drafts_total", 0)
-    accepted = (after["vllm:spec_decode_num_accepted_tokens_total"]
-                - before.get("vllm:spec_decode_num_accepted_tokens_total", 0))
-    same = sum(g == [t for t, m in zip(regen[p]["input_ids"], regen[p]["loss_mask"]) if m]
-               for p, g in zip(prompts, got))
-    return {"online": 1 + accepted / drafts, "drafts": drafts, "accepted": accepted,
-            "replayed_identical_to_regen": same, "prompts": len(prompts)}
+    accepted = after["vllm:spec_decode_num_accepted_tokens_total"] - before.get(
+        "vllm:spec_decode_num_accepted_tokens_total", 0
+    )
+    same = sum(
+        g == [t for t, m in zip(regen[p]["input_ids"], regen[p]["loss_mask"], strict=False) if m]
+        for p, g in zip(prompts, got, strict=False)
+    )
+    return {
+        "online": 1 + accepted / drafts,
+        "drafts": drafts,
+        "accepted": accepted,
+        "replayed_identical_to_regen": same,
+        "prompts": len(prompts),
+    }
 
 
-@pytest.mark.parametrize("gate", [CONFIGS / "train-kimi-tiny-overfit-gate.json",
-                                  pytest.param(CONFIGS / "train-overfit-gate.json", marks=pytest.mark.extra)],
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "gate",
+    [
+        CONFIGS / "train-kimi-tiny-overfit-gate.json",
+        pytest.param(CONFIGS / "train-overfit-gate.json", marks=pytest.mark.extra),
+    ],
+    ids=lambda p: p.stem,
+)
 def test_overfit_gate_offline_and_online_acceptance_agree(tmp_path, gate):
     from kimidflash.config import load_config
     from kimidflash.train.shape import DrafterShape
@@ -107,17 +129,26 @@ def test_overfit_gate_offline_and_online_acceptance_agree(tmp_path, gate):
     assert json.loads((out / "config.json").read_text())["dflash_config"]["mask_token_id"] == shape.mask_token_id
     assert json.loads((out_dv / "config.json").read_text())["draft_vocab_size"] == DV_TOKENS
     serve_config = CONFIGS / cfg["target"]["serve_config"]
-    model = load_config(serve_config, {}, environ={}).values["SERVED_MODEL_NAME"]
+    model = load_config(serve_config, {}, environ={}).served_model_name
     # what a server's walk over the same answers accepts: the figure vLLM's counters measure
-    walks = {d.name: json.loads((run / f).read_text())["by_k"][str(GATE_K)]["walk"]["mean_acceptance_length"]
-             for d, f in ((out, "eval.json"), (out_dv, f"eval-{out_dv.name}.json"))}
+    walks = {
+        d.name: json.loads((run / f).read_text())["by_k"][str(GATE_K)]["walk"]["mean_acceptance_length"]
+        for d, f in ((out, "eval.json"), (out_dv, f"eval-{out_dv.name}.json"))
+    }
     records = {}
     for drafter in (out, out_dv):
-        overrides = [f"DRAFT_MODEL_DIR={drafter}", f"NUM_SPECULATIVE_TOKENS={GATE_K}",
-                     *[s for s in cfg["target"]["serve_overrides"] if not s.startswith("SPECULATIVE_METHOD")],
-                     "SPECULATIVE_METHOD=dflash"]
-        records[drafter.name] = {"offline_walk": walks[drafter.name], "k": GATE_K, "train_steps": ev["step"],
-                                 **_replay(serve_config, overrides, model, run, cfg)}
+        overrides = [
+            f"DRAFT_MODEL_DIR={drafter}",
+            f"NUM_SPECULATIVE_TOKENS={GATE_K}",
+            *[s for s in cfg["target"]["serve_overrides"] if not s.startswith("SPECULATIVE_METHOD")],
+            "SPECULATIVE_METHOD=dflash",
+        ]
+        records[drafter.name] = {
+            "offline_walk": walks[drafter.name],
+            "k": GATE_K,
+            "train_steps": ev["step"],
+            **_replay(serve_config, overrides, model, run, cfg),
+        }
     (run / "gate-result.json").write_text(json.dumps(records, indent=2) + "\n")  # kept by pytest's tmp_path
     print("overfit gate:", json.dumps(records))
     for r in records.values():
@@ -137,8 +168,14 @@ def test_eagle3_overfit_gate_on_the_tiny_k26_online_and_offline_acceptance_agree
     gate = CONFIGS / "train-kimi-tiny-eagle3-overfit-gate.json"
     out, run = tmp_path / "head", tmp_path / "run"
     env = {**os.environ, "KIMIDFLASH_PYTHON": sys.executable}
-    proc = subprocess.run([str(ROOT / "train-drafter.sh"), str(gate), "--run-dir", str(run), "--set",
-                           f"export.out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=3600, env=env)
+    proc = subprocess.run(
+        [str(ROOT / "train-drafter.sh"), str(gate), "--run-dir", str(run), "--set", f"export.out={out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ev = json.loads((run / "eval.json").read_text())["by_k"][str(GATE_K)]
     assert ev["mean_acceptance_length"] >= 3.0, ev
@@ -146,11 +183,16 @@ def test_eagle3_overfit_gate_on_the_tiny_k26_online_and_offline_acceptance_agree
     assert head.attention == "mla" and head.model_type == "kimi_k2" and head.draft_vocab_size == 512
     cfg = json.loads(gate.read_text())
     serve_config = CONFIGS / "cpu-kimi-tiny-eagle3.env"
-    model = load_config(serve_config, {}, environ={}).values["SERVED_MODEL_NAME"]
-    result = {"offline_walk": ev["walk"]["mean_acceptance_length"], "k": GATE_K,
-              **_replay(serve_config, [f"DRAFT_MODEL_DIR={out}", f"NUM_SPECULATIVE_TOKENS={GATE_K}"], model, run, cfg)}
+    model = load_config(serve_config, {}, environ={}).served_model_name
+    result = {
+        "offline_walk": ev["walk"]["mean_acceptance_length"],
+        "k": GATE_K,
+        **_replay(serve_config, [f"DRAFT_MODEL_DIR={out}", f"NUM_SPECULATIVE_TOKENS={GATE_K}"], model, run, cfg),
+    }
     (run / "gate-result.json").write_text(json.dumps(result, indent=2) + "\n")
     print("eagle3 overfit gate:", json.dumps(result))
-    assert result["replayed_identical_to_regen"] == result["prompts"], result  # float32 greedy: speculation changed no token
+    assert result["replayed_identical_to_regen"] == result["prompts"], (
+        result
+    )  # float32 greedy: speculation changed no token
     assert result["online"] >= 2.5, result
     assert abs(result["online"] - result["offline_walk"]) <= 0.15 * result["offline_walk"], result

@@ -31,8 +31,10 @@ def _batch(seed=0):
 
 
 def test_frequent_tokens_rank_by_count_over_response_tokens_only():
-    recs = [Record("a", "", [7, 7, 7, 5, 5, 9], [0, 0, 1, 1, 1, 1], "stop"),
-            Record("b", "", [9, 9, 5, 2], [1, 1, 1, 1], "stop")]
+    recs = [
+        Record("a", "", [7, 7, 7, 5, 5, 9], [0, 0, 1, 1, 1, 1], "stop"),
+        Record("b", "", [9, 9, 5, 2], [1, 1, 1, 1], "stop"),
+    ]
     # response counts: 5 x3, 9 x3, 7 x1, 2 x1 (the prompt's two 7s do not count); ties by the smaller id
     assert vocab.frequent_tokens(recs, 2).tolist() == [5, 9]
     assert vocab.frequent_tokens(recs, 3).tolist() == [2, 5, 9]
@@ -63,8 +65,17 @@ def test_subset_over_the_whole_vocabulary_is_the_full_softmax_and_a_small_one_di
 
 def test_train_loop_with_a_vocabulary_subset_learns_and_records_it(tmp_path):
     tc = dict(TRAIN, steps=30, lr=3e-3, checkpoint_every=100, autocast="none")
-    res = train_loop(SHAPE, tc, FakeStore(n=2), *head(), tmp_path, seed=0, resume=False, progress=False,
-                     frequent=torch.tensor([4, 5, 6]))
+    res = train_loop(
+        SHAPE,
+        tc,
+        FakeStore(n=2),
+        *head(),
+        tmp_path,
+        seed=0,
+        resume=False,
+        progress=False,
+        frequent=torch.tensor([4, 5, 6]),
+    )
     first = sum(h["loss"] for h in res["history"][:5]) / 5
     assert sum(h["loss"] for h in res["history"][-5:]) / 5 < 0.7 * first
 
@@ -72,13 +83,18 @@ def test_train_loop_with_a_vocabulary_subset_learns_and_records_it(tmp_path):
 def _target(tmp_path, shape: DrafterShape, layers=3, intermediate=None):
     """A Llama-named target checkpoint whose layers have the drafter's shape (or another MLP width)."""
     g = torch.Generator().manual_seed(5)
-    H, hd, I = shape.hidden_size, shape.head_dim, intermediate or shape.intermediate_size
-    sizes = {"self_attn.q_proj.weight": (shape.num_attention_heads * hd, H),
-             "self_attn.k_proj.weight": (shape.num_key_value_heads * hd, H),
-             "self_attn.v_proj.weight": (shape.num_key_value_heads * hd, H),
-             "self_attn.o_proj.weight": (H, shape.num_attention_heads * hd),
-             "mlp.gate_proj.weight": (I, H), "mlp.up_proj.weight": (I, H), "mlp.down_proj.weight": (H, I),
-             "input_layernorm.weight": (H,), "post_attention_layernorm.weight": (H,)}
+    H, hd, inter = shape.hidden_size, shape.head_dim, intermediate or shape.intermediate_size
+    sizes = {
+        "self_attn.q_proj.weight": (shape.num_attention_heads * hd, H),
+        "self_attn.k_proj.weight": (shape.num_key_value_heads * hd, H),
+        "self_attn.v_proj.weight": (shape.num_key_value_heads * hd, H),
+        "self_attn.o_proj.weight": (H, shape.num_attention_heads * hd),
+        "mlp.gate_proj.weight": (inter, H),
+        "mlp.up_proj.weight": (inter, H),
+        "mlp.down_proj.weight": (H, inter),
+        "input_layernorm.weight": (H,),
+        "post_attention_layernorm.weight": (H,),
+    }
     tensors = {f"model.layers.{L}.{k}": torch.randn(s, generator=g) for L in range(layers) for k, s in sizes.items()}
     tensors["model.embed_tokens.weight"] = torch.randn(shape.vocab_size, H, generator=g)  # where the layers are found
     save_file(tensors, str(tmp_path / "model.safetensors"))
@@ -91,8 +107,17 @@ def test_draft_layers_start_from_the_named_target_layers(tmp_path):
     model = build_model(SHAPE, *head(), seed=0, std=TRAIN["init_std"])  # what train_loop builds
     init = target_layer_tensors(tmp_path, [2, 0], shape)
     assert set(init) == {f"layers.{i}.{n}" for i in (0, 1) for n in COPIED}
-    res = train_loop(SHAPE, dict(TRAIN, steps=0), FakeStore(), *head(), tmp_path / "ck", seed=0, resume=False,
-                     progress=False, init=init)
+    res = train_loop(
+        SHAPE,
+        dict(TRAIN, steps=0),
+        FakeStore(),
+        *head(),
+        tmp_path / "ck",
+        seed=0,
+        resume=False,
+        progress=False,
+        init=init,
+    )
     state = res["model"].state_dict()
     for n in COPIED:
         assert torch.equal(state[f"layers.0.{n}"], target[f"model.layers.2.{n}"])
@@ -101,11 +126,14 @@ def test_draft_layers_start_from_the_named_target_layers(tmp_path):
     assert torch.equal(state["fc.weight"], model.state_dict()["fc.weight"])  # not a layer: as initialised
 
 
-@pytest.mark.parametrize("layers, intermediate, words", [
-    ([0], None, "lists 1 target layers; the drafter has 2"),
-    ([0, 7], None, "has no model.layers.7."),
-    ([0, 1], 80, "layers.0.mlp.gate_proj.weight is [80, 64], the drafter's is [96, 64]"),
-])
+@pytest.mark.parametrize(
+    "layers, intermediate, words",
+    [
+        ([0], None, "lists 1 target layers; the drafter has 2"),
+        ([0, 7], None, "has no model.layers.7."),
+        ([0, 1], 80, "layers.0.mlp.gate_proj.weight is [80, 64], the drafter's is [96, 64]"),
+    ],
+)
 def test_a_target_that_cannot_seed_the_drafter_is_refused(tmp_path, layers, intermediate, words):
     shape = DrafterShape.coerce(SHAPE)
     _target(tmp_path, shape, intermediate=intermediate)
@@ -116,8 +144,7 @@ def test_a_target_that_cannot_seed_the_drafter_is_refused(tmp_path, layers, inte
 
 def test_a_wall_clock_chunk_stops_with_a_checkpoint_and_resumes(tmp_path):
     store = FakeStore()
-    first = train_loop(SHAPE, TRAIN, store, *head(), tmp_path, seed=3, resume=False, progress=False,
-                       max_seconds=1e-9)
+    first = train_loop(SHAPE, TRAIN, store, *head(), tmp_path, seed=3, resume=False, progress=False, max_seconds=1e-9)
     assert first["step"] == 1 and (tmp_path / "last.pt").is_file()
     rest = train_loop(SHAPE, TRAIN, store, *head(), tmp_path, seed=3, resume=True, progress=False)
     full = train_loop(SHAPE, TRAIN, store, *head(), tmp_path / "full", seed=3, resume=False, progress=False)
@@ -125,22 +152,34 @@ def test_a_wall_clock_chunk_stops_with_a_checkpoint_and_resumes(tmp_path):
     assert torch.equal(rest["model"].state_dict()["fc.weight"], full["model"].state_dict()["fc.weight"])
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--seconds", "0"], "--seconds must be positive"),
-    (["--variant", "a"], "--variant names repeat"),
-    (["--variant", "b", "train.nope=1"], "unknown key 'nope'"),
-    (["--eval-run", "bb"], "--eval-run bb: expected NAME=CONFIG"),
-    (["--eval-run", "bb=configs/train-cpu-reference.json"], "is not evaluation-only"),
-    (["--eval-run", "bb=configs/eval-real-bigbench-heldout.json"], "has no capture/ folder"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--seconds", "0"], "--seconds must be positive"),
+        (["--variant", "a"], "--variant names repeat"),
+        (["--variant", "b", "train.nope=1"], "unknown key 'nope'"),
+        (["--eval-run", "bb"], "--eval-run bb: expected NAME=CONFIG"),
+        (["--eval-run", "bb=configs/train-cpu-reference.json"], "is not evaluation-only"),
+        (["--eval-run", "bb=configs/eval-real-bigbench-heldout.json"], "has no capture/ folder"),
+    ],
+)
 def test_train_compare_refuses_bad_input_before_training(tmp_path, capsys, monkeypatch, args, words):
     from kimidflash.train import compare
 
     monkeypatch.setenv("KIMIDFLASH_CACHE", str(tmp_path / "cache"))  # the eval run's folder: empty
 
     (tmp_path / "base" / "capture").mkdir(parents=True)
-    base = ["configs/train-cpu-reference.json", "--base-run", str(tmp_path / "base"), "--seconds", "5",
-            "--out", str(tmp_path / "out"), "--variant", "a"]
+    base = [
+        "configs/train-cpu-reference.json",
+        "--base-run",
+        str(tmp_path / "base"),
+        "--seconds",
+        "5",
+        "--out",
+        str(tmp_path / "out"),
+        "--variant",
+        "a",
+    ]
     assert compare.main(base + args) == 2
     assert words in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
@@ -149,13 +188,22 @@ def test_train_compare_refuses_bad_input_before_training(tmp_path, capsys, monke
 def test_train_compare_summary_tabulates_every_variant():
     from kimidflash.train.compare import summary_markdown
 
-    rows = [{"variant": v, "overrides": o, "steps": s, "steps_per_second": s / 10, "loss_mean_last50": 5.0,
-             "budget_seconds": 10, "offline": {"3": {"mean_acceptance_length": al}}}
-            for v, o, s, al in (("baseline", {}, 10, 1.2), ("vocab", {"train.vocab_subset": 4096}, 30, 1.5))]
+    rows = [
+        {
+            "variant": v,
+            "overrides": o,
+            "steps": s,
+            "steps_per_second": s / 10,
+            "loss_mean_last50": 5.0,
+            "budget_seconds": 10,
+            "offline": {"3": {"mean_acceptance_length": al}},
+        }
+        for v, o, s, al in (("baseline", {}, 10, 1.2), ("vocab", {"train.vocab_subset": 4096}, 30, 1.5))
+    ]
     md = summary_markdown(rows)
     assert "| baseline | (the config as is) | 10 | 1.000 | 5.000 | 1.2000 |" in md
     assert "| vocab | `train.vocab_subset=4096` | 30 | 3.000 | 5.000 | 1.5000 |" in md
-    for r, walk in zip(rows, (1.1, 1.4)):  # --eval-run: the walk on another run's records, a column each
+    for r, walk in zip(rows, (1.1, 1.4), strict=False):  # --eval-run: the walk on another run's records, a column each
         r["offline_on"] = {"bb": {"records": 256, "by_k": {"3": {"walk_mean_acceptance_length": walk}}}}
     md = summary_markdown(rows)
     assert "| walk AL k=3 on bb |" in md and "| 1.5000 | 1.4000 (256 records) |" in md
@@ -165,7 +213,15 @@ def test_train_compare_records_path_overrides_portably():
     from kimidflash.paths import cache_dir
     from kimidflash.train.compare import portable_overrides
 
-    got = portable_overrides({"train.init_from_drafter": str(cache_dir() / "drafters" / "v4"), "train.steps": 3,
-                              "drafter_config": "smollm2-dflash-draft-4l.json"})
-    assert got == {"train.init_from_drafter": "$KIMIDFLASH_CACHE/drafters/v4", "train.steps": 3,
-                   "drafter_config": "smollm2-dflash-draft-4l.json"}
+    got = portable_overrides(
+        {
+            "train.init_from_drafter": str(cache_dir() / "drafters" / "v4"),
+            "train.steps": 3,
+            "drafter_config": "smollm2-dflash-draft-4l.json",
+        }
+    )
+    assert got == {
+        "train.init_from_drafter": "$KIMIDFLASH_CACHE/drafters/v4",
+        "train.steps": 3,
+        "drafter_config": "smollm2-dflash-draft-4l.json",
+    }

@@ -39,8 +39,17 @@ def _hidden(model):
 def test_a_run_started_from_a_drafter_computes_what_it_did(tmp_path, shape):
     src, out = _exported(tmp_path)
     init = drafter_tensors(out, DrafterShape.coerce(shape))
-    res = train_loop(shape, dict(TRAIN, steps=0), FakeStore(), *head(), tmp_path / "ck", seed=3, resume=False,
-                     progress=False, init=init)
+    res = train_loop(
+        shape,
+        dict(TRAIN, steps=0),
+        FakeStore(),
+        *head(),
+        tmp_path / "ck",
+        seed=3,
+        resume=False,
+        progress=False,
+        init=init,
+    )
     grown = res["model"].eval()
     with torch.no_grad():
         assert torch.allclose(_hidden(grown), _hidden(src.eval()), atol=1e-5)
@@ -57,20 +66,34 @@ def test_a_run_started_from_a_drafter_computes_what_it_did(tmp_path, shape):
 def test_grown_layers_learn(tmp_path):
     _, out = _exported(tmp_path)
     init = drafter_tensors(out, DrafterShape.coerce(DEEPER))
-    res = train_loop(DEEPER, dict(TRAIN, steps=4, autocast="none"), FakeStore(), *head(), tmp_path / "ck", seed=3,
-                     resume=False, progress=False, init=init)
+    res = train_loop(
+        DEEPER,
+        dict(TRAIN, steps=4, autocast="none"),
+        FakeStore(),
+        *head(),
+        tmp_path / "ck",
+        seed=3,
+        resume=False,
+        progress=False,
+        init=init,
+    )
     state = res["model"].state_dict()
     assert state["layers.3.self_attn.o_proj.weight"].abs().sum() > 0
     assert state["layers.3.mlp.down_proj.weight"].abs().sum() > 0
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"num_hidden_layers": 1}, "has 2 layers, the drafter 1; a drafter can grow from its source, not shrink"),
-    ({"hidden_size": 32, "head_dim": 8}, "hidden_size is 64 in"),
-    ({"dflash_config": {"mask_token_id": 3, "target_layer_ids": [1, 2]}},
-     "dflash_config.target_layer_ids is (1, 3) in"),
-    ({"dflash_config": {"mask_token_id": 4, "target_layer_ids": [1, 3]}}, "dflash_config.mask_token_id is 3 in"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"num_hidden_layers": 1}, "has 2 layers, the drafter 1; a drafter can grow from its source, not shrink"),
+        ({"hidden_size": 32, "head_dim": 8}, "hidden_size is 64 in"),
+        (
+            {"dflash_config": {"mask_token_id": 3, "target_layer_ids": [1, 2]}},
+            "dflash_config.target_layer_ids is (1, 3) in",
+        ),
+        ({"dflash_config": {"mask_token_id": 4, "target_layer_ids": [1, 3]}}, "dflash_config.mask_token_id is 3 in"),
+    ],
+)
 def test_a_source_that_does_not_fit_is_refused_naming_the_key(tmp_path, change, words):
     _, out = _exported(tmp_path)
     with pytest.raises(TrainConfigError, match="init_from_drafter") as exc:
@@ -108,15 +131,31 @@ def test_drafter_is_only_for_the_eval_phase_alone(tmp_path, capsys):
 
     from .helpers import CONFIGS
 
-    assert main([str(CONFIGS / "train-cpu-reference.json"), "train", "eval", "--drafter", str(tmp_path),
-                 "--run-dir", str(tmp_path / "run")]) == 2
+    assert (
+        main(
+            [
+                str(CONFIGS / "train-cpu-reference.json"),
+                "train",
+                "eval",
+                "--drafter",
+                str(tmp_path),
+                "--run-dir",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 2
+    )
     assert "--drafter measures an exported drafter: run the eval phase alone" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("train_block, ks, refused", [(16, [3, 4], 4), (2, [3], None)],
-                         ids=["k-beyond-the-drafter", "run-trained-smaller-blocks"])
-def test_eval_k_is_checked_against_the_measured_drafters_blocks_before_any_work(tmp_path, monkeypatch, train_block,
-                                                                                  ks, refused):
+@pytest.mark.parametrize(
+    "train_block, ks, refused",
+    [(16, [3, 4], 4), (2, [3], None)],
+    ids=["k-beyond-the-drafter", "run-trained-smaller-blocks"],
+)
+def test_eval_k_is_checked_against_the_measured_drafters_blocks_before_any_work(
+    tmp_path, monkeypatch, train_block, ks, refused
+):
     """eval --drafter: k is bounded by the exported drafter's block size (4 here), not the run's train.block_size,
     and a k it cannot serve is refused before the first k is scored (nothing measured is thrown away)."""
     from kimidflash.train import config as tcfg
@@ -125,8 +164,9 @@ def test_eval_k_is_checked_against_the_measured_drafters_blocks_before_any_work(
     from .helpers import CONFIGS
 
     _, out = _exported(tmp_path)
-    cfg = tcfg.load(CONFIGS / "train-cpu-reference.json",
-                    tcfg.parse_set([f"train.block_size={train_block}", f"eval.k={ks}"]))
+    cfg = tcfg.load(
+        CONFIGS / "train-cpu-reference.json", tcfg.parse_set([f"train.block_size={train_block}", f"eval.k={ks}"])
+    )
     scored: list[int] = []
     monkeypatch.setattr(ev, "load_target_head", lambda _: head())
     monkeypatch.setattr(ev, "target_info", lambda _: type("T", (), {"model_dir": "target-unused"}))
@@ -151,16 +191,29 @@ def test_another_runs_checkpoint_is_measured_on_this_runs_records(tmp_path, monk
 
     from .helpers import CONFIGS
 
-    res = train_loop(SHAPE, dict(TRAIN, steps=2, autocast="none"), FakeStore(), *head(),
-                     tmp_path / "variant" / "checkpoints", seed=3, resume=False, progress=False)
+    res = train_loop(
+        SHAPE,
+        dict(TRAIN, steps=2, autocast="none"),
+        FakeStore(),
+        *head(),
+        tmp_path / "variant" / "checkpoints",
+        seed=3,
+        resume=False,
+        progress=False,
+    )
     monkeypatch.setattr(ev, "load_target_head", lambda _: head())
     monkeypatch.setattr(ev, "target_info", lambda _: type("T", (), {"model_dir": "target-unused"}))
     monkeypatch.setattr(ev, "check_mode", lambda _: "cache")
     monkeypatch.setattr(ev, "ShardStore", lambda *a: FakeStore())
     cfg = tcfg.load(CONFIGS / "eval-real-bigbench-heldout.json", tcfg.parse_set(["eval.k=[3]", "train.autocast=none"]))
     (tmp_path / "eval-run").mkdir()
-    got = ev.evaluate_run(cfg, tmp_path / "eval-run", log=lambda *_: None, checkpoint_run=tmp_path / "variant",
-                          result="eval-compare-v.json")
+    got = ev.evaluate_run(
+        cfg,
+        tmp_path / "eval-run",
+        log=lambda *_: None,
+        checkpoint_run=tmp_path / "variant",
+        result="eval-compare-v.json",
+    )
     want = ev.offline_acceptance(res["model"].eval(), FakeStore(), 3, cfg.eval.max_records, autocast="none")
     assert got["by_k"]["3"] == want and got["step"] == 2
     assert (tmp_path / "eval-run" / "eval-compare-v.json").is_file()

@@ -79,9 +79,11 @@ def test_a_failed_patch_leaves_no_report_that_would_pass_the_next_call(tmp_path)
     (venv / "bin").mkdir(parents=True)
     python = venv / "bin" / "python"
     # the patcher as the venv's Python runs it: writes the report it was given, exits 3 (drift)
-    python.write_text('#!/bin/sh\nwhile [ "$1" != --json ]; do shift; done\n'
-                      f'echo \'{{"patchset_hash": "{cpu_venv.patchset_hash()}"}}\' > "$2"\n'
-                      'echo "patch S3: drift" >&2\nexit 3\n')
+    python.write_text(
+        '#!/bin/sh\nwhile [ "$1" != --json ]; do shift; done\n'
+        f'echo \'{{"patchset_hash": "{cpu_venv.patchset_hash()}"}}\' > "$2"\n'
+        'echo "patch S3: drift" >&2\nexit 3\n'
+    )
     python.chmod(python.stat().st_mode | stat.S_IEXEC)
     for _ in range(2):
         with pytest.raises(cpu_venv.VenvPatchError, match="S3: drift"):

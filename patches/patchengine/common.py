@@ -1,4 +1,5 @@
 """What every part of the engine shares: exit codes, the two errors, markers, versions."""
+
 from __future__ import annotations
 
 import hashlib

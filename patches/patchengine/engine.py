@@ -1,4 +1,5 @@
 """Each patch's state on a tree, the staged edits (apply and revert) and their checks."""
+
 from __future__ import annotations
 
 import py_compile
@@ -29,30 +30,36 @@ def _marked_files(tree: Tree, p) -> dict:
     return out
 
 
-def _judge_marked(p, variant, marks: dict, tree: Tree,
-                  fix: str = "reinstall vLLM or revert it by hand") -> str | None:
+def _judge_marked(p, variant, marks: dict, tree: Tree, fix: str = "reinstall vLLM or revert it by hand") -> str | None:
     """None when the variant is applied exactly (see patch_dflash_rocm.py's docstring), else why
     not, as a drift message."""
     pid = p["id"]
     if variant is None:
         rel = sorted(marks)[0]
-        return (f"drift: {pid} {rel}: carries the marker {marker(pid)} but no variant of the "
-                "patch is for this vLLM version")
+        return (
+            f"drift: {pid} {rel}: carries the marker {marker(pid)} but no variant of the patch is for this vLLM version"
+        )
     rel = variant["file"]
     for other in sorted(marks):
         if other != rel:
-            return (f"drift: {pid} {other}: carries the marker {marker(pid)}, but the variant "
-                    f"for this version patches {rel}")
+            return (
+                f"drift: {pid} {other}: carries the marker {marker(pid)}, but the variant "
+                f"for this version patches {rel}"
+            )
     want = variant_hash(pid, variant)
     found = marks[rel]
     bad = next((h for h in found if h != want), "ok")
     if bad is None:
-        return (f"drift: {pid} {rel}: bare marker {marker(pid)} without a patch hash (patched by "
-                "hand or by an older patcher); start from an unmodified vLLM")
+        return (
+            f"drift: {pid} {rel}: bare marker {marker(pid)} without a patch hash (patched by "
+            "hand or by an older patcher); start from an unmodified vLLM"
+        )
     if bad != "ok":
-        return (f"drift: {pid} {rel}: applied by another patch set (marker {marker(pid)}@{bad}, "
-                f"this patch set's is @{want}); revert with the patch set that applied it, or "
-                "start from an unmodified vLLM")
+        return (
+            f"drift: {pid} {rel}: applied by another patch set (marker {marker(pid)}@{bad}, "
+            f"this patch set's is @{want}); revert with the patch set that applied it, or "
+            "start from an unmodified vLLM"
+        )
     text = tree.read(rel) or ""
     edits = stamped_edits(pid, variant)
     counts = [text.count(s) for _, s in edits]
@@ -60,9 +67,11 @@ def _judge_marked(p, variant, marks: dict, tree: Tree,
     if all(n == 1 for n in counts) and len(found) == expected:
         return None
     verbatim = sum(1 for n in counts if n == 1)
-    return (f"drift: {pid} {rel}: the patched text was changed after it was applied "
-            f"({verbatim} of {len(edits)} patched regions verbatim; markers found: {len(found)}, "
-            f"the patch has {expected}); {fix}")
+    return (
+        f"drift: {pid} {rel}: the patched text was changed after it was applied "
+        f"({verbatim} of {len(edits)} patched regions verbatim; markers found: {len(found)}, "
+        f"the patch has {expected}); {fix}"
+    )
 
 
 def retired_marks(retired, tree: Tree) -> list:
@@ -72,13 +81,22 @@ def retired_marks(retired, tree: Tree) -> list:
     for r in retired:
         for rel in r["files"]:
             if marks_of(tree.read(rel), r["id"]):
-                results.append({
-                    "id": r["id"], "group": "retired", "what": r["what"], "state": "drift",
-                    "file": rel, "marker": None,
-                    "detail": (f"drift: {r['id']} {rel}: carries the marker {marker(r['id'])} of a "
-                               "patch this patch set retired (an older patch set patched this "
-                               "tree); revert with that patch set, or start from an unmodified "
-                               "vLLM")})
+                results.append(
+                    {
+                        "id": r["id"],
+                        "group": "retired",
+                        "what": r["what"],
+                        "state": "drift",
+                        "file": rel,
+                        "marker": None,
+                        "detail": (
+                            f"drift: {r['id']} {rel}: carries the marker {marker(r['id'])} of a "
+                            "patch this patch set retired (an older patch set patched this "
+                            "tree); revert with that patch set, or start from an unmodified "
+                            "vLLM"
+                        ),
+                    }
+                )
                 break
     return results
 
@@ -89,9 +107,15 @@ def plan(patches, base: Path, tree: Tree, version: tuple, manifest: dict) -> lis
     for p in patches:
         pid = p["id"]
         variant = next((v for v in p["variants"] if in_range(version, v["versions"])), None)
-        res = {"id": pid, "group": p["group"], "what": p["what"], "state": None,
-               "file": (variant or p["variants"][0])["file"], "detail": "",
-               "marker": stamped_marker(pid, variant) if variant else None}
+        res = {
+            "id": pid,
+            "group": p["group"],
+            "what": p["what"],
+            "state": None,
+            "file": (variant or p["variants"][0])["file"],
+            "detail": "",
+            "marker": stamped_marker(pid, variant) if variant else None,
+        }
         results.append(res)
         marks = _marked_files(tree, p)
         if marks:
@@ -100,9 +124,7 @@ def plan(patches, base: Path, tree: Tree, version: tuple, manifest: dict) -> lis
                 res.update(state="drift", detail=why, file=sorted(marks)[0])
                 continue
             res["state"] = "already-applied"
-        elif p["upstream"] and all(
-            m["contains"] in (tree.read(m["file"]) or "") for m in p["upstream"]
-        ):
+        elif p["upstream"] and all(m["contains"] in (tree.read(m["file"]) or "") for m in p["upstream"]):
             res["state"] = "upstream"
             res["file"] = p["upstream"][0]["file"]
             res["detail"] = f"found {p['upstream'][0]['contains']!r}"
@@ -163,17 +185,23 @@ def _file_refused(rel: str, text: str, installed: bool, manifest: dict) -> str |
     entry = manifest.get(rel)
     if entry is None:
         if installed:
-            return (f"exists, but {MANIFEST} has no record of installing it (modified outside "
-                    "the patcher); start from an unmodified vLLM")
+            return (
+                f"exists, but {MANIFEST} has no record of installing it (modified outside "
+                "the patcher); start from an unmodified vLLM"
+            )
         m = MARKER_RE.search(text)
         if m:
-            return (f"modified before the patcher's first run: it carries the marker "
-                    f"{m.group(0)!r} but {MANIFEST} has no record of it; start from an "
-                    "unmodified vLLM")
+            return (
+                f"modified before the patcher's first run: it carries the marker "
+                f"{m.group(0)!r} but {MANIFEST} has no record of it; start from an "
+                "unmodified vLLM"
+            )
         return None
     if sha256(text) not in (entry.get("original_sha256"), entry.get("patched_sha256")):
-        return (f"changed since the patcher wrote it (neither the original nor the patched "
-                f"bytes recorded in {MANIFEST}); reinstall vLLM")
+        return (
+            f"changed since the patcher wrote it (neither the original nor the patched "
+            f"bytes recorded in {MANIFEST}); reinstall vLLM"
+        )
     return None
 
 
@@ -183,8 +211,15 @@ def plan_revert(patches, tree: Tree, manifest: dict) -> list:
     results = []
     for p in reversed(patches):
         pid = p["id"]
-        res = {"id": pid, "group": p["group"], "what": p["what"], "state": "not-applied",
-               "file": p["variants"][0]["file"], "detail": "", "marker": None}
+        res = {
+            "id": pid,
+            "group": p["group"],
+            "what": p["what"],
+            "state": "not-applied",
+            "file": p["variants"][0]["file"],
+            "detail": "",
+            "marker": None,
+        }
         results.insert(0, res)
         marks = _marked_files(tree, p)
         if marks:
@@ -194,8 +229,9 @@ def plan_revert(patches, tree: Tree, manifest: dict) -> list:
             if done is None:
                 # the most telling message: a variant whose hash the markers carry
                 found = {h for hs in marks.values() for h in hs}
-                v = next((v for v in candidates if variant_hash(pid, v) in found),
-                         candidates[0] if candidates else None)
+                v = next(
+                    (v for v in candidates if variant_hash(pid, v) in found), candidates[0] if candidates else None
+                )
                 res.update(state="drift", detail=_judge_marked(p, v, marks, tree, "cannot revert it"))
                 continue
             text = tree.read(done["file"])
@@ -207,9 +243,11 @@ def plan_revert(patches, tree: Tree, manifest: dict) -> list:
             if tree.read(a["path"]) is None:
                 continue
             if a["path"] not in manifest:
-                res.update(state="drift", file=a["path"], detail=(
-                    f"drift: {pid} {a['path']}: {MANIFEST} has no record of installing it; "
-                    "left alone"))
+                res.update(
+                    state="drift",
+                    file=a["path"],
+                    detail=(f"drift: {pid} {a['path']}: {MANIFEST} has no record of installing it; left alone"),
+                )
                 continue
             tree.staged[a["path"]] = None
             if res["state"] == "not-applied":
@@ -223,8 +261,7 @@ def revert_errors(tree: Tree, manifest: dict) -> list:
     errors = []
     for rel in tree.changed():
         if rel not in manifest:
-            errors.append(f"drift: {rel}: {MANIFEST} has no record of its original bytes; "
-                          "cannot revert it")
+            errors.append(f"drift: {rel}: {MANIFEST} has no record of its original bytes; cannot revert it")
     for rel in sorted(manifest):
         tree.read(rel)
         if sha256(tree.staged[rel]) != manifest[rel].get("original_sha256"):
@@ -249,6 +286,8 @@ def compile_staged(tree: Tree, rels) -> list:
                 except py_compile.PyCompileError as exc:
                     errors.append(f"compile error: {rel}: {exc.msg.strip().splitlines()[-1]}")
     except OSError as exc:
-        raise Failure(EXIT_IO, f"I/O error: cannot stage files in the temporary directory "
-                               f"({exc.strerror or exc}); nothing was changed") from None
+        raise Failure(
+            EXIT_IO,
+            f"I/O error: cannot stage files in the temporary directory ({exc.strerror or exc}); nothing was changed",
+        ) from None
     return errors

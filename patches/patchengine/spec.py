@@ -1,4 +1,5 @@
 """The patch set as data: read (never executed), validated, hashed; markers and stamps."""
+
 from __future__ import annotations
 
 import ast
@@ -92,9 +93,13 @@ def _validate(patches, path: Path) -> None:
             if not (a.get("path") and a.get("source")):
                 raise UsageError(f"{where}: adds need 'path' and 'source'")
         when = p.get("runs_when", {})
-        if not (isinstance(when, dict) and all(
+        if not (
+            isinstance(when, dict)
+            and all(
                 isinstance(k, str) and isinstance(v, list) and v and all(isinstance(x, str) for x in v)
-                for k, v in when.items())):
+                for k, v in when.items()
+            )
+        ):
             raise UsageError(f"{where}: runs_when maps config keys to lists of patterns")
 
 
@@ -130,8 +135,9 @@ def _validate_markers(pid: str, edit, where: str) -> None:
         if mid != pid:
             raise UsageError(f"{where}: a replacement carries another patch's marker {marker(mid)!r}")
         if h:
-            raise UsageError(f"{where}: a replacement carries a stamped marker "
-                             f"'{marker(mid)}@{h}'; the patcher adds the hash itself")
+            raise UsageError(
+                f"{where}: a replacement carries a stamped marker '{marker(mid)}@{h}'; the patcher adds the hash itself"
+            )
 
 
 def marker(patch_id: str) -> str:
@@ -154,8 +160,11 @@ def stamped_marker(patch_id: str, variant) -> str:
 
 def stamp(patch_id: str, variant, text: str) -> str:
     """text with every bare marker of the patch stamped with the variant's hash."""
-    return re.sub(re.escape(marker(patch_id)) + r"(?![A-Za-z0-9_@-])",
-                  stamped_marker(patch_id, variant).replace("\\", r"\\"), text)
+    return re.sub(
+        re.escape(marker(patch_id)) + r"(?![A-Za-z0-9_@-])",
+        stamped_marker(patch_id, variant).replace("\\", r"\\"),
+        text,
+    )
 
 
 def stamped_edits(patch_id: str, variant) -> list:
@@ -188,8 +197,12 @@ def read_source(base: Path, pid: str, source: str) -> str:
 
 def release_ranges(patches) -> str:
     """The releases the patch set has variants for, overlapping ranges merged."""
-    spans = sorted((parse_version(lo), parse_version(hi), lo, hi)
-                   for p in patches for v in p["variants"] for lo, hi in v["versions"])
+    spans = sorted(
+        (parse_version(lo), parse_version(hi), lo, hi)
+        for p in patches
+        for v in p["variants"]
+        for lo, hi in v["versions"]
+    )
     merged = []
     for lo_v, hi_v, lo, hi in spans:
         if merged and lo_v <= merged[-1][1]:  # overlaps or touches the previous one

@@ -1,4 +1,5 @@
 """The vllm package on disk: where it is, which release it is, its files and the manifest."""
+
 from __future__ import annotations
 
 import ast
@@ -14,7 +15,9 @@ PEP440_RE = re.compile(
     (?P<pre>[-_.]?(?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?\d*)?
     (?P<post>-\d+|[-_.]?(?:post|rev|r)[-_.]?\d*)?
     (?P<dev>[-_.]?dev[-_.]?\d*)?
-    (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?\s*$""", re.I | re.X)
+    (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?\s*$""",
+    re.I | re.X,
+)
 PLATFORM_TAG_RE = re.compile(r"(?:cpu|cu\d+|cuda\d*|rocm\d*|hip\d*|xpu|tpu|hpu|neuron|\d+)", re.I)
 
 
@@ -60,9 +63,12 @@ def read_version(pkg: Path) -> str:
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as exc:
         raise UsageError(f"{path}: cannot read the vLLM version ({exc})") from None
     for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-            if any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets):
-                return str(node.value.value)
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
+        ):
+            return str(node.value.value)
     raise UsageError(f"{path}: no __version__; pass --assume-version X.Y.Z")
 
 
@@ -83,11 +89,13 @@ class Tree:
             except FileNotFoundError:
                 self.original[rel] = None
             except UnicodeDecodeError:
-                raise Failure(EXIT_IO, f"I/O error: cannot read vllm/{rel}: not UTF-8 text; "
-                                       "nothing was changed") from None
+                raise Failure(
+                    EXIT_IO, f"I/O error: cannot read vllm/{rel}: not UTF-8 text; nothing was changed"
+                ) from None
             except OSError as exc:
-                raise Failure(EXIT_IO, f"I/O error: cannot read vllm/{rel}: "
-                                       f"{exc.strerror or exc}; nothing was changed") from None
+                raise Failure(
+                    EXIT_IO, f"I/O error: cannot read vllm/{rel}: {exc.strerror or exc}; nothing was changed"
+                ) from None
             self.staged[rel] = self.original[rel]
         return self.staged[rel]
 
@@ -107,6 +115,9 @@ def read_manifest(tree: Tree) -> dict:
         if any(Path(rel).is_absolute() or ".." in Path(rel).parts for rel in files):
             raise ValueError
     except (ValueError, KeyError, TypeError, AttributeError):
-        raise Failure(EXIT_DRIFT, f"drift: vllm/{MANIFEST}: not a manifest this patcher wrote; "
-                                  "start from an unmodified vLLM; nothing was changed") from None
+        raise Failure(
+            EXIT_DRIFT,
+            f"drift: vllm/{MANIFEST}: not a manifest this patcher wrote; "
+            "start from an unmodified vLLM; nothing was changed",
+        ) from None
     return files

@@ -1,6 +1,8 @@
 """Writing a staged tree back: one file at a time, and every file put back on failure."""
+
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -44,10 +46,8 @@ class Writer:
                 os.chmod(tmp, 0o644)
             os.replace(tmp, path)
         except BaseException:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
             raise
 
     def rollback(self) -> list:
@@ -64,8 +64,11 @@ class Writer:
     def fail(self, what: str) -> None:
         failed = self.rollback()
         if failed:
-            raise Failure(EXIT_IO, f"I/O error: {what}; putting back {', '.join(failed)} failed "
-                                   "too: the tree is partly changed, reinstall vLLM")
+            raise Failure(
+                EXIT_IO,
+                f"I/O error: {what}; putting back {', '.join(failed)} failed "
+                "too: the tree is partly changed, reinstall vLLM",
+            )
         raise Failure(EXIT_IO, f"I/O error: {what}; nothing was changed")
 
 
@@ -78,5 +81,3 @@ def manifest_data(tree: Tree, manifest: dict, rels, hash_: str, version: str) ->
         entry["patched_sha256"] = sha256(tree.staged[rel])
     data = {"patchset_sha256": hash_, "vllm_version": version, "files": files}
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
-
-

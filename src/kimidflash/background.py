@@ -16,14 +16,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 
 from .bench.metrics import parse_prometheus
 from .paths import REPO_ROOT
-
 
 # What `serve` prints once its own health wait has passed (serve.py, `say`).
 READY_LINE = "serve: ready in "
@@ -40,8 +39,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving_process(config: str | Path, overrides: list[str], log_path: Path, timeout: float = 900,
-                    cmd: list[str] | None = None, port: int | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
+def serving_process(
+    config: str | Path,
+    overrides: list[str],
+    log_path: Path,
+    timeout: float = 900,
+    cmd: list[str] | None = None,
+    port: int | None = None,
+) -> Iterator[tuple[subprocess.Popen, str]]:
     """Yield (serve process, base URL without /v1) once serve itself says it is ready;
     SIGTERM it at the end like a user.
 
@@ -54,10 +59,22 @@ def serving_process(config: str | Path, overrides: list[str], log_path: Path, ti
     # serve runs from the repository root; a relative config or log is the caller's
     config, log_path = Path(config).absolute(), Path(log_path).absolute()
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    argv = (cmd or [sys.executable, "-m", "kimidflash", "serve"]) + [str(config), *sets, "--quiet",
-                                                                      "--log-file", str(log_path)]
-    proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    argv = (cmd or [sys.executable, "-m", "kimidflash", "serve"]) + [
+        str(config),
+        *sets,
+        "--quiet",
+        "--log-file",
+        str(log_path),
+    ]
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines: list[str] = []
     ready = threading.Event()
 
@@ -105,6 +122,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
     to itself asyncio (3.11+) turns it into a cancellation of the main task, and
     the benchmark runner finishes a cancelled run as a result, so a sweep's
     Ctrl-C during a benchmark was lost and the sweep went on."""
+
     def raise_interrupt(signum, frame):  # type: ignore[no-untyped-def]
         raise KeyboardInterrupt
 

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .errors import RecipeError
 from .fp8.errors import SafetensorsError
@@ -183,8 +184,13 @@ class TextLayout:
 
 def _outside_layers(names: Iterable[str], suffix: str) -> list[str]:
     """Names ending in `suffix` at a name boundary and not inside a decoder layer."""
-    return sorted(n for n in names if n.endswith(suffix) and (n == suffix or n[-len(suffix) - 1] == ".")
-                  and not _IN_LAYER.search(n[: -len(suffix)]))
+    return sorted(
+        n
+        for n in names
+        if n.endswith(suffix)
+        and (n == suffix or n[-len(suffix) - 1] == ".")
+        and not _IN_LAYER.search(n[: -len(suffix)])
+    )
 
 
 def find_layout(names: Iterable[str], config: dict[str, Any] | None, source: str) -> TextLayout:
@@ -194,11 +200,14 @@ def find_layout(names: Iterable[str], config: dict[str, Any] | None, source: str
     embeds = _outside_layers(names, EMBED)
     searched = ", ".join(p + EMBED for p in KNOWN_PREFIXES)
     if not embeds:
-        raise LayoutError(f"{source}: no token embedding among {len(names)} tensors (searched for a name ending "
-                          f"in {EMBED} outside decoder layers, e.g. {searched})")
+        raise LayoutError(
+            f"{source}: no token embedding among {len(names)} tensors (searched for a name ending "
+            f"in {EMBED} outside decoder layers, e.g. {searched})"
+        )
     if len(embeds) > 1:
-        raise LayoutError(f"{source}: more than one token embedding ({', '.join(embeds)}); cannot tell which is "
-                          "the text model's")
+        raise LayoutError(
+            f"{source}: more than one token embedding ({', '.join(embeds)}); cannot tell which is the text model's"
+        )
     embed = embeds[0]
     prefix = embed[: -len(EMBED)]
     heads = [h for h in _outside_layers(names, HEAD) if prefix.startswith(h[: -len(HEAD)])]
@@ -208,8 +217,10 @@ def find_layout(names: Iterable[str], config: dict[str, Any] | None, source: str
     if head is None and tie is False:
         parts = prefix.split(".")[:-1]  # "language_model.model." -> the wrappers "", "language_model.", ...
         wanted = [".".join(parts[:i] + [HEAD]) for i in range(len(parts) + 1)]
-        raise LayoutError(f"{source}: config.json says tie_word_embeddings false but no LM head was found "
-                          f"(searched for {', '.join(wanted)}); the checkpoint is incomplete")
+        raise LayoutError(
+            f"{source}: config.json says tie_word_embeddings false but no LM head was found "
+            f"(searched for {', '.join(wanted)}); the checkpoint is incomplete"
+        )
     norm = prefix + NORM if prefix + NORM in names else None
     return TextLayout(prefix, embed, embed if tie or head is None else head, norm)
 
@@ -227,8 +238,10 @@ def decoder_prefix(names: Iterable[str], source: str) -> str:
     pat = re.compile(r"^(.*?)layers\.0\.self_attn\.")
     prefixes = sorted({m.group(1) for n in names if (m := pat.match(n))})
     if len(prefixes) != 1:
-        raise LayoutError(f"{source}: cannot tell the decoder layers' name prefix (embeddings {embeds or 'none'}; "
-                          f"found {prefixes or 'no layers.0.self_attn.* tensor'})")
+        raise LayoutError(
+            f"{source}: cannot tell the decoder layers' name prefix (embeddings {embeds or 'none'}; "
+            f"found {prefixes or 'no layers.0.self_attn.* tensor'})"
+        )
     return prefixes[0]
 
 

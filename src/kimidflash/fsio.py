@@ -21,8 +21,9 @@ import shutil
 import subprocess
 import tempfile
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO
 
 
 def _umask_mode() -> int:
@@ -48,10 +49,8 @@ def open_atomic(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
             os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 
@@ -136,12 +135,13 @@ def cpuinfo_field(cpuinfo: str | os.PathLike[str], name: str) -> str | None:
 
 def utc_now() -> str:
     """Now, as every result file records it: ``2026-11-24T01:10:00Z``."""
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def git_info(root: str | os.PathLike[str]) -> dict[str, Any]:
     """Revision of the checkout at ``root`` and whether tracked files differ from it;
     both None outside a checkout or without git (an image, an unpacked tarball)."""
+
     def git(*args: str) -> str | None:
         try:
             r = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)

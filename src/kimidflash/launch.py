@@ -56,8 +56,10 @@ def verify(env: dict[str, str], report_path: Path | None = None) -> list[str]:
     pin = env.get(PIN_ENV)
     have = installed_vllm_version()
     if pin and have and release(have) != release(pin):
-        raise LaunchError(f"installed vLLM is {have} but the config pins VLLM_VERSION={pin}; "
-                          "use the matching image/venv or change VLLM_VERSION")
+        raise LaunchError(
+            f"installed vLLM is {have} but the config pins VLLM_VERSION={pin}; "
+            "use the matching image/venv or change VLLM_VERSION"
+        )
     path = report_path or Path(env.get(REPORT_ENV) or DEFAULT_REPORT)
     states: dict[str, str] = {}
     fp8_states: list[str] = []
@@ -69,12 +71,13 @@ def verify(env: dict[str, str], report_path: Path | None = None) -> list[str]:
         if drifted:
             raise LaunchError(f"patch report {path} shows drift for {', '.join(drifted)}; rebuild the image")
         notes.append(f"patch report {path}: " + ", ".join(f"{k}={s}" for k, s in states.items()))
-    if env.get(FP8_POLICY_ENV) == "running-max":
-        if not any(s in GOOD_STATES for s in fp8_states):
-            found = "the report shows it is not applied" if states else f"no patch report was found at {path}"
-            raise LaunchError(f"KV_SCALE_POLICY=running-max needs the FP8 KV patch in this vLLM and {found}; "
-                              "build the image (build-kimi26-dflash.sh) or run "
-                              f"patches/patch_dflash_rocm.py --json {path}")
+    if env.get(FP8_POLICY_ENV) == "running-max" and not any(s in GOOD_STATES for s in fp8_states):
+        found = "the report shows it is not applied" if states else f"no patch report was found at {path}"
+        raise LaunchError(
+            f"KV_SCALE_POLICY=running-max needs the FP8 KV patch in this vLLM and {found}; "
+            "build the image (build-kimi26-dflash.sh) or run "
+            f"patches/patch_dflash_rocm.py --json {path}"
+        )
     return notes
 
 

@@ -8,7 +8,8 @@ container runtime feed it the same way.
 from __future__ import annotations
 
 import collections
-from typing import Callable, Deque, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 TAIL_LINES = 40
 STOP_GRACE_S = 30.0  # SIGTERM, then SIGKILL after this many seconds
@@ -16,7 +17,7 @@ STOP_GRACE_S = 30.0  # SIGTERM, then SIGKILL after this many seconds
 
 class LogTail:
     def __init__(self, log: TextIO | None, echo: Callable[[str], None], maxlen: int = TAIL_LINES):
-        self.lines: Deque[str] = collections.deque(maxlen=maxlen)
+        self.lines: collections.deque[str] = collections.deque(maxlen=maxlen)
         self._log, self._echo = log, echo
 
     def __call__(self, line: str) -> None:

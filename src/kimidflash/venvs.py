@@ -13,8 +13,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .fsio import sibling_lock
 
@@ -27,8 +27,14 @@ def pip(venv: Path) -> Pip:
     return [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
 
 
-def ensure_venv(venv: Path, stamp: str, what: str, build: Callable[[Pip], None],
-                top_up: Callable[[Pip], None] | None = None, log=print) -> Path:
+def ensure_venv(
+    venv: Path,
+    stamp: str,
+    what: str,
+    build: Callable[[Pip], None],
+    top_up: Callable[[Pip], None] | None = None,
+    log: Callable[[str], None] = print,
+) -> Path:
     """`venv`, complete when its stamp reads `stamp`. Absent or half-made: made with
     `build(pip)` in a fresh venv. Stamped otherwise: `top_up(pip)` if given, else rebuilt."""
     mark = venv / STAMP

@@ -22,6 +22,13 @@ from .runner import arun_benchmark, run_benchmark
 from .settings import BenchConfig
 
 __all__ = [
-    "SCHEMA_NAME", "SCHEMA_VERSION", "BenchConfig", "BenchError", "arun_benchmark",
-    "load_result", "run_benchmark", "validate_result", "write_result",
+    "SCHEMA_NAME",
+    "SCHEMA_VERSION",
+    "BenchConfig",
+    "BenchError",
+    "arun_benchmark",
+    "load_result",
+    "run_benchmark",
+    "validate_result",
+    "write_result",
 ]

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..backends import family_draft_backend
 from ..background import serving_process, sigterm_as_interrupt
-from ..config import SCHEDULE_KEY, load_config, parse_overrides
+from ..config import SCHEDULE_KEY, Config, load_config, parse_overrides
 from ..config.drafts import draft_method, read_json
 from ..config.rules import block_serves
 from ..errors import EXIT_INTERRUPTED
@@ -54,9 +54,11 @@ def drafter_family(label: str, path: Path) -> tuple[str, int | None]:
         raise ValueError(f"--drafter {label}: {path}/config.json is not a JSON object")
     method = draft_method(data)
     if method is None:
-        raise ValueError(f"--drafter {label}: {path}/config.json declares {data.get('architectures')!r}, neither "
-                         "a DFlash drafter (DFlashDraftModel) nor an EAGLE-3 head (e.g. Eagle3DeepseekV3ForCausalLM, "
-                         "LlamaForCausalLMEagle3)")
+        raise ValueError(
+            f"--drafter {label}: {path}/config.json declares {data.get('architectures')!r}, neither "
+            "a DFlash drafter (DFlashDraftModel) nor an EAGLE-3 head (e.g. Eagle3DeepseekV3ForCausalLM, "
+            "LlamaForCausalLMEagle3)"
+        )
     block = data.get("block_size") if method == "dflash" else None
     return method, None if block is None else int(block)
 
@@ -72,14 +74,16 @@ def drafter_spec(spec: str) -> tuple[str, Path]:
     return label, Path(d).expanduser().resolve()
 
 
-def variants(args: argparse.Namespace, base: dict[str, Any] | None = None) -> list[tuple[str, list[str]]]:
-    """The (label, overrides) of each variant. `base`: the loaded config's values, from which a drafter of
+def variants(args: argparse.Namespace, base: Config | None = None) -> list[tuple[str, list[str]]]:
+    """The (label, overrides) of each variant. `base`: the loaded config, from which a drafter of
     the other family than the config's takes the draft backend of its own family (a DFlash config's
     ROCM_ATTN would be refused for an MLA EAGLE-3 head, and the other way round)."""
     out: list[tuple[str, list[str]]] = []
     if args.k and not (args.drafter or args.ngram):
-        raise ValueError(f"--k {' '.join(map(str, args.k))}: only --drafter and --ngram variants take a k, and "
-                         "none is given; to serve the config's own drafter at a static k, name it: --drafter LABEL=DIR")
+        raise ValueError(
+            f"--k {' '.join(map(str, args.k))}: only --drafter and --ngram variants take a k, and "
+            "none is given; to serve the config's own drafter at a static k, name it: --drafter LABEL=DIR"
+        )
     given_k = args.k or DEFAULT_K
     for spec in args.drafter:
         label, path = drafter_spec(spec)
@@ -88,27 +92,42 @@ def variants(args: argparse.Namespace, base: dict[str, Any] | None = None) -> li
         method, block = drafter_family(label, path)
         ks = [k for k in given_k if block is None or block_serves(block, k)]
         if not ks:
-            raise ValueError(f"--drafter {label}: its blocks of {block} serve none of "
-                             f"--k {' '.join(map(str, given_k))}")
+            raise ValueError(
+                f"--drafter {label}: its blocks of {block} serve none of --k {' '.join(map(str, given_k))}"
+            )
         if ks != given_k:
-            print(f"ab: {label} served at k={' '.join(map(str, ks))} only: its blocks of {block} serve no more",
-                  file=sys.stderr)
+            print(
+                f"ab: {label} served at k={' '.join(map(str, ks))} only: its blocks of {block} serve no more",
+                file=sys.stderr,
+            )
         own = family_draft_backend(base, method) if base is not None else None
-        backend = [] if own is None or own == base["DRAFT_ATTENTION_BACKEND"] else [f"DRAFT_ATTENTION_BACKEND={own}"]
+        backend = [] if base is None or own == base.draft_attention_backend else [f"DRAFT_ATTENTION_BACKEND={own}"]
         for k in ks:  # a drafter at a static k: a schedule the base config ships is emptied
-            out.append((f"{label} k={k}", [f"SPECULATIVE_METHOD={method}", f"DRAFT_MODEL_DIR={path}",
-                                           f"NUM_SPECULATIVE_TOKENS={k}", f"{SCHEDULE_KEY}=", *backend]))
+            out.append(
+                (
+                    f"{label} k={k}",
+                    [
+                        f"SPECULATIVE_METHOD={method}",
+                        f"DRAFT_MODEL_DIR={path}",
+                        f"NUM_SPECULATIVE_TOKENS={k}",
+                        f"{SCHEDULE_KEY}=",
+                        *backend,
+                    ],
+                )
+            )
     if args.none:
         out.append(("no speculation", ["SPECULATIVE_METHOD=none"]))
     if args.as_shipped:  # the config file as it is, its draft schedule included
         if not args.none:
-            raise ValueError("--as-shipped is checked against the best other variant, no speculation "
-                             "included: add --none")
+            raise ValueError(
+                "--as-shipped is checked against the best other variant, no speculation included: add --none"
+            )
         out.append((SHIPPED, []))
     if args.ngram:
         for k in args.ngram_k or given_k:
-            out.append((f"ngram k={k}", ["SPECULATIVE_METHOD=ngram", f"NUM_SPECULATIVE_TOKENS={k}",
-                                         f"{SCHEDULE_KEY}="]))
+            out.append(
+                (f"ngram k={k}", ["SPECULATIVE_METHOD=ngram", f"NUM_SPECULATIVE_TOKENS={k}", f"{SCHEDULE_KEY}="])
+            )
     if not out:
         raise ValueError("nothing to compare: give --drafter, --ngram, --none or --as-shipped")
     return out
@@ -134,18 +153,20 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     config = load_config(args.serve_config, parse_overrides(list(args.set)))
     cats = categories(args)
-    if "tools" in args.workload and not config["TOOL_CALL_PARSER"]:
-        raise ValueError(f"--workload tools: {args.serve_config} sets no TOOL_CALL_PARSER, and vLLM refuses "
-                         "tool_choice without one (--set TOOL_CALL_PARSER=...)")
-    if config["RUNTIME"] != "docker":  # serve's own step, run first so a --drafter it generates (the tiny pair)
+    if "tools" in args.workload and not config.tool_call_parser:
+        raise ValueError(
+            f"--workload tools: {args.serve_config} sets no TOOL_CALL_PARSER, and vLLM refuses "
+            "tool_choice without one (--set TOOL_CALL_PARSER=...)"
+        )
+    if config.runtime != "docker":  # serve's own step, run first so a --drafter it generates (the tiny pair)
         prepare(config, log=lambda m: print(f"ab: {m}", file=sys.stderr))  # exists when variants() reads it
-    todo = [(label, sets + list(args.set)) for label, sets in variants(args, config.values)]
+    todo = [(label, sets + list(args.set)) for label, sets in variants(args, config)]
     rounds = [r if args.rounds > 1 else None for r in range(1, args.rounds + 1)]
     if args.interleave:
         return _run_interleaved(args, out, todo, rounds, cats)
     files: list[Path] = []
     for i, rnd in enumerate(rounds):
-        for label, sets in (todo if i % 2 == 0 else todo[::-1]):
+        for label, sets in todo if i % 2 == 0 else todo[::-1]:
             paths = _paths(args, out, label, rnd, cats)
             missing = _missing(args, paths)
             if missing:
@@ -156,8 +177,13 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
     return files
 
 
-def _run_interleaved(args: argparse.Namespace, out: Path, todo: list[tuple[str, list[str]]],
-                     rounds: list[int | None], cats: list[Category]) -> list[Path]:
+def _run_interleaved(
+    args: argparse.Namespace,
+    out: Path,
+    todo: list[tuple[str, list[str]]],
+    rounds: list[int | None],
+    cats: list[Category],
+) -> list[Path]:
     """`--interleave`: every variant served for the whole run; at each concurrency of each
     category, every variant in turn. The order is reversed from one block to the next and, for
     the same block, from one round to the next: a place in the order favours no variant."""
@@ -168,16 +194,20 @@ def _run_interleaved(args: argparse.Namespace, out: Path, todo: list[tuple[str, 
         for i, rnd in enumerate(rounds):
             for j, key in enumerate([(cat, c) for cat in cats for c in args.concurrency]):
                 order = [v for v in todo if v[0] in servers and key in _missing(args, paths[v[0], rnd])]
-                for label, sets in (order if (i + j) % 2 == 0 else order[::-1]):
+                for label, sets in order if (i + j) % 2 == 0 else order[::-1]:
                     _bench(args, label, rnd, sets, *servers[label], *key, paths[label, rnd][key])
     return [p for v in paths.values() for p in v.values()]
 
 
-def _paths(args: argparse.Namespace, out: Path, label: str, rnd: int | None,
-           cats: list[Category]) -> dict[tuple[Category, int], Path]:
+def _paths(
+    args: argparse.Namespace, out: Path, label: str, rnd: int | None, cats: list[Category]
+) -> dict[tuple[Category, int], Path]:
     """A variant's result file for each category and concurrency of one round."""
-    return {(cat, c): out / f"{_slug(label)}{'-' + cat.slug if cat.name else ''}-c{c}{_suffix(rnd)}.json"
-            for cat in cats for c in args.concurrency}
+    return {
+        (cat, c): out / f"{_slug(label)}{'-' + cat.slug if cat.name else ''}-c{c}{_suffix(rnd)}.json"
+        for cat in cats
+        for c in args.concurrency
+    }
 
 
 def _slug(label: str) -> str:
@@ -198,34 +228,64 @@ def _missing(args: argparse.Namespace, paths: dict[tuple[Category, int], Path]) 
     return [key for key, path in paths.items() if not (args.reuse and path.is_file())]
 
 
-def _serving(args: argparse.Namespace, out: Path, label: str, sets: list[str],
-             rnd: int | None) -> contextlib.AbstractContextManager[tuple[Any, str]]:
+def _serving(
+    args: argparse.Namespace, out: Path, label: str, sets: list[str], rnd: int | None
+) -> contextlib.AbstractContextManager[tuple[Any, str]]:
     print(f"ab: serving {_name(label, rnd)} ({' '.join(sets)})", file=sys.stderr)
     return serving_process(args.serve_config, sets, out / f"{_slug(label)}{_suffix(rnd)}-server.log")
 
 
-def _bench(args: argparse.Namespace, label: str, rnd: int | None, sets: list[str], proc: Any, base: str,
-           cat: Category, c: int, path: Path) -> None:
+def _bench(
+    args: argparse.Namespace,
+    label: str,
+    rnd: int | None,
+    sets: list[str],
+    proc: Any,
+    base: str,
+    cat: Category,
+    c: int,
+    path: Path,
+) -> None:
     """One benchmark run of one variant at one concurrency in one category, written to `path`."""
     name = _name(label, rnd)
-    cfg = BenchConfig(base_url=f"{base}/v1", sessions=args.sessions, concurrency=c,
-                      turns_per_session=cat.turns, max_tokens=args.max_tokens,
-                      temperature=args.temperature, seed=args.seed, prompts=cat.prompts,
-                      kind=cat.kind, category=cat.name, workload=cat.workload,
-                      warmup=args.warmup, label=label, recipe_config=str(args.serve_config),
-                      recipe_overrides=parse_overrides(sets),
-                      ignore_eos=args.ignore_eos, server_pid=proc.pid, progress=True)
+    cfg = BenchConfig(
+        base_url=f"{base}/v1",
+        sessions=args.sessions,
+        concurrency=c,
+        turns_per_session=cat.turns,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        prompts=cat.prompts,
+        kind=cat.kind,
+        category=cat.name,
+        workload=cat.workload,
+        warmup=args.warmup,
+        label=label,
+        recipe_config=str(args.serve_config),
+        recipe_overrides=parse_overrides(sets),
+        ignore_eos=args.ignore_eos,
+        server_pid=proc.pid,
+        progress=True,
+    )
     doc = run_benchmark(cfg)
-    doc.setdefault("notes", []).append(f"kimidflash ab variant '{name}'" +
-                                       (" (--interleave: every variant served at once)" if args.interleave else ""))
+    doc.setdefault("notes", []).append(
+        f"kimidflash ab variant '{name}'" + (" (--interleave: every variant served at once)" if args.interleave else "")
+    )
     write_result(path, doc)
-    print(f"ab: {name}{' ' + cat.name if cat.name else ''} c={c}: {doc.get('output_throughput')} "
-          f"output tok/s, acceptance length {doc.get('spec_decode_acceptance_length')}", file=sys.stderr)
+    print(
+        f"ab: {name}{' ' + cat.name if cat.name else ''} c={c}: {doc.get('output_throughput')} "
+        f"output tok/s, acceptance length {doc.get('spec_decode_acceptance_length')}",
+        file=sys.stderr,
+    )
     if doc.get("server_cpu"):
         cpu = doc["server_cpu"]
-        print("ab:   server CPU ms per output token: " + ", ".join(
-            f"{r['process']} {r['ms_per_output_token']}" for r in cpu["processes"]) +
-            f"; host busy {cpu['host_busy_fraction']}", file=sys.stderr)
+        print(
+            "ab:   server CPU ms per output token: "
+            + ", ".join(f"{r['process']} {r['ms_per_output_token']}" for r in cpu["processes"])
+            + f"; host busy {cpu['host_busy_fraction']}",
+            file=sys.stderr,
+        )
 
 
 def categories(args: argparse.Namespace) -> list[Category]:
@@ -265,24 +325,34 @@ def offline_vs_online(files: list[Path], offline: dict[str | None, Path], out: P
     Each drafter's rows take its own eval file (`offline[label]`), else the one for every drafter. The walk
     column (eval files since the walk was added) is the offline figure comparable with /metrics."""
     docs = {label: json.loads(path.read_text()) for label, path in offline.items()}
-    lines = [f"Offline{'' if label is None else f' ({label})'}: `{portable(path)}` (step {docs[label].get('step')}, "
-             f"{docs[label].get('split', 'heldout')} split, {docs[label].get('definition', '')})."
-             for label, path in offline.items()]
-    lines += ["Online: vLLM /metrics deltas in the result files below.", "",
-              "| variant | concurrency | k | offline mean acceptance length | offline, as a server walks | "
-              "online mean acceptance length | offline per position | online per position | output tok/s | file |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Offline{'' if label is None else f' ({label})'}: `{portable(path)}` (step {docs[label].get('step')}, "
+        f"{docs[label].get('split', 'heldout')} split, {docs[label].get('definition', '')})."
+        for label, path in offline.items()
+    ]
+    lines += [
+        "Online: vLLM /metrics deltas in the result files below.",
+        "",
+        "| variant | concurrency | k | offline mean acceptance length | offline, as a server walks | "
+        "online mean acceptance length | offline per position | online per position | output tok/s | file |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for f in files:
         doc = load_result(f)
         label = doc.get("label", "")
         k = (doc.get("provenance", {}).get("recipe_config") or {}).get("values", {}).get("NUM_SPECULATIVE_TOKENS")
-        off = docs.get(label.split(" k=")[0], docs.get(None)) if "k=" in label and not label.startswith("ngram") else None
+        off = (
+            docs.get(label.split(" k=")[0], docs.get(None)) if "k=" in label and not label.startswith("ngram") else None
+        )
         o = off["by_k"].get(str(k)) if off else None
-        lines.append(f"| {label} | {doc.get('max_concurrency')} | {k if doc.get('speculative') else '-'} | "
-                     f"{o['mean_acceptance_length'] if o else '-'} | {(o or {}).get('walk', {}).get('mean_acceptance_length', '-')} | "
-                     f"{doc.get('spec_decode_acceptance_length') or '-'} | "
-                     f"{o['per_position'] if o else '-'} | {doc.get('spec_decode_per_position_acceptance_rates') or '-'} | "
-                     f"{doc.get('output_throughput')} | {f.name} |")
+        lines.append(
+            f"| {label} | {doc.get('max_concurrency')} | {k if doc.get('speculative') else '-'} | "
+            f"{o['mean_acceptance_length'] if o else '-'} | "
+            f"{(o or {}).get('walk', {}).get('mean_acceptance_length', '-')} | "
+            f"{doc.get('spec_decode_acceptance_length') or '-'} | "
+            f"{o['per_position'] if o else '-'} | {doc.get('spec_decode_per_position_acceptance_rates') or '-'} | "
+            f"{doc.get('output_throughput')} | {f.name} |"
+        )
     text = "\n".join(lines) + "\n"
     (out / "offline-vs-online.md").write_text(text)
     return text
@@ -291,32 +361,65 @@ def offline_vs_online(files: list[Path], offline: dict[str | None, Path], out: P
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="kimidflash ab", description=__doc__.splitlines()[0])
     p.add_argument("serve_config", type=Path)
-    p.add_argument("--drafter", action="append", default=[], metavar="LABEL=DIR",
-                   help="a draft checkpoint to serve (repeatable): a DFlash drafter or an EAGLE-3 head, the method "
-                        "read from its config.json, so one run compares both families")
+    p.add_argument(
+        "--drafter",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="a draft checkpoint to serve (repeatable): a DFlash drafter or an EAGLE-3 head, the method "
+        "read from its config.json, so one run compares both families",
+    )
     p.add_argument("--ngram", action="store_true")
     p.add_argument("--none", action="store_true", help="include the no-speculation baseline")
-    p.add_argument("--as-shipped", action="store_true",
-                   help="include the config as it is (its draft schedule too), checked against the best other "
-                        "variant per concurrency in shipped-check.md (with --none)")
+    p.add_argument(
+        "--as-shipped",
+        action="store_true",
+        help="include the config as it is (its draft schedule too), checked against the best other "
+        "variant per concurrency in shipped-check.md (with --none)",
+    )
     p.add_argument("--ngram-k", type=int, nargs="+", help="num_speculative_tokens for ngram (default: --k)")
-    p.add_argument("--k", type=int, nargs="+",
-                   help=f"num_speculative_tokens values for --drafter and --ngram (default {DEFAULT_K[0]}; each "
-                        "drafter runs those its block size serves)")
-    p.add_argument("--prompts", default=None,
-                   help="builtin (default), or your traffic: a JSONL of the benchmark's prompts, chat-completion "
-                        "request bodies or OpenAI Batch API input lines, or ShareGPT conversations (a JSON array "
-                        "or one per line)")
-    p.add_argument("--category", action="append", default=[], metavar="NAME=FILE",
-                   help="benchmark this prompt file as its own category (repeatable; instead of --prompts): "
-                        "specbench.md then gives acceptance and speedup per category")
-    p.add_argument("--by-kind", action="store_true",
-                   help="split each --category file whose records carry several kinds into NAME/kind categories")
-    p.add_argument("--multi-turn", action="append", default=[], metavar="NAME=N",
-                   help="also run --category NAME's sessions for N turns, as the category 'NAME multi-turn'")
-    p.add_argument("--workload", nargs="+", default=["free"], choices=list(WORKLOADS),
-                   help="what requests ask for besides their messages; several: each category once per workload, "
-                        "in specbench.md as 'CATEGORY WORKLOAD' rows (tools needs the server's TOOL_CALL_PARSER)")
+    p.add_argument(
+        "--k",
+        type=int,
+        nargs="+",
+        help=f"num_speculative_tokens values for --drafter and --ngram (default {DEFAULT_K[0]}; each "
+        "drafter runs those its block size serves)",
+    )
+    p.add_argument(
+        "--prompts",
+        default=None,
+        help="builtin (default), or your traffic: a JSONL of the benchmark's prompts, chat-completion "
+        "request bodies or OpenAI Batch API input lines, or ShareGPT conversations (a JSON array "
+        "or one per line)",
+    )
+    p.add_argument(
+        "--category",
+        action="append",
+        default=[],
+        metavar="NAME=FILE",
+        help="benchmark this prompt file as its own category (repeatable; instead of --prompts): "
+        "specbench.md then gives acceptance and speedup per category",
+    )
+    p.add_argument(
+        "--by-kind",
+        action="store_true",
+        help="split each --category file whose records carry several kinds into NAME/kind categories",
+    )
+    p.add_argument(
+        "--multi-turn",
+        action="append",
+        default=[],
+        metavar="NAME=N",
+        help="also run --category NAME's sessions for N turns, as the category 'NAME multi-turn'",
+    )
+    p.add_argument(
+        "--workload",
+        nargs="+",
+        default=["free"],
+        choices=list(WORKLOADS),
+        help="what requests ask for besides their messages; several: each category once per workload, "
+        "in specbench.md as 'CATEGORY WORKLOAD' rows (tools needs the server's TOOL_CALL_PARSER)",
+    )
     p.add_argument("--sessions", type=int, default=16)
     p.add_argument("--turns", type=int, default=1)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
@@ -327,19 +430,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra serve override")
     p.add_argument("--reuse", action="store_true", help="skip variants whose result files exist (resume)")
-    p.add_argument("--rounds", type=int, default=1,
-                   help="cycle through all variants this many times (files get -rN); compare averages the rounds")
-    p.add_argument("--interleave", action="store_true",
-                   help="serve every variant at once, each on its own port, and run them back to back at each "
-                        "concurrency (order reversed each time): drift slower than one run cancels; every "
-                        "variant's server must fit beside the others")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="cycle through all variants this many times (files get -rN); compare averages the rounds",
+    )
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="serve every variant at once, each on its own port, and run them back to back at each "
+        "concurrency (order reversed each time): drift slower than one run cancels; every "
+        "variant's server must fit beside the others",
+    )
     p.add_argument("--out", required=True, help="folder for result files, report.md and charts")
-    p.add_argument("--offline", action="append", default=[], metavar="[LABEL=]FILE",
-                   help="an eval.json / offline-acceptance.json to set beside online figures: LABEL=FILE for "
-                        "that --drafter's rows, FILE for every drafter (repeatable)")
-    p.add_argument("--offline-category", action="append", default=[], metavar="LABEL@CATEGORY=FILE",
-                   help="an eval.json whose walk acceptance length goes beside --drafter LABEL's row of "
-                        "CATEGORY in specbench.md (repeatable)")
+    p.add_argument(
+        "--offline",
+        action="append",
+        default=[],
+        metavar="[LABEL=]FILE",
+        help="an eval.json / offline-acceptance.json to set beside online figures: LABEL=FILE for "
+        "that --drafter's rows, FILE for every drafter (repeatable)",
+    )
+    p.add_argument(
+        "--offline-category",
+        action="append",
+        default=[],
+        metavar="LABEL@CATEGORY=FILE",
+        help="an eval.json whose walk acceptance length goes beside --drafter LABEL's row of "
+        "CATEGORY in specbench.md (repeatable)",
+    )
     a = p.parse_args(argv)
     try:
         offline = offline_files(a.offline, [d.partition("=")[0] for d in a.drafter])
@@ -350,8 +470,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"ab: interrupted; finished result files are kept in {a.out}: rerun with --reuse to serve only "
-              "what is missing", file=sys.stderr)
+        print(
+            f"ab: interrupted; finished result files are kept in {a.out}: rerun with --reuse to serve only "
+            "what is missing",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED
     base = "no speculation" if a.none else None
     named = bool(a.category) or a.workload != ["free"]  # named categories: a report each, and specbench.md
@@ -365,14 +488,15 @@ def main(argv: list[str] | None = None) -> int:
         if table is not None:
             print(cat_mod.write(table, Path(a.out)))
     else:
-        compare([str(f) for f in files], baseline=base, markdown=Path(a.out) / "report.md",
-                charts=Path(a.out) / "charts")
+        compare(
+            [str(f) for f in files], baseline=base, markdown=Path(a.out) / "report.md", charts=Path(a.out) / "charts"
+        )
     if a.as_shipped and table is not None:
-        check = shipped_check(table, own_statics(table["series"], [drafter_spec(d) for d in a.drafter],
-                                                  a.serve_config, a.set))
+        check = shipped_check(
+            table, own_statics(table["series"], [drafter_spec(d) for d in a.drafter], a.serve_config, a.set)
+        )
         check["checked_schedule"] = checked(check, a.serve_config, a.set)
         print(write_shipped_check(check, Path(a.out), a.serve_config))
     if offline:
         print(offline_vs_online(files, offline, Path(a.out)))
     return 0
-

@@ -20,9 +20,10 @@ a row pooling every single-turn category.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ..fsio import write_json_atomic, write_text_atomic
 from .errors import PromptError
@@ -71,8 +72,9 @@ def _pairs(specs: Sequence[str], flag: str) -> list[tuple[str, str]]:
     return out
 
 
-def parse_categories(specs: Sequence[str], by_kind: bool = False, multi_turn: Sequence[str] = (),
-                     turns: int = 1) -> list[Category]:
+def parse_categories(
+    specs: Sequence[str], by_kind: bool = False, multi_turn: Sequence[str] = (), turns: int = 1
+) -> list[Category]:
     """The categories `ab` runs, in order: each `--category NAME=FILE` (split by kind with `by_kind`
     when its records carry more than one), then the `--multi-turn NAME=N` ones."""
     cats: list[Category] = []
@@ -101,6 +103,7 @@ def parse_categories(specs: Sequence[str], by_kind: bool = False, multi_turn: Se
 
 
 # --- the table ------------------------------------------------------------------------------
+
 
 @dataclass
 class _Pool:
@@ -150,16 +153,20 @@ def _order(values: Iterable[Any]) -> list[Any]:
     return out
 
 
-def specbench(files: Sequence[Path], baseline: str, offline: dict[tuple[str, str], float] | None = None
-              ) -> dict[str, Any]:
+def specbench(
+    files: Sequence[Path], baseline: str, offline: dict[tuple[str, str], float] | None = None
+) -> dict[str, Any]:
     """The table as data: per row (category, concurrency), per drafter series: online acceptance
     length, throughput and speedup over `baseline` in the same row; `offline[(series label,
     category)]` an offline walk figure to set beside it."""
     loaded = [(f, load_result(f)) for f in files]
     docs = [d for _, d in loaded if not d.get("partial")]
     partial = [f.name for f, d in loaded if d.get("partial")]  # cut short: its tokens and seconds are no run's
-    cat = lambda d: (d.get("config") or {}).get("category")  # noqa: E731
-    parents = {cat(d): cat(d).split("/")[0] if "/" in (cat(d) or "") else None for d in docs}  # NAME/kind
+
+    def cat(d: dict[str, Any]) -> str:
+        return str((d.get("config") or {}).get("category"))
+
+    parents = {cat(d): cat(d).split("/")[0] if "/" in cat(d) else None for d in docs}  # NAME/kind
     series = _order(d["label"] for d in docs)
     if baseline not in series:
         raise ValueError(f"no result files for the baseline {baseline!r} (series: {', '.join(series)})")
@@ -187,24 +194,43 @@ def specbench(files: Sequence[Path], baseline: str, offline: dict[tuple[str, str
                     continue
                 tps = pools[s].tps
                 decode = pools[s].decode_tps
-                cells[s] = {"acceptance_length": pools[s].acceptance_length, "output_tps": tps,
-                            "speedup": tps / base if tps and base else None, "runs": pools[s].runs,
-                            "drafted_per_draft": pools[s].tokens_per_draft,
-                            "decode_speedup": decode / base_decode if decode and base_decode else None,
-                            "offline_walk_acceptance_length": _offline(offline or {}, s, name)}
-            rows.append({"category": name, "members": members, "concurrency": conc,
-                         "baseline_tps": base, "baseline_runs": pools[baseline].runs, "series": cells})
-    return {"baseline": baseline, "series": [s for s in series if s != baseline], "rows": rows,
-            "definitions": {"output_tps": "total output tokens / total measured seconds, every round pooled",
-                            "acceptance_length": "1 + accepted / drafts, vLLM /metrics deltas, every round pooled",
-                            "speedup": "output_tps / the baseline's in the same category and concurrency",
-                            "drafted_per_draft": "draft tokens / drafts: below k where a grammar cut drafts short "
-                                                 "(a draft cut to nothing is no draft, and leaves the acceptance "
-                                                 "length above the tokens a step gives)",
-                            "decode_speedup": "the same ratio over decode alone: output tokens after each "
-                                              "request's first / the time from its first token to its last, "
-                                              "pooled (no prefill, no queueing)"},
-            "files": [f.name for f in files], "left_out_partial": partial}
+                cells[s] = {
+                    "acceptance_length": pools[s].acceptance_length,
+                    "output_tps": tps,
+                    "speedup": tps / base if tps and base else None,
+                    "runs": pools[s].runs,
+                    "drafted_per_draft": pools[s].tokens_per_draft,
+                    "decode_speedup": decode / base_decode if decode and base_decode else None,
+                    "offline_walk_acceptance_length": _offline(offline or {}, s, name),
+                }
+            rows.append(
+                {
+                    "category": name,
+                    "members": members,
+                    "concurrency": conc,
+                    "baseline_tps": base,
+                    "baseline_runs": pools[baseline].runs,
+                    "series": cells,
+                }
+            )
+    return {
+        "baseline": baseline,
+        "series": [s for s in series if s != baseline],
+        "rows": rows,
+        "definitions": {
+            "output_tps": "total output tokens / total measured seconds, every round pooled",
+            "acceptance_length": "1 + accepted / drafts, vLLM /metrics deltas, every round pooled",
+            "speedup": "output_tps / the baseline's in the same category and concurrency",
+            "drafted_per_draft": "draft tokens / drafts: below k where a grammar cut drafts short "
+            "(a draft cut to nothing is no draft, and leaves the acceptance "
+            "length above the tokens a step gives)",
+            "decode_speedup": "the same ratio over decode alone: output tokens after each "
+            "request's first / the time from its first token to its last, "
+            "pooled (no prefill, no queueing)",
+        },
+        "files": [f.name for f in files],
+        "left_out_partial": partial,
+    }
 
 
 def _offline(offline: dict[tuple[str, str], float], series: str, category: str) -> float | None:
@@ -220,17 +246,28 @@ def render(table: dict[str, Any]) -> str:
     series = table["series"]
     head = ["category", "users", f"{table['baseline']} tok/s"]
     for s in series:
-        head += [f"{s} AL online", f"{s} AL offline walk", f"{s} drafted/draft", f"{s} tok/s", f"{s} speedup",
-                 f"{s} decode speedup"]
+        head += [
+            f"{s} AL online",
+            f"{s} AL offline walk",
+            f"{s} drafted/draft",
+            f"{s} tok/s",
+            f"{s} speedup",
+            f"{s} decode speedup",
+        ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     x = lambda v: _f(v, ".2f") + ("x" if v else "")  # noqa: E731  a ratio
     for r in table["rows"]:
         cells = [r["category"], str(r["concurrency"]), _f(r["baseline_tps"], ".1f")]
         for s in series:
             c = r["series"].get(s, {})
-            cells += [_f(c.get("acceptance_length"), ".2f"), _f(c.get("offline_walk_acceptance_length"), ".2f"),
-                      _f(c.get("drafted_per_draft"), ".2f"), _f(c.get("output_tps"), ".1f"), x(c.get("speedup")),
-                      x(c.get("decode_speedup"))]
+            cells += [
+                _f(c.get("acceptance_length"), ".2f"),
+                _f(c.get("offline_walk_acceptance_length"), ".2f"),
+                _f(c.get("drafted_per_draft"), ".2f"),
+                _f(c.get("output_tps"), ".1f"),
+                x(c.get("speedup")),
+                x(c.get("decode_speedup")),
+            ]
         lines.append("| " + " | ".join(cells) + " |")
     d = table["definitions"]
     notes = [f"- {k}: {v}" for k, v in d.items()]

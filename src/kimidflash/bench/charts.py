@@ -22,6 +22,7 @@ def pyplot() -> Any:
         raise ReportError("charts need matplotlib: pip install matplotlib (or pip install -e .[charts])") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -73,8 +74,13 @@ def latency_chart(rows: list[Row], out: Path) -> Path | None:
         for data, kind, marker in ((mean, "mean", "o"), (p95, "P95", "^")):
             pts = sorted((c, v) for (ss, c), v in data.items() if ss == s)
             if pts:
-                ax.plot([c for c, _ in pts], [v for _, v in pts], _style(rows, s), marker=marker,
-                        label=f"{_name(rows, s)} {kind}")
+                ax.plot(
+                    [c for c, _ in pts],
+                    [v for _, v in pts],
+                    _style(rows, s),
+                    marker=marker,
+                    label=f"{_name(rows, s)} {kind}",
+                )
     ax.set_xlabel("concurrent users")
     ax.set_ylabel("end-to-end latency (s)")
     ax.set_title("Latency vs concurrency")
@@ -100,9 +106,10 @@ def acceptance_chart(acc: list[Acceptance], out: Path) -> Path | None:
             ub = a.upper_bounds[i] if i < len(a.upper_bounds) else None
             ys.append(r if r is not None else (ub or 0.0))
         label = a.series if a.source == "ours" else f"{a.series} (published)"
-        bars = ax.bar(xs, [y * 100 for y in ys], width=bar, label=label,
-                      hatch=None if a.source == "ours" else "//", alpha=0.85)
-        for b, r in zip(bars, a.rates):
+        bars = ax.bar(
+            xs, [y * 100 for y in ys], width=bar, label=label, hatch=None if a.source == "ours" else "//", alpha=0.85
+        )
+        for b, r in zip(bars, a.rates, strict=False):
             if r is None:
                 b.set_alpha(0.3)  # an upper bound, not a value
     ax.set_xticks(range(width))

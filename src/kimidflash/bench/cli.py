@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..commands import Command, dispatch
 from ..config import ConfigError, load_config, parse_overrides
@@ -33,32 +33,41 @@ from .report import compare
 from .result import no_completion
 from .resultfile import check_output, load_json, validate_result, write_result
 from .runner import Runner
-from .workloads import WORKLOADS
 from .series import PUBLISHED_SCHEMA, validate_published
 from .settings import BenchConfig
 from .terminal import print_summary
+from .workloads import WORKLOADS
 
 EXIT_PARTIAL = 3  # the result was written but is partial (server died, counters reset) or no request completed
 PROG = "benchmark_multi_turn.py"
 
 COMMANDS = (
-    Command("run", "kimidflash.bench.cli:cmd_run",
-            "one benchmark run (the default: options with no command name are run's)"),
+    Command(
+        "run", "kimidflash.bench.cli:cmd_run", "one benchmark run (the default: options with no command name are run's)"
+    ),
     Command("compare", "kimidflash.bench.cli:cmd_compare", "seed-style tables, Markdown and charts from result files"),
     Command("validate", "kimidflash.bench.cli:cmd_validate", "check result files against the schema"),
-    Command("export-prompts", "kimidflash.bench.cli:cmd_export",
-            "write the prompts a run sends, as JSONL for vllm bench serve"),
+    Command(
+        "export-prompts",
+        "kimidflash.bench.cli:cmd_export",
+        "write the prompts a run sends, as JSONL for vllm bench serve",
+    ),
 )
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Multi-turn streaming benchmark for an "
-                                "OpenAI-compatible server (vLLM), with spec-decode acceptance from /metrics. "
-                                f"Other commands: '{PROG} compare -h', '{PROG} validate -h'.")
-    p.add_argument("--base-url", help="the server's OpenAI root, e.g. http://127.0.0.1:8262/v1 "
-                   "(default: from --recipe-config)")
-    p.add_argument("--model", help="served model name (default: the recipe's SERVED_MODEL_NAME, "
-                   "else the server's only model)")
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Multi-turn streaming benchmark for an "
+        "OpenAI-compatible server (vLLM), with spec-decode acceptance from /metrics. "
+        f"Other commands: '{PROG} compare -h', '{PROG} validate -h'.",
+    )
+    p.add_argument(
+        "--base-url", help="the server's OpenAI root, e.g. http://127.0.0.1:8262/v1 (default: from --recipe-config)"
+    )
+    p.add_argument(
+        "--model", help="served model name (default: the recipe's SERVED_MODEL_NAME, else the server's only model)"
+    )
     p.add_argument("--sessions", type=int, default=32, help="concurrent conversations (default 32)")
     p.add_argument("--turns-per-session", type=int, default=1, help="user turns per session (default 1)")
     p.add_argument("--concurrency", type=int, default=None, help="max requests in flight (default: --sessions)")
@@ -67,51 +76,97 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests before the window, excluded (default 2)")
     p.add_argument("--warmup-max-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0, help="prompt shuffling seed (default 0)")
-    p.add_argument("--prompts", default=None, metavar="builtin|FILE",
-                   help="prompt source: the built-in diverse set (default), a JSONL file or a ShareGPT JSON file")
+    p.add_argument(
+        "--prompts",
+        default=None,
+        metavar="builtin|FILE",
+        help="prompt source: the built-in diverse set (default), a JSONL file or a ShareGPT JSON file",
+    )
     p.add_argument("--kind", default=None, help="only the prompt source's conversations of this kind (category)")
-    p.add_argument("--workload", default="free", choices=list(WORKLOADS),
-                   help="what each request asks for: free text (default), json (response_format), tools "
-                        "(a named function tool; the server needs a tool-call parser) or envelope (a coding "
-                        "agent's JSON: a short header around one long content string)")
+    p.add_argument(
+        "--workload",
+        default="free",
+        choices=list(WORKLOADS),
+        help="what each request asks for: free text (default), json (response_format), tools "
+        "(a named function tool; the server needs a tool-call parser) or envelope (a coding "
+        "agent's JSON: a short header around one long content string)",
+    )
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--think-time", type=float, default=0.0, help="seconds between a reply and the next turn")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds (default 600)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--label", default=None, help="series name in reports (e.g. 'dflash st=2')")
     p.add_argument("--output", "-o", default=None, metavar="FILE.json", help="write the result here (atomically)")
-    p.add_argument("--recipe-config", default=None, metavar="ENV_FILE",
-                   help="the recipe config that launched the server (recorded with its sha256)")
-    p.add_argument("--recipe-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a --set the server was launched with (repeatable; recorded with the recipe config)")
+    p.add_argument(
+        "--recipe-config",
+        default=None,
+        metavar="ENV_FILE",
+        help="the recipe config that launched the server (recorded with its sha256)",
+    )
+    p.add_argument(
+        "--recipe-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a --set the server was launched with (repeatable; recorded with the recipe config)",
+    )
     role = p.add_mutually_exclusive_group()
-    role.add_argument("--speculative", dest="speculative", action="store_true", default=None,
-                      help="mark the run as speculative (default: from the recipe config or /metrics)")
-    role.add_argument("--baseline", dest="speculative", action="store_false",
-                      help="mark the run as the autoregressive baseline")
+    role.add_argument(
+        "--speculative",
+        dest="speculative",
+        action="store_true",
+        default=None,
+        help="mark the run as speculative (default: from the recipe config or /metrics)",
+    )
+    role.add_argument(
+        "--baseline", dest="speculative", action="store_false", help="mark the run as the autoregressive baseline"
+    )
     p.add_argument("--no-metrics", action="store_true", help="do not scrape /metrics")
-    p.add_argument("--server-pid", type=int, default=None, metavar="PID",
-                   help="a server on this host (its launcher's pid): record the CPU time of it and every process "
-                        "under it in the window, per process (the result's server_cpu)")
-    p.add_argument("--metrics-url", action="append", default=None, dest="metrics_urls",
-                   help="default: <server root>/metrics; repeat for each server behind a router (the fleet is "
-                        "read as one, with each server's share)")
-    p.add_argument("--session-header", default=None, metavar="NAME",
-                   help="send each session's id in this header (X-Session-ID: what vllm-router's "
-                        "consistent_hash keys on)")
-    p.add_argument("--no-vllm-extensions", action="store_true",
-                   help="do not send return_token_ids / continuous_usage_stats (non-vLLM servers)")
+    p.add_argument(
+        "--server-pid",
+        type=int,
+        default=None,
+        metavar="PID",
+        help="a server on this host (its launcher's pid): record the CPU time of it and every process "
+        "under it in the window, per process (the result's server_cpu)",
+    )
+    p.add_argument(
+        "--metrics-url",
+        action="append",
+        default=None,
+        dest="metrics_urls",
+        help="default: <server root>/metrics; repeat for each server behind a router (the fleet is "
+        "read as one, with each server's share)",
+    )
+    p.add_argument(
+        "--session-header",
+        default=None,
+        metavar="NAME",
+        help="send each session's id in this header (X-Session-ID: what vllm-router's consistent_hash keys on)",
+    )
+    p.add_argument(
+        "--no-vllm-extensions",
+        action="store_true",
+        help="do not send return_token_ids / continuous_usage_stats (non-vLLM servers)",
+    )
     p.add_argument("--ignore-eos", action="store_true", help="ask the server to always generate --max-tokens")
-    p.add_argument("--max-connection-errors", type=int, default=3,
-                   help="stop (partial result) after this many connection failures in a row")
+    p.add_argument(
+        "--max-connection-errors",
+        type=int,
+        default=3,
+        help="stop (partial result) after this many connection failures in a row",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--quiet", "-q", action="store_true", help="no summary table")
     return p
 
 
 def _compare_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"{PROG} compare", description="Seed-style tables and charts from result "
-                                "files (ours, or the seed's published figures in benchmarks/seed/).")
+    p = argparse.ArgumentParser(
+        prog=f"{PROG} compare",
+        description="Seed-style tables and charts from result "
+        "files (ours, or the seed's published figures in benchmarks/seed/).",
+    )
     p.add_argument("files", nargs="+", help="result JSON files")
     p.add_argument("--baseline", default=None, help="label of the baseline series (default: the non-speculative one)")
     p.add_argument("--markdown", default=None, metavar="OUT.md", help="write the tables as Markdown")
@@ -127,8 +182,11 @@ def _validate_parser() -> argparse.ArgumentParser:
 
 
 def _export_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"{PROG} export-prompts", description="Write the first turns a run with "
-                                "these settings sends, as JSONL {\"prompt\": ...} (for vllm bench serve's custom dataset).")
+    p = argparse.ArgumentParser(
+        prog=f"{PROG} export-prompts",
+        description="Write the first turns a run with "
+        'these settings sends, as JSONL {"prompt": ...} (for vllm bench serve\'s custom dataset).',
+    )
     p.add_argument("--sessions", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=2)
@@ -159,16 +217,37 @@ def config_from_args(a: argparse.Namespace, argv: Sequence[str]) -> BenchConfig:
         except Exception as e:  # noqa: BLE001 - the loader's message names key and file
             raise BenchError(f"recipe config {a.recipe_config}: {e}") from None
     return BenchConfig(
-        base_url=base_url, model=a.model, sessions=a.sessions, turns_per_session=a.turns_per_session,
-        concurrency=a.concurrency, max_tokens=a.max_tokens, temperature=a.temperature, warmup=a.warmup,
-        warmup_max_tokens=a.warmup_max_tokens, seed=a.seed, prompts=a.prompts, kind=a.kind, workload=a.workload, system_prompt=a.system_prompt,
-        think_time=a.think_time, timeout=a.timeout, api_key=a.api_key, label=a.label,
-        scrape_metrics=not a.no_metrics, metrics_urls=a.metrics_urls,
-        session_header=a.session_header, vllm_extensions=not a.no_vllm_extensions,
-        ignore_eos=a.ignore_eos, recipe_config=a.recipe_config, recipe_overrides=overrides or None,
-        speculative=a.speculative, server_pid=a.server_pid,
-        max_connection_errors=a.max_connection_errors, progress=not a.no_progress and sys.stderr.isatty(),
-        handle_signals=True, argv=[PROG, *argv],
+        base_url=base_url,
+        model=a.model,
+        sessions=a.sessions,
+        turns_per_session=a.turns_per_session,
+        concurrency=a.concurrency,
+        max_tokens=a.max_tokens,
+        temperature=a.temperature,
+        warmup=a.warmup,
+        warmup_max_tokens=a.warmup_max_tokens,
+        seed=a.seed,
+        prompts=a.prompts,
+        kind=a.kind,
+        workload=a.workload,
+        system_prompt=a.system_prompt,
+        think_time=a.think_time,
+        timeout=a.timeout,
+        api_key=a.api_key,
+        label=a.label,
+        scrape_metrics=not a.no_metrics,
+        metrics_urls=a.metrics_urls,
+        session_header=a.session_header,
+        vllm_extensions=not a.no_vllm_extensions,
+        ignore_eos=a.ignore_eos,
+        recipe_config=a.recipe_config,
+        recipe_overrides=overrides or None,
+        speculative=a.speculative,
+        server_pid=a.server_pid,
+        max_connection_errors=a.max_connection_errors,
+        progress=not a.no_progress and sys.stderr.isatty(),
+        handle_signals=True,
+        argv=[PROG, *argv],
     )
 
 
@@ -230,17 +309,15 @@ def cmd_validate(argv: Sequence[str]) -> int:
             _err(str(e))
             bad += 1
             continue
-        if doc.get("schema") == PUBLISHED_SCHEMA:
-            problems = validate_published(doc)
-        else:
-            problems = validate_result(doc)
+        problems = validate_published(doc) if doc.get("schema") == PUBLISHED_SCHEMA else validate_result(doc)
         if problems:
             bad += 1
             for p in problems:
                 _err(f"{f}: {p}")
         else:
-            marks = [m for m, on in (("partial", doc.get("partial")), ("no request completed", no_completion(doc)))
-                     if on]
+            marks = [
+                m for m, on in (("partial", doc.get("partial")), ("no request completed", no_completion(doc))) if on
+            ]
             print(f"{f}: valid{' (' + ', '.join(marks) + ')' if marks else ''}")
     return EXIT_USAGE if bad else EXIT_OK
 
@@ -258,6 +335,11 @@ def cmd_export(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return dispatch(COMMANDS, sys.argv[1:] if argv is None else argv, prog=PROG, default="run",
-                    description="Multi-turn streaming benchmark for an OpenAI-compatible server (vLLM) and its "
-                                f"result tools. Options with no command run a benchmark ('{PROG} run -h').")
+    return dispatch(
+        COMMANDS,
+        sys.argv[1:] if argv is None else argv,
+        prog=PROG,
+        default="run",
+        description="Multi-turn streaming benchmark for an OpenAI-compatible server (vLLM) and its "
+        f"result tools. Options with no command run a benchmark ('{PROG} run -h').",
+    )

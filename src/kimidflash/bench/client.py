@@ -112,16 +112,26 @@ def split_itls(chunks: list[tuple[float, int]]) -> list[float]:
     return out
 
 
-def chat_payload(model: str, messages: list[dict[str, str]], max_tokens: int, temperature: float,
-                 vllm_extensions: bool = True, ignore_eos: bool = False,
-                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def chat_payload(
+    model: str,
+    messages: list[dict[str, str]],
+    max_tokens: int,
+    temperature: float,
+    vllm_extensions: bool = True,
+    ignore_eos: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The request body. `vllm_extensions` adds `return_token_ids` and
     `continuous_usage_stats` (exact per-chunk token counts); turn it off for
     servers that reject unknown fields."""
     stream_options: dict[str, Any] = {"include_usage": True}
     body: dict[str, Any] = {
-        "model": model, "messages": messages, "max_tokens": max_tokens,
-        "temperature": temperature, "stream": True, "stream_options": stream_options,
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "stream": True,
+        "stream_options": stream_options,
     }
     if vllm_extensions:
         stream_options["continuous_usage_stats"] = True
@@ -241,10 +251,10 @@ class _Stream:
         if not isinstance(call, dict):
             return ""
         calls = self.rec.tool_calls
-        i = call.get("index") if isinstance(call.get("index"), int) else len(calls) - 1
+        i = call["index"] if isinstance(call.get("index"), int) else len(calls) - 1
         while len(calls) <= max(i, 0):
             calls.append({"name": "", "arguments": ""})
-        fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+        fn = call["function"] if isinstance(call.get("function"), dict) else {}
         calls[i]["name"] += fn.get("name") or ""
         args = fn.get("arguments") or ""
         calls[i]["arguments"] += args
@@ -274,8 +284,9 @@ class _Stream:
             rec.token_source = worse_source(rec.token_source, source)
 
 
-async def _consume(client: httpx.AsyncClient, url: str, body: dict[str, Any],
-                   headers: dict[str, str], stream: _Stream) -> None:
+async def _consume(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str], stream: _Stream
+) -> None:
     rec = stream.rec
     async with client.stream("POST", url, json=body, headers=headers) as resp:
         if resp.status_code != 200:
@@ -306,8 +317,14 @@ async def _consume(client: httpx.AsyncClient, url: str, body: dict[str, Any],
         rec.error_detail = "no usage in the stream (stream_options.include_usage ignored?)"
 
 
-async def stream_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any],
-                      headers: dict[str, str], rec: RequestRecord, timeout: float) -> RequestRecord:
+async def stream_chat(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    rec: RequestRecord,
+    timeout: float,
+) -> RequestRecord:
     """Send one request and fill `rec`; never raises for request failures
     (they become `rec.error`), only for cancellation."""
     rec.sent = time.perf_counter()

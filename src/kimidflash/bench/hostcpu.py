@@ -33,7 +33,7 @@ def role(cmdline: list[str], name: str) -> str:
         return head.split()[0]
     args = cmdline[:3]
     programs = [os.path.basename(a) for a in args]
-    modules = [b for a, b in zip(args, args[1:]) if a == "-m"]
+    modules = [b for a, b in zip(args, args[1:], strict=False) if a == "-m"]
     if any(m.split(".")[0] == "kimidflash" for m in modules) or any(p in LAUNCHERS for p in programs):
         return "launcher"
     if any(m.startswith("vllm") for m in modules) or "vllm" in programs:
@@ -76,17 +76,24 @@ def summary(before: Snapshot, after: Snapshot, duration: float, output_tokens: i
     """The result file's `server_cpu`: per process its CPU seconds in the window, its share
     of one core and its milliseconds per output token, busiest first; and how busy the
     whole host was (every core, the client and anything else included)."""
+
     def per_token(seconds: float) -> float | None:
         return round(1000 * seconds / output_tokens, 4) if output_tokens else None
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for pid, (name, cpu) in after.processes.items():
         if pid not in before.processes:
             continue  # started inside the window: its time before is unknown
         spent = cpu - before.processes[pid][1]
-        rows.append({"process": name, "pid": pid, "cpu_seconds": round(spent, 3),
-                     "utilization": round(spent / duration, 3) if duration > 0 else None,
-                     "ms_per_output_token": per_token(spent)})
+        rows.append(
+            {
+                "process": name,
+                "pid": pid,
+                "cpu_seconds": round(spent, 3),
+                "utilization": round(spent / duration, 3) if duration > 0 else None,
+                "ms_per_output_token": per_token(spent),
+            }
+        )
     rows.sort(key=lambda r: -r["cpu_seconds"])
     span = after.host_total - before.host_total
     total = sum(r["cpu_seconds"] for r in rows)

@@ -11,8 +11,13 @@ from .tables import Table
 def to_markdown(t: Table) -> str:
     def esc(s: str) -> str:
         return s.replace("|", "\\|")
-    lines = [f"### {t.title}", "", "| " + " | ".join(esc(h) for h in t.headers) + " |",
-             "|" + "|".join("---:" if i in t.right else "---" for i in range(len(t.headers))) + "|"]
+
+    lines = [
+        f"### {t.title}",
+        "",
+        "| " + " | ".join(esc(h) for h in t.headers) + " |",
+        "|" + "|".join("---:" if i in t.right else "---" for i in range(len(t.headers))) + "|",
+    ]
     lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in t.rows]
     if not t.rows:
         lines.append("| " + " | ".join(["(no data)"] + [""] * (len(t.headers) - 1)) + " |")

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from .errors import MetricsError
 
@@ -99,7 +99,7 @@ class Snapshot(Counters):
     wall_time: float  # time.time() of the scrape
 
     @classmethod
-    def from_text(cls, text: str, wall_time: float, model: str | None = None) -> "Snapshot":
+    def from_text(cls, text: str, wall_time: float, model: str | None = None) -> Snapshot:
         counters: dict[SampleKey, float] = {}
         for (name, labels), value in parse_prometheus(text).items():
             if not name.endswith("_total"):
@@ -207,15 +207,17 @@ class SpecDecodeStats:
         """k as seen by the server: the number of positions it exports."""
         return len(self.per_position_counts) or None
 
-    def combined(self, other: "SpecDecodeStats") -> "SpecDecodeStats":
+    def combined(self, other: SpecDecodeStats) -> SpecDecodeStats:
         """Pool two windows (e.g. runs of one series at several concurrencies)."""
         n = max(len(self.per_position_counts), len(other.per_position_counts))
         a = list(self.per_position_counts) + [0.0] * (n - len(self.per_position_counts))
         b = list(other.per_position_counts) + [0.0] * (n - len(other.per_position_counts))
-        return SpecDecodeStats(self.num_drafts + other.num_drafts,
-                               self.draft_tokens + other.draft_tokens,
-                               self.accepted_tokens + other.accepted_tokens,
-                               tuple(x + y for x, y in zip(a, b)))
+        return SpecDecodeStats(
+            self.num_drafts + other.num_drafts,
+            self.draft_tokens + other.draft_tokens,
+            self.accepted_tokens + other.accepted_tokens,
+            tuple(x + y for x, y in zip(a, b, strict=False)),
+        )
 
 
 def spec_decode_stats(d: Delta) -> SpecDecodeStats | None:
@@ -228,18 +230,22 @@ def spec_decode_stats(d: Delta) -> SpecDecodeStats | None:
     return SpecDecodeStats(drafts, d.total(DRAFT_TOKENS) or 0.0, d.total(ACCEPTED) or 0.0, counts)
 
 
-def stats_from_counts(num_drafts: float, draft_tokens: float, accepted: float,
-                      per_position: Iterable[float]) -> SpecDecodeStats:
-    return SpecDecodeStats(float(num_drafts), float(draft_tokens), float(accepted),
-                           tuple(float(c) for c in per_position))
+def stats_from_counts(
+    num_drafts: float, draft_tokens: float, accepted: float, per_position: Iterable[float]
+) -> SpecDecodeStats:
+    return SpecDecodeStats(
+        float(num_drafts), float(draft_tokens), float(accepted), tuple(float(c) for c in per_position)
+    )
 
 
 def spec_decode_fields(s: SpecDecodeStats | None) -> dict[str, object]:
     """Result-file fields named as `vllm bench serve` names them, plus ours."""
     if s is None:
         return {
-            "spec_decode_num_drafts": None, "spec_decode_draft_tokens": None,
-            "spec_decode_accepted_tokens": None, "spec_decode_acceptance_rate": None,
+            "spec_decode_num_drafts": None,
+            "spec_decode_draft_tokens": None,
+            "spec_decode_accepted_tokens": None,
+            "spec_decode_acceptance_rate": None,
             "spec_decode_acceptance_length": None,
             "spec_decode_per_position_acceptance_rates": None,
             "spec_decode_per_position_conditional_rates": None,

@@ -22,8 +22,9 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import psutil
 
@@ -151,14 +152,39 @@ def profile_variant(a: argparse.Namespace, label: str, sets: list[str], out: Pat
     raw = out / f".{label}.pyspy.part"
     with serving_process(a.serve_config, [*a.set, *sets], out / f"{label}-server.log") as (proc, base):
         pid, title = model_process(proc.pid, PROCESSES[a.process][0])
-        spy = subprocess.Popen([py_spy(), "record", "--pid", str(pid), "--rate", str(a.rate), "--format",
-                                "raw", "--output", str(raw), "--nonblocking"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        spy = subprocess.Popen(
+            [
+                py_spy(),
+                "record",
+                "--pid",
+                str(pid),
+                "--rate",
+                str(a.rate),
+                "--format",
+                "raw",
+                "--output",
+                str(raw),
+                "--nonblocking",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
-            doc = run_benchmark(BenchConfig(
-                base_url=f"{base}/v1", sessions=a.sessions, concurrency=a.concurrency, max_tokens=a.max_tokens,
-                prompts=a.prompts, warmup=a.warmup, label=label, recipe_config=str(a.serve_config),
-                recipe_overrides=parse_overrides([*a.set, *sets]), server_pid=proc.pid))
+            doc = run_benchmark(
+                BenchConfig(
+                    base_url=f"{base}/v1",
+                    sessions=a.sessions,
+                    concurrency=a.concurrency,
+                    max_tokens=a.max_tokens,
+                    prompts=a.prompts,
+                    warmup=a.warmup,
+                    label=label,
+                    recipe_config=str(a.serve_config),
+                    recipe_overrides=parse_overrides([*a.set, *sets]),
+                    server_pid=proc.pid,
+                )
+            )
         finally:
             spy.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
             log, _ = spy.communicate(timeout=120)
@@ -168,31 +194,61 @@ def profile_variant(a: argparse.Namespace, label: str, sets: list[str], out: Pat
         stacks = read_collapsed(raw.read_text())
     finally:
         raw.unlink()  # a partial file, never a result
-    write_text_atomic(out / f"{label}-stacks.txt",
-                      "".join(f"{';'.join(frames)} {n}\n" for frames, n in stacks.most_common()))
-    doc.setdefault("notes", []).append(f"kimidflash profile variant '{label}': measured under py-spy at "
-                                       f"{a.rate} Hz, not a speed figure")
+    write_text_atomic(
+        out / f"{label}-stacks.txt", "".join(f"{';'.join(frames)} {n}\n" for frames, n in stacks.most_common())
+    )
+    doc.setdefault("notes", []).append(
+        f"kimidflash profile variant '{label}': measured under py-spy at {a.rate} Hz, not a speed figure"
+    )
     write_result(out / f"{label}-c{a.concurrency}.json", doc)
-    return {"label": label, "overrides": sets, "process": title, "samples": sum(stacks.values()),
-            "output_tps_under_profiler": doc.get("output_throughput"), "shares": shares(stacks)}
+    return {
+        "label": label,
+        "overrides": sets,
+        "process": title,
+        "samples": sum(stacks.values()),
+        "output_tps_under_profiler": doc.get("output_throughput"),
+        "shares": shares(stacks),
+    }
 
 
 def write_report(doc: dict[str, Any], out: Path) -> str:
     variants = doc["variants"]
     first = variants[0]["label"]
-    shares_t = Table("Inclusive share of the samples, in percent",
-                     ["function", *(v["label"] for v in variants), *(f"{v['label']} - {first}" for v in variants[1:])],
-                     table(variants), right=set(range(1, 2 * len(variants))))
-    runs = Table("Variants", ["variant", "overrides", "process", "samples", "output tok/s under the profiler"],
-                 [[v["label"], " ".join(v["overrides"]) or "(the config as it is)", v["process"], str(v["samples"]),
-                   str(v["output_tps_under_profiler"])] for v in variants], right={3, 4})
-    text = "\n".join([
-        f"# Where the {PROCESSES[doc.get('process', 'model')][1]}'s time goes at {doc['concurrency']} users", "",
-        "Written by `kimidflash profile`: py-spy samples of one server process (the table of variants names "
-        "it), over the whole benchmark run of each variant. A function's share counts every sample in which it "
-        "is on the stack. "
-        f"Functions at {SHOWN:.0%} or more in some variant are listed, largest change first; `profile.json` "
-        "holds them all, with the provenance.", "", to_markdown(shares_t), to_markdown(runs)])
+    shares_t = Table(
+        "Inclusive share of the samples, in percent",
+        ["function", *(v["label"] for v in variants), *(f"{v['label']} - {first}" for v in variants[1:])],
+        table(variants),
+        right=set(range(1, 2 * len(variants))),
+    )
+    runs = Table(
+        "Variants",
+        ["variant", "overrides", "process", "samples", "output tok/s under the profiler"],
+        [
+            [
+                v["label"],
+                " ".join(v["overrides"]) or "(the config as it is)",
+                v["process"],
+                str(v["samples"]),
+                str(v["output_tps_under_profiler"]),
+            ]
+            for v in variants
+        ],
+        right={3, 4},
+    )
+    text = "\n".join(
+        [
+            f"# Where the {PROCESSES[doc.get('process', 'model')][1]}'s time goes at {doc['concurrency']} users",
+            "",
+            "Written by `kimidflash profile`: py-spy samples of one server process (the table of variants names "
+            "it), over the whole benchmark run of each variant. A function's share counts every sample in which it "
+            "is on the stack. "
+            f"Functions at {SHOWN:.0%} or more in some variant are listed, largest change first; `profile.json` "
+            "holds them all, with the provenance.",
+            "",
+            to_markdown(shares_t),
+            to_markdown(runs),
+        ]
+    )
     write_text_atomic(out / "profile.md", text)
     return text
 
@@ -201,9 +257,17 @@ def run(a: argparse.Namespace, specs: Iterable[tuple[str, list[str]]]) -> dict[s
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     variants = [profile_variant(a, label, sets, out) for label, sets in specs]
-    doc = {"provenance": local_provenance(), "config": portable(a.serve_config), "overrides": a.set,
-           "process": a.process, "concurrency": a.concurrency, "sessions": a.sessions, "max_tokens": a.max_tokens,
-           "rate_hz": a.rate, "variants": variants}
+    doc = {
+        "provenance": local_provenance(),
+        "config": portable(a.serve_config),
+        "overrides": a.set,
+        "process": a.process,
+        "concurrency": a.concurrency,
+        "sessions": a.sessions,
+        "max_tokens": a.max_tokens,
+        "rate_hz": a.rate,
+        "variants": variants,
+    }
     write_json_atomic(out / "profile.json", doc)
     return doc
 
@@ -211,9 +275,14 @@ def run(a: argparse.Namespace, specs: Iterable[tuple[str, list[str]]]) -> dict[s
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="kimidflash profile", description=__doc__.splitlines()[0])
     p.add_argument("serve_config", type=Path)
-    p.add_argument("--variant", action="append", required=True, metavar="LABEL[:KEY=VALUE,...]",
-                   help="a variant to serve and profile, the config with these overrides (repeatable; the "
-                        "first is what profile.md compares the others with)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        required=True,
+        metavar="LABEL[:KEY=VALUE,...]",
+        help="a variant to serve and profile, the config with these overrides (repeatable; the "
+        "first is what profile.md compares the others with)",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every variant")
     p.add_argument("--prompts", default=None, help="builtin (default), a JSONL or a ShareGPT file")
     p.add_argument("--concurrency", type=int, default=8)
@@ -221,9 +290,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
-    p.add_argument("--process", choices=sorted(PROCESSES), default="model",
-                   help="what py-spy samples: the process that runs the model (the worker; default) or the "
-                        "engine core (scheduling and output handling, serial with each step)")
+    p.add_argument(
+        "--process",
+        choices=sorted(PROCESSES),
+        default="model",
+        help="what py-spy samples: the process that runs the model (the worker; default) or the "
+        "engine core (scheduling and output handling, serial with each step)",
+    )
     p.add_argument("--out", required=True, help="folder for profile.json, profile.md and the stacks")
     a = p.parse_args(argv)
     specs = [parse_variant(v) for v in a.variant]

@@ -14,12 +14,14 @@ and what makes later turns' prompt lengths realistic).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..fsio import write_text_atomic
 from .errors import PromptError
@@ -67,11 +69,12 @@ def _batch_body(obj: dict[str, Any], where: str) -> dict[str, Any]:
     to be a request the benchmark can replay; its id and category carried onto it."""
     url, body = obj.get("url"), obj.get("body")
     if url not in BATCH_URLS:
-        raise PromptError(f"{where}: a Batch API line for {url!r}; the benchmark replays "
-                          f"{' and '.join(BATCH_URLS)} requests")
+        raise PromptError(
+            f"{where}: a Batch API line for {url!r}; the benchmark replays {' and '.join(BATCH_URLS)} requests"
+        )
     if not isinstance(body, dict) or BATCH_URLS[url] not in body:
         raise PromptError(f"{where}: a Batch API line for {url} whose body has no {BATCH_URLS[url]!r}")
-    meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    meta = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
     kind = obj.get("kind", obj.get("category", meta.get("category", "unknown")))
     return {**body, "id": obj.get("custom_id", body.get("id")), "kind": kind}
 
@@ -93,8 +96,11 @@ def _from_obj(obj: Any, where: str, idx: int) -> Conversation:
         turns = [obj["prompt"]] if isinstance(obj["prompt"], str) else []
     elif "messages" in obj:
         msgs = obj["messages"] if isinstance(obj["messages"], list) else []
-        turns = [t for m in msgs if isinstance(m, dict) and m.get("role") == "user"
-                 and (t := _text(m.get("content"))) is not None]
+        turns = [
+            t
+            for m in msgs
+            if isinstance(m, dict) and m.get("role") == "user" and (t := _text(m.get("content"))) is not None
+        ]
     elif "conversations" in obj or "conversation" in obj:
         conv = obj.get("conversations", obj.get("conversation"))
         turns = []
@@ -106,8 +112,10 @@ def _from_obj(obj: Any, where: str, idx: int) -> Conversation:
             if who in ("human", "user") and text is not None:
                 turns.append(text)
     else:
-        raise PromptError(f"{where}: no 'turns', 'prompt', 'messages' or 'conversations' key (nor a Batch API "
-                          "line's 'custom_id' and 'body')")
+        raise PromptError(
+            f"{where}: no 'turns', 'prompt', 'messages' or 'conversations' key (nor a Batch API "
+            "line's 'custom_id' and 'body')"
+        )
     turns = [t for t in turns if t.strip()]
     if not turns:
         raise PromptError(f"{where}: record has no non-empty user turn")
@@ -136,10 +144,8 @@ def parse_sharegpt(text: str, name: str) -> list[Conversation]:
         raise PromptError(f"{name}: a ShareGPT file is a JSON array of conversations")
     out: list[Conversation] = []
     for i, obj in enumerate(data):
-        try:
+        with contextlib.suppress(PromptError):  # ShareGPT dumps hold empty or assistant-only records: skipped
             out.append(_from_obj(obj, f"{name}[{i}]", i))
-        except PromptError:
-            pass  # ShareGPT dumps hold empty or assistant-only records; skip them
     if not out:
         raise PromptError(f"{name}: no conversation with a user turn")
     return out
@@ -172,8 +178,9 @@ def load_source(source: str | None) -> list[Conversation]:
     return load_file(source)
 
 
-def session_turns(convs: list[Conversation], sessions: int, turns: int, seed: int,
-                  reserve: int = 0) -> tuple[list[list[str]], list[str]]:
+def session_turns(
+    convs: list[Conversation], sessions: int, turns: int, seed: int, reserve: int = 0
+) -> tuple[list[list[str]], list[str]]:
     """User turns for each session, plus `reserve` warm-up prompts kept apart.
 
     Conversations are shuffled with `seed` and dealt round-robin (so two runs
@@ -190,7 +197,7 @@ def session_turns(convs: list[Conversation], sessions: int, turns: int, seed: in
     if reserve:
         spare = len(order) - sessions
         take = min(reserve, max(spare, 0))
-        warm = [c.turns[0] for c in order[len(order) - take:]] if take else []
+        warm = [c.turns[0] for c in order[len(order) - take :]] if take else []
         pool = order[: len(order) - take] if take else order
         while len(warm) < reserve:
             warm.append(order[len(warm) % len(order)].turns[0])

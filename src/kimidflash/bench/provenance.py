@@ -15,8 +15,9 @@ import platform
 import shlex
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .. import __version__
 from ..config import load_config
@@ -25,11 +26,27 @@ from ..paths import REPO_ROOT, portable, portable_argv
 
 # Recipe config keys that describe the served deployment (never secrets).
 RECIPE_KEYS = (
-    "PLATFORM", "RUNTIME", "VLLM_VERSION", "VLLM_IMAGE", "SERVED_MODEL_NAME", "MODEL_DIR",
-    "DRAFT_MODEL_DIR", "DTYPE", "SPECULATIVE_METHOD", "NUM_SPECULATIVE_TOKENS",
-    "TENSOR_PARALLEL_SIZE", "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS", "MAX_MODEL_LEN",
-    "BLOCK_SIZE", "ENFORCE_EAGER", "ENABLE_PREFIX_CACHING", "KV_CACHE_DTYPE", "MOE_BACKEND",
-    "ATTENTION_BACKEND", "TARGET_ATTENTION",
+    "PLATFORM",
+    "RUNTIME",
+    "VLLM_VERSION",
+    "VLLM_IMAGE",
+    "SERVED_MODEL_NAME",
+    "MODEL_DIR",
+    "DRAFT_MODEL_DIR",
+    "DTYPE",
+    "SPECULATIVE_METHOD",
+    "NUM_SPECULATIVE_TOKENS",
+    "TENSOR_PARALLEL_SIZE",
+    "MAX_NUM_SEQS",
+    "MAX_NUM_BATCHED_TOKENS",
+    "MAX_MODEL_LEN",
+    "BLOCK_SIZE",
+    "ENFORCE_EAGER",
+    "ENABLE_PREFIX_CACHING",
+    "KV_CACHE_DTYPE",
+    "MOE_BACKEND",
+    "ATTENTION_BACKEND",
+    "TARGET_ATTENTION",
 )
 # Of those, the ones holding a path (recorded through portable()).
 RECIPE_PATH_KEYS = ("MODEL_DIR", "DRAFT_MODEL_DIR")
@@ -77,14 +94,16 @@ def recipe_info(path: str | None, overrides: dict[str, str] | None = None) -> di
     if not p.is_file():
         raise FileNotFoundError(f"recipe config not found: {p}")
     cfg = load_config(p, overrides or None)
-    values = {k: cfg.values.get(k) for k in RECIPE_KEYS if k in cfg.values}
+    values = {k: cfg.value(k) for k in RECIPE_KEYS}
     return {
         "path": portable(p.resolve()),
         "sha256": cfg.digest(),
         "overrides": {k: portable(v) for k, v in (overrides or {}).items()},
         "files": [portable(f) for f in cfg.files],
-        "values": {k: (portable(v) if isinstance(v, Path) or (k in RECIPE_PATH_KEYS and isinstance(v, str)) else v)
-                   for k, v in values.items()},
+        "values": {
+            k: (portable(v) if isinstance(v, Path) or (k in RECIPE_PATH_KEYS and isinstance(v, str)) else v)
+            for k, v in values.items()
+        },
         "speculative": bool(cfg.speculative),
     }
 

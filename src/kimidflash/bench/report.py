@@ -14,9 +14,9 @@ output format.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from ..fsio import write_text_atomic
 from .charts import draw_all
@@ -36,9 +36,13 @@ class CompareReport:
     charts: list[Path] = field(default_factory=list)
 
 
-def compare(paths: Sequence[str | os.PathLike[str]], baseline: str | None = None,
-            markdown: str | os.PathLike[str] | None = None, charts: str | os.PathLike[str] | None = None,
-            terminal: bool = True) -> CompareReport:
+def compare(
+    paths: Sequence[str | os.PathLike[str]],
+    baseline: str | None = None,
+    markdown: str | os.PathLike[str] | None = None,
+    charts: str | os.PathLike[str] | None = None,
+    terminal: bool = True,
+) -> CompareReport:
     """Load result files, build the three tables, print/write them, draw charts."""
     rows, published_acc, sources = load_inputs(paths)
     acc = published_acc + acceptance_from_rows(rows)

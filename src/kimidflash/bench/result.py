@@ -19,10 +19,16 @@ from typing import Any
 
 from . import hostcpu, stats
 from .client import RequestRecord, worse_source
-from .metrics import (GENERATION_TOKENS, PROMPT_TOKENS, Delta, SpecDecodeStats, shares, spec_decode_fields,
-                      spec_decode_stats)
+from .metrics import (
+    GENERATION_TOKENS,
+    PROMPT_TOKENS,
+    Delta,
+    SpecDecodeStats,
+    shares,
+    spec_decode_fields,
+    spec_decode_stats,
+)
 from .resultfile import SCHEMA_NAME, SCHEMA_VERSION
-
 
 
 @dataclass
@@ -62,8 +68,10 @@ def client_busy_note(cpu_seconds: float | None, duration: float) -> str | None:
     taken from the server's."""
     if cpu_seconds is None or duration <= 0 or cpu_seconds / duration <= CLIENT_BUSY:
         return None
-    return (f"the benchmark client used {cpu_seconds / duration:.0%} of one core during the window; "
-            "figures may be client-bound (run the client on cores the server does not use)")
+    return (
+        f"the benchmark client used {cpu_seconds / duration:.0%} of one core during the window; "
+        "figures may be client-bound (run the client on cores the server does not use)"
+    )
 
 
 def _r(v: float | None, nd: int = 3) -> float | None:
@@ -143,8 +151,7 @@ def _per_request_spec(records: list[RequestRecord]) -> dict[str, Any] | None:
         pooled = [sum(h[j] for h in hists if j < len(h)) for j in range(width)]
         n_steps = sum(pooled)
         if n_steps:
-            out["per_position_acceptance_rates"] = [round(sum(pooled[i + 1:]) / n_steps, 6)
-                                                    for i in range(width - 1)]
+            out["per_position_acceptance_rates"] = [round(sum(pooled[i + 1 :]) / n_steps, 6) for i in range(width - 1)]
     return out
 
 
@@ -191,8 +198,9 @@ def _counts(run: RunData, ok: list[RequestRecord]) -> dict[str, Any]:
         "total_token_throughput": rate(in_tokens + out_tokens),
         "token_source": worst or None,
         "client_cpu_seconds": _r(run.client_cpu_seconds, 6),
-        "client_cpu_utilization": _r(run.client_cpu_seconds / duration
-                                     if run.client_cpu_seconds is not None and duration > 0 else None, 3),
+        "client_cpu_utilization": _r(
+            run.client_cpu_seconds / duration if run.client_cpu_seconds is not None and duration > 0 else None, 3
+        ),
     }
 
 
@@ -222,19 +230,24 @@ def _server_metrics(run: RunData, out_tokens: int) -> dict[str, Any]:
     """The /metrics deltas of the window, and whether the server counted the
     tokens we did."""
     urls = run.metrics_urls or []
-    server: dict[str, Any] = {"url": urls[0] if len(urls) == 1 else (urls or None),
-                              "available": run.metrics_delta is not None, "error": run.metrics_error}
+    server: dict[str, Any] = {
+        "url": urls[0] if len(urls) == 1 else (urls or None),
+        "available": run.metrics_delta is not None,
+        "error": run.metrics_error,
+    }
     if run.metrics_delta is not None:
         d = run.metrics_delta
         gen = d.total(GENERATION_TOKENS)
-        server.update({
-            "window_seconds": _r(d.seconds, 3),
-            "counter_resets": d.reset,
-            "deltas": d.totals(),
-            "generation_tokens": gen,
-            "prompt_tokens": d.total(PROMPT_TOKENS),
-            "output_tokens_match_server": None if gen is None else (gen == out_tokens),
-        })
+        server.update(
+            {
+                "window_seconds": _r(d.seconds, 3),
+                "counter_resets": d.reset,
+                "deltas": d.totals(),
+                "generation_tokens": gen,
+                "prompt_tokens": d.total(PROMPT_TOKENS),
+                "output_tokens_match_server": None if gen is None else (gen == out_tokens),
+            }
+        )
     if len(urls) > 1:
         server["replicas"] = _replicas(run)
     return server
@@ -248,10 +261,12 @@ def _replicas(run: RunData) -> dict[str, dict[str, Any]]:
     for url in run.metrics_urls or []:
         d = deltas.get(url)
         spec = spec_decode_stats(d) if d is not None else None
-        out[url] = {"generation_tokens": d.total(GENERATION_TOKENS) if d is not None else None,
-                    "share": None if share.get(url) is None else _r(share[url], 4),
-                    "spec_decode_acceptance_length": None if spec is None else _r(spec.acceptance_length, 4),
-                    "error": run.replica_errors.get(url)}
+        out[url] = {
+            "generation_tokens": d.total(GENERATION_TOKENS) if d is not None else None,
+            "share": None if share.get(url) is None else _r(share[url], 4),
+            "spec_decode_acceptance_length": None if spec is None else _r(spec.acceptance_length, 4),
+            "error": run.replica_errors.get(url),
+        }
     return out
 
 
@@ -296,11 +311,15 @@ def build_result(run: RunData) -> dict[str, Any]:
         **spec_decode_fields(run.spec),
         "server_metrics": _server_metrics(run, counts["total_output_tokens"]),
         "server_cpu": hostcpu.summary(*run.server_cpu, _duration(run), counts["total_output_tokens"])
-        if run.server_cpu else None,
+        if run.server_cpu
+        else None,
         "per_request_spec_decode": _per_request_spec(ok),
         "structured": _structured(run.config.get("workload"), ok),
-        "warmup": {"requests": len(run.warmup), "completed": sum(1 for r in run.warmup if r.ok),
-                   "errors": _error_counts(run.warmup)},
+        "warmup": {
+            "requests": len(run.warmup),
+            "completed": sum(1 for r in run.warmup if r.ok),
+            "errors": _error_counts(run.warmup),
+        },
     }
     busy = client_busy_note(run.client_cpu_seconds, _duration(run))
     doc["notes"] = run.notes + ([busy] if busy else [])

@@ -22,21 +22,44 @@ SCHEMA_VERSION = 1
 
 _NUM = (int, float)
 REQUIRED: dict[str, tuple[type, ...]] = {
-    "schema": (str,), "schema_version": (int,), "partial": (bool,), "label": (str,),
-    "provenance": (dict,), "config": (dict,), "num_prompts": (int,), "completed": (int,),
-    "failed": (int,), "not_started": (int,), "errors": (dict,), "duration": _NUM,
-    "total_input_tokens": (int,), "total_output_tokens": (int,), "server_metrics": (dict,),
-    "warmup": (dict,), "requests": (list,),
+    "schema": (str,),
+    "schema_version": (int,),
+    "partial": (bool,),
+    "label": (str,),
+    "provenance": (dict,),
+    "config": (dict,),
+    "num_prompts": (int,),
+    "completed": (int,),
+    "failed": (int,),
+    "not_started": (int,),
+    "errors": (dict,),
+    "duration": _NUM,
+    "total_input_tokens": (int,),
+    "total_output_tokens": (int,),
+    "server_metrics": (dict,),
+    "warmup": (dict,),
+    "requests": (list,),
 }
 NULLABLE_NUM = (
-    "max_concurrency", "request_throughput", "output_throughput", "total_token_throughput",
-    "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms",
-    "mean_e2el_ms", "p95_e2el_ms", "mean_slot_wait_ms", "mean_per_user_output_throughput",
-    "spec_decode_acceptance_rate", "spec_decode_acceptance_length", "spec_decode_num_drafts",
+    "max_concurrency",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "mean_itl_ms",
+    "mean_e2el_ms",
+    "p95_e2el_ms",
+    "mean_slot_wait_ms",
+    "mean_per_user_output_throughput",
+    "spec_decode_acceptance_rate",
+    "spec_decode_acceptance_length",
+    "spec_decode_num_drafts",
 )
 PROVENANCE_KEYS = ("tool_version", "git", "host", "utc_time", "server", "model")
-REQUEST_KEYS = ("session", "turn", "due_s", "slot_wait_ms", "ttft_ms", "e2el_ms",
-                "output_tokens", "itl_ms", "error")
+REQUEST_KEYS = ("session", "turn", "due_s", "slot_wait_ms", "ttft_ms", "e2el_ms", "output_tokens", "itl_ms", "error")
 
 
 def validate_result(doc: Any) -> list[str]:
@@ -61,7 +84,7 @@ def _shape_problems(doc: dict[str, Any]) -> list[str]:
         elif not isinstance(doc[key], types) or (isinstance(doc[key], bool) and bool not in types):
             problems.append(f"{key} has type {type(doc[key]).__name__}")
     for key in NULLABLE_NUM:
-        v = doc.get(key, None)
+        v = doc.get(key)
         if key not in doc:
             problems.append(f"missing {key}")
         elif v is not None and (not isinstance(v, _NUM) or isinstance(v, bool) or v < 0):
@@ -99,9 +122,9 @@ def _consistency_problems(doc: dict[str, Any]) -> list[str]:
     if doc["completed"] + doc["failed"] + doc["not_started"] != doc["num_prompts"]:
         problems.append("completed + failed + not_started != num_prompts")
     for i, r in enumerate(ok):
-        if r["output_tokens"] and r["output_tokens"] > 1 and r["token_source"] in ("token_ids", "usage"):
-            if len(r["itl_ms"]) != r["output_tokens"] - 1:
-                problems.append(f"requests[{i}] has {len(r['itl_ms'])} ITLs for {r['output_tokens']} tokens")
+        counted = r["output_tokens"] and r["output_tokens"] > 1 and r["token_source"] in ("token_ids", "usage")
+        if counted and len(r["itl_ms"]) != r["output_tokens"] - 1:
+            problems.append(f"requests[{i}] has {len(r['itl_ms'])} ITLs for {r['output_tokens']} tokens")
     return problems
 
 

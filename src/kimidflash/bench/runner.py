@@ -32,9 +32,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..fsio import utc_now
-from . import hostcpu
+from . import hostcpu, server
 from . import prompts as prompt_mod
-from . import server
 from .client import CONNECTION_ERRORS, RequestRecord, chat_payload, stream_chat
 from .errors import BenchError, MetricsError, PromptError
 from .metrics import Snapshot, delta, merged, metrics_url_for, spec_decode_stats
@@ -111,8 +110,10 @@ class Runner:
         if rec.error in CONNECTION_ERRORS:
             self.st.consecutive_conn_errors += 1
             if self.st.consecutive_conn_errors >= self.cfg.max_connection_errors:
-                self._abort(f"server unreachable: {self.st.consecutive_conn_errors} connection "
-                            f"failures in a row (last: {rec.error_detail})")
+                self._abort(
+                    f"server unreachable: {self.st.consecutive_conn_errors} connection "
+                    f"failures in a row (last: {rec.error_detail})"
+                )
         elif rec.error is None:
             self.st.consecutive_conn_errors = 0
             if not rec.warmup:
@@ -125,27 +126,41 @@ class Runner:
     def _body(self, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
         c = self.cfg
         assert c.model is not None
-        return chat_payload(c.model, messages, max_tokens, c.temperature, c.vllm_extensions, c.ignore_eos,
-                            self.workload.fields)
+        return chat_payload(
+            c.model, messages, max_tokens, c.temperature, c.vllm_extensions, c.ignore_eos, self.workload.fields
+        )
 
-    async def _request(self, client: httpx.AsyncClient, slots: asyncio.Semaphore, rec: RequestRecord,
-                       messages: list[dict[str, str]], max_tokens: int) -> RequestRecord:
+    async def _request(
+        self,
+        client: httpx.AsyncClient,
+        slots: asyncio.Semaphore,
+        rec: RequestRecord,
+        messages: list[dict[str, str]],
+        max_tokens: int,
+    ) -> RequestRecord:
         headers = self.headers
         if self.cfg.session_header and not rec.warmup:
             headers = {**headers, self.cfg.session_header: f"session-{self.cfg.seed}-{rec.session}"}
         async with slots:
             if self.st.stop.is_set():
                 raise asyncio.CancelledError
-            await stream_chat(client, f"{self.cfg.base_url}/chat/completions",
-                              self._body(messages, max_tokens), headers, rec, self.cfg.timeout)
+            await stream_chat(
+                client,
+                f"{self.cfg.base_url}/chat/completions",
+                self._body(messages, max_tokens),
+                headers,
+                rec,
+                self.cfg.timeout,
+            )
         self._note(rec)
         return rec
 
     def _start_messages(self) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.cfg.system_prompt}] if self.cfg.system_prompt else []
 
-    async def _session(self, client: httpx.AsyncClient, slots: asyncio.Semaphore, sid: int,
-                       turns: list[str], t0: float) -> None:
+    async def _session(
+        self, client: httpx.AsyncClient, slots: asyncio.Semaphore, sid: int, turns: list[str], t0: float
+    ) -> None:
         messages = self._start_messages()
         due = t0
         for k, user in enumerate(turns):
@@ -184,6 +199,7 @@ class Runner:
                 await self._request(client, slots, rec, self._start_messages() + [first], self.cfg.warmup_max_tokens)
             except asyncio.CancelledError:
                 pass
+
         await self._gather([one(i, p) for i, p in enumerate(prompts)])
         self.st.consecutive_conn_errors = 0
 
@@ -192,7 +208,7 @@ class Runner:
         if not self.cfg.handle_signals:
             return []
         loop = asyncio.get_running_loop()
-        installed = []
+        installed: list[int] = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, self._on_signal, sig)
@@ -239,21 +255,26 @@ class Runner:
         except (PromptError, OSError) as e:
             raise BenchError(str(e)) from None
         session_prompts, warm_prompts = prompt_mod.session_turns(
-            convs, cfg.sessions, cfg.turns_per_session, cfg.seed, reserve=cfg.warmup)
+            convs, cfg.sessions, cfg.turns_per_session, cfg.seed, reserve=cfg.warmup
+        )
         return recipe, session_prompts, warm_prompts
 
     async def _measure(self, session_prompts: list[list[str]], warm_prompts: list[str]) -> _Window:
         """Preflight, warm-up, /metrics before, every session, /metrics after (settled)."""
         cfg = self.cfg
-        assert cfg.concurrency is not None
-        limits = httpx.Limits(max_connections=cfg.concurrency + 4, max_keepalive_connections=cfg.concurrency + 4,
-                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
+        concurrency = cfg.concurrency
+        assert concurrency is not None
+        limits = httpx.Limits(
+            max_connections=concurrency + 4,
+            max_keepalive_connections=concurrency + 4,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
+        )
         timeout = httpx.Timeout(connect=10.0, read=cfg.timeout, write=30.0, pool=None)
         w = _Window(metrics_urls=list(cfg.metrics_urls or [metrics_url_for(cfg.base_url)]))
         async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
             w.server, model = await server.identify(client, cfg.base_url, cfg.model, self.headers)
             cfg = self.cfg = dataclasses.replace(cfg, model=model)
-            slots = asyncio.Semaphore(cfg.concurrency)
+            slots = asyncio.Semaphore(concurrency)
             if warm_prompts and not self.st.stop.is_set():
                 await self._warmup(client, slots, warm_prompts)
             if cfg.scrape_metrics:
@@ -264,8 +285,9 @@ class Runner:
                 w.t0 = time.perf_counter()
                 cpu0 = time.process_time()
                 tree0 = hostcpu.snapshot(cfg.server_pid) if cfg.server_pid else None
-                await self._gather([self._session(client, slots, s, turns, w.t0)
-                                    for s, turns in enumerate(session_prompts)])
+                await self._gather(
+                    [self._session(client, slots, s, turns, w.t0) for s, turns in enumerate(session_prompts)]
+                )
                 w.client_cpu = time.process_time() - cpu0
                 if tree0 is not None:
                     w.server_cpu = (tree0, hostcpu.snapshot(tree0.root_pid))
@@ -288,8 +310,9 @@ class Runner:
             try:
                 # settle: warm-up tokens must land before the window, not in it
                 settle = when == "after" or bool(self.st.warmup)
-                got[url] = await server.scrape(client, url, self.headers, self.cfg.model,
-                                               self.cfg.metrics_settle_timeout if settle else None)
+                got[url] = await server.scrape(
+                    client, url, self.headers, self.cfg.model, self.cfg.metrics_settle_timeout if settle else None
+                )
             except (httpx.HTTPError, MetricsError) as e:
                 errors.append(f"{when} the window: {type(e).__name__}: {e}")
                 if len(w.metrics_urls) > 1:
@@ -301,7 +324,11 @@ class Runner:
         """Counter deltas, whether the run was speculative, why it is partial, and the document."""
         cfg = self.cfg
         deltas = {url: delta(w.before[url], w.after[url]) for url in w.after}
-        d = None if not deltas else (next(iter(deltas.values())) if len(w.metrics_urls) == 1 else merged(deltas.values()))
+        d = (
+            None
+            if not deltas
+            else (next(iter(deltas.values())) if len(w.metrics_urls) == 1 else merged(deltas.values()))
+        )
         spec = spec_decode_stats(d) if d is not None else None
         speculative = cfg.speculative
         if speculative is None and recipe is not None:
@@ -319,13 +346,26 @@ class Runner:
         prov = local_provenance(cfg.argv)
         prov.update({"server": w.server, "model": cfg.model, "recipe_config": recipe})
         run = RunData(
-            config=cfg.public(), provenance=prov, label=cfg.label or default_label(recipe, speculative, spec),
-            speculative=speculative, planned_requests=cfg.sessions * cfg.turns_per_session,
-            records=self.st.records, warmup=self.st.warmup, t0=w.t0, t_end=w.t_end, start_utc=w.start_utc,
-            metrics_urls=w.metrics_urls if cfg.scrape_metrics else None, metrics_error=w.metrics_error,
-            replica_deltas=deltas if len(w.metrics_urls) > 1 else None, replica_errors=w.replica_errors,
-            metrics_delta=d, spec=spec, partial=self.st.reason is not None,
-            partial_reason=self.st.reason, notes=notes, client_cpu_seconds=w.client_cpu,
+            config=cfg.public(),
+            provenance=prov,
+            label=cfg.label or default_label(recipe, speculative, spec),
+            speculative=speculative,
+            planned_requests=cfg.sessions * cfg.turns_per_session,
+            records=self.st.records,
+            warmup=self.st.warmup,
+            t0=w.t0,
+            t_end=w.t_end,
+            start_utc=w.start_utc,
+            metrics_urls=w.metrics_urls if cfg.scrape_metrics else None,
+            metrics_error=w.metrics_error,
+            replica_deltas=deltas if len(w.metrics_urls) > 1 else None,
+            replica_errors=w.replica_errors,
+            metrics_delta=d,
+            spec=spec,
+            partial=self.st.reason is not None,
+            partial_reason=self.st.reason,
+            notes=notes,
+            client_cpu_seconds=w.client_cpu,
             server_cpu=w.server_cpu,
         )
         return build_result(run)
@@ -335,8 +375,14 @@ class Runner:
         if not self.cfg.progress:
             return
         # stderr: stdout stays free for whatever a caller pipes
-        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), transient=False, console=Console(stderr=True))
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=False,
+            console=Console(stderr=True),
+        )
         self._progress.start()
         self._task_id = self._progress.add_task("requests (errors 0)", total=total)
 

@@ -10,8 +10,9 @@ keeps its source so no output passes them off as ours.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ..paths import portable
 from .errors import ReportError
@@ -55,6 +56,7 @@ class Acceptance:
 
 # --- loading ------------------------------------------------------------------------------
 
+
 def validate_published(doc: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     if doc.get("schema") != PUBLISHED_SCHEMA:
@@ -87,30 +89,60 @@ def _num(v: Any) -> float | None:
 def rows_from_result(doc: dict[str, Any], path: str) -> Row:
     spec = None
     if doc.get("spec_decode_num_drafts") is not None:
-        spec = stats_from_counts(doc["spec_decode_num_drafts"], doc.get("spec_decode_draft_tokens") or 0,
-                                 doc.get("spec_decode_accepted_tokens") or 0,
-                                 doc.get("spec_decode_per_position_accepted_counts") or [])
-    ms = (lambda v: None if v is None else v / 1000.0)
-    return Row(series=doc["label"], speculative=doc.get("speculative"), source="ours", file=path,
-               concurrency=doc.get("max_concurrency"), output_throughput=_num(doc.get("output_throughput")),
-               mean_latency_s=ms(_num(doc.get("mean_e2el_ms"))), p95_latency_s=ms(_num(doc.get("p95_e2el_ms"))),
-               per_user_tps=_num(doc.get("mean_per_user_output_throughput")), spec=spec,
-               partial=bool(doc.get("partial")))
+        spec = stats_from_counts(
+            doc["spec_decode_num_drafts"],
+            doc.get("spec_decode_draft_tokens") or 0,
+            doc.get("spec_decode_accepted_tokens") or 0,
+            doc.get("spec_decode_per_position_accepted_counts") or [],
+        )
+
+    def ms(v: float | None) -> float | None:
+        return None if v is None else v / 1000.0
+
+    return Row(
+        series=doc["label"],
+        speculative=doc.get("speculative"),
+        source="ours",
+        file=path,
+        concurrency=doc.get("max_concurrency"),
+        output_throughput=_num(doc.get("output_throughput")),
+        mean_latency_s=ms(_num(doc.get("mean_e2el_ms"))),
+        p95_latency_s=ms(_num(doc.get("p95_e2el_ms"))),
+        per_user_tps=_num(doc.get("mean_per_user_output_throughput")),
+        spec=spec,
+        partial=bool(doc.get("partial")),
+    )
 
 
 def rows_from_published(doc: dict[str, Any], path: str) -> tuple[list[Row], list[Acceptance]]:
     src = f"{doc['source']} (measured by {doc['measured_by']}, not by us)"
-    rows = [Row(series=r["series"], speculative=r.get("speculative"), source=src, file=path,
-                concurrency=r["max_concurrency"], output_throughput=_num(r.get("output_throughput")),
-                mean_latency_s=_num(r.get("mean_e2el_s")), p95_latency_s=_num(r.get("p95_e2el_s")),
-                per_user_tps=_num(r.get("mean_per_user_output_throughput")))
-            for r in doc.get("runs", [])]
-    acc = [Acceptance(series=a["series"], source=src, num_speculative_tokens=a.get("num_speculative_tokens"),
-                      rates=[_num(x) for x in a["per_position_acceptance_rates"]],
-                      upper_bounds=[_num(x) for x in a.get("per_position_upper_bounds", [])],
-                      acceptance_rate=_num(a.get("acceptance_rate")),
-                      acceptance_length=_num(a.get("acceptance_length")), net_effect=a.get("net_effect"))
-           for a in doc.get("acceptance", []) or []]
+    rows = [
+        Row(
+            series=r["series"],
+            speculative=r.get("speculative"),
+            source=src,
+            file=path,
+            concurrency=r["max_concurrency"],
+            output_throughput=_num(r.get("output_throughput")),
+            mean_latency_s=_num(r.get("mean_e2el_s")),
+            p95_latency_s=_num(r.get("p95_e2el_s")),
+            per_user_tps=_num(r.get("mean_per_user_output_throughput")),
+        )
+        for r in doc.get("runs", [])
+    ]
+    acc = [
+        Acceptance(
+            series=a["series"],
+            source=src,
+            num_speculative_tokens=a.get("num_speculative_tokens"),
+            rates=[_num(x) for x in a["per_position_acceptance_rates"]],
+            upper_bounds=[_num(x) for x in a.get("per_position_upper_bounds", [])],
+            acceptance_rate=_num(a.get("acceptance_rate")),
+            acceptance_length=_num(a.get("acceptance_length")),
+            net_effect=a.get("net_effect"),
+        )
+        for a in doc.get("acceptance", []) or []
+    ]
     return rows, acc
 
 
@@ -128,8 +160,10 @@ def load_inputs(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Row], lis
             r, a = rows_from_published(doc, path)
             rows += r
             acc += a
-            sources.append(f"`{portable(path)}`: {doc['source']}; measured by {doc['measured_by']}, not by us. "
-                           f"Conditions: {_conditions(doc['conditions'])}")
+            sources.append(
+                f"`{portable(path)}`: {doc['source']}; measured by {doc['measured_by']}, not by us. "
+                f"Conditions: {_conditions(doc['conditions'])}"
+            )
         elif doc.get("schema") == SCHEMA_NAME:
             problems = validate_result(doc)
             if problems:
@@ -141,11 +175,13 @@ def load_inputs(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Row], lis
             server = prov.get("server") or {}
             recipe = prov.get("recipe_config") or {}
             sources.append(
-                f"`{portable(path)}`: ours, series '{doc['label']}', {doc['date']} UTC, kimidflash {prov.get('tool_version')} "
+                f"`{portable(path)}`: ours, series '{doc['label']}', {doc['date']} UTC, "
+                f"kimidflash {prov.get('tool_version')} "
                 f"@ {rev}, model {prov.get('model')}, server vLLM {server.get('version')}, host "
                 f"{(prov.get('host') or {}).get('hostname')}"
                 + (f", recipe {recipe.get('path')} (sha256 {str(recipe.get('sha256'))[:12]})" if recipe else "")
-                + (f", PARTIAL: {doc['partial_reason']}" if doc["partial"] else ""))
+                + (f", PARTIAL: {doc['partial_reason']}" if doc["partial"] else "")
+            )
         else:
             raise ReportError(f"{path}: not a benchmark result (schema {doc.get('schema')!r})")
     if not rows and not acc:
@@ -160,6 +196,7 @@ def _conditions(c: Any) -> str:
 
 
 # --- aggregation --------------------------------------------------------------------------
+
 
 def series_order(rows: Iterable[Row]) -> list[str]:
     """Series names in the order the inputs first name them (tables and charts keep it)."""
@@ -212,7 +249,15 @@ def acceptance_from_rows(rows: list[Row]) -> list[Acceptance]:
         if pooled is None or not pooled.num_drafts:
             continue
         src = next(r.source for r in rows if r.series == s)
-        out.append(Acceptance(series=s, source=src, num_speculative_tokens=pooled.num_speculative_tokens,
-                              rates=pooled.per_position_rates, acceptance_rate=pooled.acceptance_rate,
-                              acceptance_length=pooled.acceptance_length, conditional=pooled.conditional_rates))
+        out.append(
+            Acceptance(
+                series=s,
+                source=src,
+                num_speculative_tokens=pooled.num_speculative_tokens,
+                rates=pooled.per_position_rates,
+                acceptance_rate=pooled.acceptance_rate,
+                acceptance_length=pooled.acceptance_length,
+                conditional=pooled.conditional_rates,
+            )
+        )
     return out

@@ -19,8 +19,9 @@ from .errors import BenchError
 from .metrics import GENERATION_TOKENS, Snapshot, server_root
 
 
-async def identify(client: httpx.AsyncClient, base_url: str, model: str | None,
-                   headers: dict[str, str]) -> tuple[dict[str, Any], str]:
+async def identify(
+    client: httpx.AsyncClient, base_url: str, model: str | None, headers: dict[str, str]
+) -> tuple[dict[str, Any], str]:
     """The server's identity for the result file, and the model to ask for: `model`, or the one
     model the server serves. Refused with the reason when the server cannot be the one meant."""
     url = f"{base_url}/models"
@@ -54,14 +55,21 @@ async def identify(client: httpx.AsyncClient, base_url: str, model: str | None,
     info = {
         "base_url": base_url,
         "version": version.get("version") if isinstance(version, dict) else None,
-        "models": [{k: (portable(m[k]) if k == "root" and isinstance(m[k], str) else m[k])
-                    for k in ("id", "root", "max_model_len", "owned_by") if k in m} for m in models],
+        "models": [
+            {
+                k: (portable(m[k]) if k == "root" and isinstance(m[k], str) else m[k])
+                for k in ("id", "root", "max_model_len", "owned_by")
+                if k in m
+            }
+            for m in models
+        ],
     }
     return info, model
 
 
-async def scrape(client: httpx.AsyncClient, url: str, headers: dict[str, str], model: str | None,
-                 settle_s: float | None = None) -> Snapshot:
+async def scrape(
+    client: httpx.AsyncClient, url: str, headers: dict[str, str], model: str | None, settle_s: float | None = None
+) -> Snapshot:
     """One `/metrics` snapshot; with `settle_s`, scraped again until the generation counter holds
     still (a server updates its counters a moment after the last byte is sent), at most that long."""
 

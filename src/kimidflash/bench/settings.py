@@ -9,8 +9,9 @@ section is defined in one place (`public`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import psutil
 
@@ -58,31 +59,42 @@ class BenchConfig:
     handle_signals: bool = False
     argv: Sequence[str] | None = None
 
-    def checked(self) -> "BenchConfig":
+    def checked(self) -> BenchConfig:
         def need(cond: bool, msg: str) -> None:
             if not cond:
                 raise BenchError(msg)
+
         url = self.base_url.strip()
-        need(url.startswith(("http://", "https://")) and len(url) > len("http://"),
-             f"--base-url must be an http(s) URL like http://127.0.0.1:8262/v1, got {self.base_url!r}")
+        need(
+            url.startswith(("http://", "https://")) and len(url) > len("http://"),
+            f"--base-url must be an http(s) URL like http://127.0.0.1:8262/v1, got {self.base_url!r}",
+        )
         need(self.sessions >= 1, f"--sessions must be at least 1, got {self.sessions}")
         need(self.turns_per_session >= 1, f"--turns-per-session must be at least 1, got {self.turns_per_session}")
-        need(self.concurrency is None or self.concurrency >= 1, f"--concurrency must be at least 1, got {self.concurrency}")
+        need(
+            self.concurrency is None or self.concurrency >= 1,
+            f"--concurrency must be at least 1, got {self.concurrency}",
+        )
         need(self.max_tokens >= 1, f"--max-tokens must be at least 1, got {self.max_tokens}")
         need(self.warmup >= 0, f"--warmup must be 0 or more, got {self.warmup}")
         need(self.warmup_max_tokens >= 1, f"--warmup-max-tokens must be at least 1, got {self.warmup_max_tokens}")
-        need(self.max_connection_errors >= 1,
-             f"--max-connection-errors must be at least 1, got {self.max_connection_errors}")
+        need(
+            self.max_connection_errors >= 1,
+            f"--max-connection-errors must be at least 1, got {self.max_connection_errors}",
+        )
         need(self.timeout > 0, f"--timeout must be positive, got {self.timeout}")
         need(self.think_time >= 0, f"--think-time must be 0 or more, got {self.think_time}")
-        need(self.server_pid is None or (self.server_pid > 0 and psutil.pid_exists(self.server_pid)),
-             f"--server-pid {self.server_pid}: no such process on this host")
+        need(
+            self.server_pid is None or (self.server_pid > 0 and psutil.pid_exists(self.server_pid)),
+            f"--server-pid {self.server_pid}: no such process on this host",
+        )
         need(self.temperature >= 0, f"--temperature must be 0 or more, got {self.temperature}")
         need(self.workload in WORKLOADS, f"--workload {self.workload!r}: known are {', '.join(WORKLOADS)}")
-        need(not (self.ignore_eos and WORKLOADS[self.workload].structured),
-             f"--ignore-eos with --workload {self.workload}: {NO_IGNORE_EOS}")
-        return dataclasses.replace(self, base_url=url.rstrip("/"),
-                                   concurrency=self.concurrency or self.sessions)
+        need(
+            not (self.ignore_eos and WORKLOADS[self.workload].structured),
+            f"--ignore-eos with --workload {self.workload}: {NO_IGNORE_EOS}",
+        )
+        return dataclasses.replace(self, base_url=url.rstrip("/"), concurrency=self.concurrency or self.sessions)
 
     def public(self) -> dict[str, Any]:
         """The run's settings for the result file (no API key)."""

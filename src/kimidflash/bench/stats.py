@@ -8,7 +8,7 @@ serve`'s, without pulling numpy into the client.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 PERCENTILES: tuple[int, ...] = (50, 95, 99)
 
@@ -38,8 +38,9 @@ def std(values: Sequence[float]) -> float | None:
     return math.sqrt(sum((v - m) ** 2 for v in values) / len(values))
 
 
-def summarize(prefix: str, suffix: str, values: Iterable[float], scale: float = 1.0,
-              ndigits: int = 3) -> dict[str, float | None]:
+def summarize(
+    prefix: str, suffix: str, values: Iterable[float], scale: float = 1.0, ndigits: int = 3
+) -> dict[str, float | None]:
     """`{mean_<p>_<s>, median_<p>_<s>, std_.., p95_.., p99_..}` in `vllm bench serve` style.
 
     `summarize("ttft", "ms", seconds, scale=1000)` gives mean_ttft_ms and friends.

@@ -30,6 +30,7 @@ class Table:
 
 # --- formatting ---------------------------------------------------------------------------
 
+
 def f_tps(v: float | None) -> str:
     return DASH if v is None else f"{v:,.1f} tok/s"
 
@@ -55,6 +56,7 @@ def f_effect(ratio: float) -> str:
 
 
 # --- tables -------------------------------------------------------------------------------
+
 
 def head_to_head(rows: list[Row], baseline: str | None = None) -> Table:
     base, cands = pick_baseline(rows, baseline)
@@ -84,9 +86,11 @@ def head_to_head(rows: list[Row], baseline: str | None = None) -> Table:
         body.append(line)
     notes = ["Speedup compares series at the same concurrency only."]
     if base and spec_cands:
+
         def peak(s: str) -> tuple[float, int] | None:
             vals = [(v, c) for (ss, c), v in tps.items() if ss == s]
             return max(vals) if vals else None
+
         pb = peak(base)
         line = ["peak"]
         line.append(f"{f_tps(pb[0])} @{pb[1]}" if pb else DASH)
@@ -114,18 +118,34 @@ def per_user_latency(rows: list[Row]) -> Table:
         for c in sorted({r.concurrency for r in rows if r.series == s and r.concurrency is not None}):
             if (s, c) not in mean and (s, c) not in pu:
                 continue
-            body.append([s, str(c), f_s(mean.get((s, c))), f_s(p95.get((s, c))),
-                         DASH if pu.get((s, c)) is None else f"{pu[(s, c)]:.1f}"])
-    return Table("Per-user latency", ["Series", "Concurrent users", "Mean latency", "P95 latency", "Per-user tok/s"],
-                 body, right={1, 2, 3, 4},
-                 notes=["Latency is end to end per request, from when it was due (slot waits included); "
-                        "per-user tok/s is a session's output tokens over its time in requests."])
+            body.append(
+                [
+                    s,
+                    str(c),
+                    f_s(mean.get((s, c))),
+                    f_s(p95.get((s, c))),
+                    DASH if pu.get((s, c)) is None else f"{pu[(s, c)]:.1f}",
+                ]
+            )
+    return Table(
+        "Per-user latency",
+        ["Series", "Concurrent users", "Mean latency", "P95 latency", "Per-user tok/s"],
+        body,
+        right={1, 2, 3, 4},
+        notes=[
+            "Latency is end to end per request, from when it was due (slot waits included); "
+            "per-user tok/s is a session's output tokens over its time in requests."
+        ],
+    )
 
 
 def per_position(acc: list[Acceptance], rows: list[Row], baseline: str | None = None) -> Table:
     width = max((len(a.rates) for a in acc), default=0)
-    headers = ["Series", "Spec tokens"] + [f"Pos {i}" for i in range(width)] + \
-              ["Avg acceptance", "Mean acceptance length", "Net effect"]
+    headers = (
+        ["Series", "Spec tokens"]
+        + [f"Pos {i}" for i in range(width)]
+        + ["Avg acceptance", "Mean acceptance length", "Net effect"]
+    )
     base, _ = pick_baseline(rows, baseline) if rows else (None, [])
     body: list[list[str]] = []
     for a in acc:
@@ -137,13 +157,24 @@ def per_position(acc: list[Acceptance], rows: list[Row], baseline: str | None = 
         if effect is None:
             sp = speedups(rows, base, a.series)
             effect = ", ".join(f"{f_effect(v)} @{c}" for c, v in sorted(sp.items())) or DASH
-        body.append([a.series, DASH if a.num_speculative_tokens is None else str(a.num_speculative_tokens),
-                     *cells, f_pct(a.acceptance_rate),
-                     DASH if a.acceptance_length is None else f"{a.acceptance_length:.2f}", effect])
-    notes = ["Pos i: share of drafts whose first i+1 draft tokens were all accepted (vLLM's cumulative "
-             "per-position counters over drafts). Net effect: throughput vs the baseline at the same concurrency."]
+        body.append(
+            [
+                a.series,
+                DASH if a.num_speculative_tokens is None else str(a.num_speculative_tokens),
+                *cells,
+                f_pct(a.acceptance_rate),
+                DASH if a.acceptance_length is None else f"{a.acceptance_length:.2f}",
+                effect,
+            ]
+        )
+    notes = [
+        "Pos i: share of drafts whose first i+1 draft tokens were all accepted (vLLM's cumulative "
+        "per-position counters over drafts). Net effect: throughput vs the baseline at the same concurrency."
+    ]
     cond = [a for a in acc if a.conditional]
     for a in cond:
-        notes.append(f"{a.series}: conditional acceptance by position (accepted at i given i-1 accepted): "
-                     + ", ".join(f_pct(x) for x in a.conditional))
+        notes.append(
+            f"{a.series}: conditional acceptance by position (accepted at i given i-1 accepted): "
+            + ", ".join(f_pct(x) for x in a.conditional)
+        )
     return Table("Per-position acceptance", headers, body, right=set(range(1, len(headers) - 1)), notes=notes)

@@ -16,6 +16,7 @@ def _s(ms: float | None) -> float | None:
 
 def print_summary(doc: dict[str, Any]) -> None:
     """One run's figures on stderr (stdout stays free for whatever a caller pipes)."""
+
     def f(v: Any, nd: int = 1) -> str:
         return "—" if v is None else (f"{v:,.{nd}f}" if isinstance(v, float) else str(v))
 
@@ -46,8 +47,12 @@ def print_summary(doc: dict[str, Any]) -> None:
         ]
     sm = doc["server_metrics"]
     if sm.get("available"):
-        rows.append(("server generation tokens (delta)", f"{f(sm.get('generation_tokens'), 0)}"
-                     f" (match: {sm.get('output_tokens_match_server')})"))
+        rows.append(
+            (
+                "server generation tokens (delta)",
+                f"{f(sm.get('generation_tokens'), 0)} (match: {sm.get('output_tokens_match_server')})",
+            )
+        )
     elif sm.get("error"):
         rows.append(("/metrics", str(sm["error"])))
     for k, v in rows:

@@ -22,17 +22,28 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-ANSWER = {"type": "object", "additionalProperties": False, "required": ["title", "answer"],
-          "properties": {"title": {"type": "string", "maxLength": 80}, "answer": {"type": "string"}}}
-ENVELOPE = {"type": "object", "additionalProperties": False, "required": ["path", "language", "summary", "content"],
-            "properties": {"path": {"type": "string", "maxLength": 120},
-                           "language": {"type": "string", "enum": ["python", "javascript", "shell", "diff", "text"]},
-                           "summary": {"type": "string", "maxLength": 200},
-                           "content": {"type": "string"}}}
+ANSWER = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["title", "answer"],
+    "properties": {"title": {"type": "string", "maxLength": 80}, "answer": {"type": "string"}},
+}
+ENVELOPE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["path", "language", "summary", "content"],
+    "properties": {
+        "path": {"type": "string", "maxLength": 120},
+        "language": {"type": "string", "enum": ["python", "javascript", "shell", "diff", "text"]},
+        "summary": {"type": "string", "maxLength": 200},
+        "content": {"type": "string"},
+    },
+}
 TOOL = "reply"
 # Why --ignore-eos is refused with a structured workload (the benchmark's and the sweep's checks).
-NO_IGNORE_EOS = "a structured reply ends where its grammar does, and generating past it measures nothing " \
-                "the workload asks for"
+NO_IGNORE_EOS = (
+    "a structured reply ends where its grammar does, and generating past it measures nothing the workload asks for"
+)
 
 
 @dataclass(frozen=True)
@@ -79,22 +90,48 @@ def _response_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"response_format": {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}}
 
 
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (
-    Workload("free", "plain chat"),
-    Workload("json", "response_format json_schema: a title and the answer",
-             'Reply as a JSON object with a short "title" and the full "answer".',
-             _response_format("answer", ANSWER), ANSWER),
-    Workload("tools", f"one strict function tool ({TOOL}), named in tool_choice",
-             f'Send your reply by calling {TOOL} with a short "title" and the full "answer".',
-             {"tools": [{"type": "function", "function": {"name": TOOL, "description": "Send the reply to the user.",
-                                                          "parameters": ANSWER, "strict": True}}],
-              "tool_choice": {"type": "function", "function": {"name": TOOL}}, "parallel_tool_calls": False},
-             ANSWER),
-    Workload("envelope", "a coding agent's JSON envelope: path, language, summary and one long content string",
-             'Reply as a JSON object for a coding agent: the "path" of the file to write, its "language", a '
-             'one-line "summary", and the whole file in "content".',
-             _response_format("edit", ENVELOPE), ENVELOPE),
-)}
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload("free", "plain chat"),
+        Workload(
+            "json",
+            "response_format json_schema: a title and the answer",
+            'Reply as a JSON object with a short "title" and the full "answer".',
+            _response_format("answer", ANSWER),
+            ANSWER,
+        ),
+        Workload(
+            "tools",
+            f"one strict function tool ({TOOL}), named in tool_choice",
+            f'Send your reply by calling {TOOL} with a short "title" and the full "answer".',
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": TOOL,
+                            "description": "Send the reply to the user.",
+                            "parameters": ANSWER,
+                            "strict": True,
+                        },
+                    }
+                ],
+                "tool_choice": {"type": "function", "function": {"name": TOOL}},
+                "parallel_tool_calls": False,
+            },
+            ANSWER,
+        ),
+        Workload(
+            "envelope",
+            "a coding agent's JSON envelope: path, language, summary and one long content string",
+            'Reply as a JSON object for a coding agent: the "path" of the file to write, its "language", a '
+            'one-line "summary", and the whole file in "content".',
+            _response_format("edit", ENVELOPE),
+            ENVELOPE,
+        ),
+    )
+}
 
 
 def workload(name: str) -> Workload:

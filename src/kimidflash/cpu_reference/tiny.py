@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..fsio import atomic_dir
 from ..train.export import export_model
@@ -40,8 +40,16 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 # Attention dims the CPU backend accepts (head_dim 16 fails; 64 works).
-TARGET = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=2,
-              num_key_value_heads=1, head_dim=64, vocab_size=512, max_position_embeddings=2048)
+TARGET = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=3,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=64,
+    vocab_size=512,
+    max_position_embeddings=2048,
+)
 DRAFT_LAYERS = 1
 DRAFT_BLOCK_SIZE = 8
 TARGET_LAYER_IDS = [0, 1]  # never the last layer: HF's last hidden state is post-norm, vLLM's is not
@@ -54,18 +62,38 @@ def corpus() -> list[str]:
     """Deterministic English-like text to train the byte-level BPE on."""
     subjects = ["the model", "a drafter", "the server", "each request", "the cache", "a token", "the user"]
     verbs = ["reads", "writes", "predicts", "verifies", "accepts", "rejects", "streams", "answers"]
-    objects = ["the next word", "a block of tokens", "the prompt", "its hidden states", "a short reply",
-               "the question", "eight positions", "the response"]
-    extras = ["Explain why the sky is blue.", "What is 17 times 23?", "Write a haiku about GPUs.",
-              "Summarise the plot of a detective story.", "List three prime numbers.",
-              "def add(a, b):\n    return a + b\n", "Hello! How are you today?"]
+    objects = [
+        "the next word",
+        "a block of tokens",
+        "the prompt",
+        "its hidden states",
+        "a short reply",
+        "the question",
+        "eight positions",
+        "the response",
+    ]
+    extras = [
+        "Explain why the sky is blue.",
+        "What is 17 times 23?",
+        "Write a haiku about GPUs.",
+        "Summarise the plot of a detective story.",
+        "List three prime numbers.",
+        "def add(a, b):\n    return a + b\n",
+        "Hello! How are you today?",
+    ]
     lines = [f"{s} {v} {o}." for s in subjects for v in verbs for o in objects]
     return lines + extras * 20
 
 
-def build_tokenizer(out: Path, special_tokens: list[str] = SPECIAL_TOKENS, chat_template: str = CHAT_TEMPLATE,
-                    vocab_size: int = TARGET["vocab_size"], bos: str = "<|im_start|>", eos: str = "<|im_end|>",
-                    pad: str = "<|endoftext|>") -> None:
+def build_tokenizer(
+    out: Path,
+    special_tokens: list[str] = SPECIAL_TOKENS,
+    chat_template: str = CHAT_TEMPLATE,
+    vocab_size: int = TARGET["vocab_size"],
+    bos: str = "<|im_start|>",
+    eos: str = "<|im_end|>",
+    pad: str = "<|endoftext|>",
+) -> None:
     """A byte-level BPE trained on corpus(); the special tokens take ids 0.. in the order given."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -73,8 +101,12 @@ def build_tokenizer(out: Path, special_tokens: list[str] = SPECIAL_TOKENS, chat_
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special_tokens,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(corpus(), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, unk_token=None)
     fast.chat_template = chat_template
@@ -87,9 +119,16 @@ def build_target(out: Path, seed: int) -> dict:
 
     build_tokenizer(out)
     tok = AutoTokenizer.from_pretrained(out)
-    cfg = Qwen3Config(**TARGET, rope_theta=10000.0, tie_word_embeddings=True, initializer_range=INIT_STD,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      torch_dtype="float32")
+    cfg = Qwen3Config(
+        **TARGET,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        initializer_range=INIT_STD,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        torch_dtype="float32",
+    )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(cfg).eval()
     model.save_pretrained(out, safe_serialization=True)
@@ -101,8 +140,13 @@ def drafter_shape(target_cfg: dict, mask_token_id: int, body_config: dict) -> Dr
     """The tiny drafter's JSON: the Qwen3 body's config plus the DFlash fields
     (what vLLM must not read, `layer_types`, the exporter leaves out)."""
     raw = dict(body_config)
-    raw.update({"block_size": DRAFT_BLOCK_SIZE, "num_target_layers": target_cfg["num_hidden_layers"],
-                "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": TARGET_LAYER_IDS}})
+    raw.update(
+        {
+            "block_size": DRAFT_BLOCK_SIZE,
+            "num_target_layers": target_cfg["num_hidden_layers"],
+            "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": TARGET_LAYER_IDS},
+        }
+    )
     return DrafterShape.from_dict(raw, "tiny drafter")
 
 
@@ -113,8 +157,12 @@ def build_drafter(out: Path, target_dir: Path, seed: int, mask_token_id: int) ->
 
     target_cfg = json.loads((target_dir / "config.json").read_text())
     hidden = target_cfg["hidden_size"]
-    cfg = Qwen3Config(**{**TARGET, "num_hidden_layers": DRAFT_LAYERS}, rope_theta=10000.0,
-                      initializer_range=INIT_STD, torch_dtype="float32")
+    cfg = Qwen3Config(
+        **{**TARGET, "num_hidden_layers": DRAFT_LAYERS},
+        rope_theta=10000.0,
+        initializer_range=INIT_STD,
+        torch_dtype="float32",
+    )
     torch.manual_seed(seed + 1)
     body = Qwen3Model(cfg)
     fc = torch.empty(hidden, hidden * len(TARGET_LAYER_IDS)).normal_(0.0, INIT_STD)
@@ -138,7 +186,7 @@ def is_current(path: Path) -> bool:
 draft_is_current = is_current  # the drafter carries the same stamp
 
 
-def write_target(target_dir: Path, version: str, build: Callable[[Path], None]) -> None:
+def write_target(target_dir: Path, version: str, build: Callable[[Path], object]) -> None:
     """Publish a generated target whole (atomically), stamped with its generator's version and
     readable by all: the one way every tiny generator writes its target."""
     with atomic_dir(target_dir) as tmp:

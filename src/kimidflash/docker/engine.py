@@ -18,9 +18,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 
@@ -37,6 +38,9 @@ START_HINT = (
 
 Log = Callable[[str], None]
 
+# A docker.DockerClient: the SDK is an optional dependency, imported where a client is made.
+Client = Any
+
 
 @dataclass(frozen=True)
 class Engine:
@@ -52,10 +56,10 @@ def candidate_urls() -> list[str]:
     return [f"unix://{SYSTEM_SOCKET}", f"unix://{PRIVATE_SOCKET}"]
 
 
-def _connect(url: str, timeout: int = 600):  # -> docker.DockerClient | None
+def _connect(url: str, timeout: int = 600) -> Client | None:
     import docker  # the SDK is an optional dependency: import where needed
 
-    if url.startswith("unix://") and not Path(url[len("unix://"):]).exists():
+    if url.startswith("unix://") and not Path(url[len("unix://") :]).exists():
         return None
     try:
         client = docker.DockerClient(base_url=url, version="auto", timeout=timeout)
@@ -66,7 +70,7 @@ def _connect(url: str, timeout: int = 600):  # -> docker.DockerClient | None
         return None
 
 
-def find_client(timeout: int = 600):
+def find_client(timeout: int = 600) -> Client | None:
     """The first daemon that answers a ping, or None."""
     for url in candidate_urls():
         client = _connect(url, timeout)
@@ -75,17 +79,17 @@ def find_client(timeout: int = 600):
     return None
 
 
-def engine_url(client) -> str:
+def engine_url(client: Client) -> str:
     """The daemon address as DOCKER_HOST spells it, for the docker CLI."""
     return getattr(client, "kimidflash_url", "") or os.environ.get("DOCKER_HOST", "") or f"unix://{SYSTEM_SOCKET}"
 
 
-def describe(client) -> Engine:
+def describe(client: Client) -> Engine:
     v = client.version()
     return Engine(engine_url(client), v.get("Version", "?"), v.get("ApiVersion", "?"))
 
 
-def require_free_space(client, gib: float, what: str) -> None:
+def require_free_space(client: Client, gib: float, what: str) -> None:
     """Refuse up front when the engine's data root is on this machine and too full
     for `what` (a build that runs out of space fails minutes in, deep in pip's output)."""
     root = (client.info() or {}).get("DockerRootDir")
@@ -93,11 +97,13 @@ def require_free_space(client, gib: float, what: str) -> None:
         return  # a remote engine: its disk is not ours to measure
     free = shutil.disk_usage(root).free / 2**30
     if free < gib:
-        raise EngineUnavailable(f"{what} needs about {gib:g} GiB free in the Docker data root {root}, which has "
-                                f"{free:.1f} GiB: free space (docker image prune, or the disk it is on) and retry")
+        raise EngineUnavailable(
+            f"{what} needs about {gib:g} GiB free in the Docker data root {root}, which has "
+            f"{free:.1f} GiB: free space (docker image prune, or the disk it is on) and retry"
+        )
 
 
-def require_client(timeout: int = 600):
+def require_client(timeout: int = 600) -> Client:
     """For user-facing commands: a client, or EngineUnavailable with the how-to line."""
     try:
         import docker  # noqa: F401
@@ -121,7 +127,7 @@ def _install_docker_io(log: Log) -> None:
     subprocess.run(["apt-get", "install", "-y", "-q", "docker.io"], check=True, env=env, stdout=subprocess.DEVNULL)
 
 
-def start_private_dockerd(log: Log, wait_s: float = 60.0):
+def start_private_dockerd(log: Log, wait_s: float = 60.0) -> Client:
     """Start dockerd on our own socket (overlay2, no iptables, no bridge) and wait for it."""
     import docker  # noqa: F401  (no daemon installed for a client that could not talk to it)
 
@@ -137,9 +143,18 @@ def start_private_dockerd(log: Log, wait_s: float = 60.0):
         except (ValueError, ProcessLookupError):
             pidfile.unlink()
     cmd = [
-        "dockerd", "--storage-driver=overlay2", "--iptables=false", "--bridge=none",
-        "-H", f"unix://{PRIVATE_SOCKET}", "--data-root", str(PRIVATE_DATA),
-        "--exec-root", str(PRIVATE_ROOT / "exec"), "-p", str(pidfile),
+        "dockerd",
+        "--storage-driver=overlay2",
+        "--iptables=false",
+        "--bridge=none",
+        "-H",
+        f"unix://{PRIVATE_SOCKET}",
+        "--data-root",
+        str(PRIVATE_DATA),
+        "--exec-root",
+        str(PRIVATE_ROOT / "exec"),
+        "-p",
+        str(pidfile),
     ]
     log(f"starting a private dockerd on {PRIVATE_SOCKET} (log: {logfile})")
     with open(logfile, "ab") as out:
@@ -154,7 +169,7 @@ def start_private_dockerd(log: Log, wait_s: float = 60.0):
     raise EngineUnavailable(f"dockerd did not answer within {wait_s:.0f}s; last log lines: {' | '.join(tail)}")
 
 
-def ensure_engine(log: Log = lambda m: print(f"kimidflash: {m}", file=sys.stderr)):
+def ensure_engine(log: Log = lambda m: print(f"kimidflash: {m}", file=sys.stderr)) -> Client:
     """For tests and CI: a reachable daemon, installing and starting one if needed."""
     client = find_client()
     if client is not None:
@@ -169,19 +184,21 @@ def ensure_engine(log: Log = lambda m: print(f"kimidflash: {m}", file=sys.stderr
 def main(argv: list[str] | None = None) -> int:
     """`python -m kimidflash docker-engine [--ensure]`: print the engine in use (exit 2 if none)."""
     p = argparse.ArgumentParser(prog="kimidflash docker-engine", description=main.__doc__)
-    p.add_argument("--ensure", action="store_true", help="install docker.io and start a private dockerd if none answers")
+    p.add_argument(
+        "--ensure", action="store_true", help="install docker.io and start a private dockerd if none answers"
+    )
     args = p.parse_args(argv)
     try:
         client = ensure_engine() if args.ensure else require_client()
     except EngineUnavailable as e:
         print(f"kimidflash: {e}", file=sys.stderr)
         return 2
-    e = describe(client)
-    print(f"{e.base_url} (Docker {e.server_version}, API {e.api_version})")
+    engine = describe(client)
+    print(f"{engine.base_url} (Docker {engine.server_version}, API {engine.api_version})")
     return 0
 
 
-def stream_build(client, log: Log, **kwargs: Any) -> str:
+def stream_build(client: Client, log: Log, **kwargs: Any) -> str:
     """Run api.build, showing each step and its output live; return the image id.
 
     Beside the engine helpers because both image builds use it (the recipe image

@@ -45,7 +45,8 @@ def check_pin(want: str) -> str | None:
 
 def check_report_hash(want: str, path: str = REPORT) -> str | None:
     try:
-        report = json.load(open(path))
+        with open(path) as f:
+            report = json.load(f)
     except (OSError, ValueError) as e:
         return f"patch report {path} is unreadable: {e}"
     have = report_field(report, HASH_KEYS)

@@ -11,9 +11,11 @@ container that died keeps its last log lines in `tail` for the report.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from ..config import Config
 from ..cpu_reference.generated import PREPARE_KIND, pair_is_current
@@ -21,14 +23,14 @@ from ..fsio import sibling_lock
 from ..logtail import STOP_GRACE_S, LogTail
 from ..render import Rendered
 from .build import LABEL_VLLM
-from .engine import find_client, require_client
+from .engine import Client, find_client, require_client
 from .errors import ContainerError
 from .spec import MANAGED_LABEL, container_spec, docker_run_line
 
 
-def resolve_image(client, config: Config) -> str:
+def resolve_image(client: Client, config: Config) -> str:
     """The newest IMAGE_NAME image built for the config's vLLM pin (by its label)."""
-    pin, name = config.values["VLLM_VERSION"], config.values["IMAGE_NAME"]
+    pin, name = config.vllm_version, config.image_name
     images = client.images.list(name=name, filters={"label": f"{LABEL_VLLM}={pin}"})
     if not images:
         where = config.path or "the config"
@@ -43,17 +45,22 @@ def dry_run_line(config: Config, rendered: Rendered, image: str | None = None) -
     if image is None:
         client = find_client(timeout=10)
         try:
-            image = resolve_image(client, config) if client is not None else f"{config.values['IMAGE_NAME']}:latest"
+            image = resolve_image(client, config) if client is not None else f"{config.image_name}:latest"
         except ContainerError:
-            image = f"{config.values['IMAGE_NAME']}:latest"
+            image = f"{config.image_name}:latest"
     return docker_run_line(container_spec(config, rendered, image))
 
 
 class ContainerServer:
     """A started server container, its log pumped to `log`/`echo` and kept in `tail`."""
 
-    def __init__(self, client, spec: dict[str, Any], log: TextIO | None = None,
-                 echo: Callable[[str], None] = lambda line: None):
+    def __init__(
+        self,
+        client: Client,
+        spec: dict[str, Any],
+        log: TextIO | None = None,
+        echo: Callable[[str], None] = lambda line: None,
+    ) -> None:
         import docker
 
         self.client = client
@@ -70,13 +77,15 @@ class ContainerServer:
         try:
             self.container = client.containers.run(self.spec["image"], detach=True, **kwargs)
         except docker.errors.ImageNotFound:
-            raise ContainerError(f"image {self.spec['image']} is not on this engine: run ./build-kimi26-dflash.sh") from None
+            raise ContainerError(
+                f"image {self.spec['image']} is not on this engine: run ./build-kimi26-dflash.sh"
+            ) from None
         except docker.errors.APIError as e:
             raise ContainerError(f"docker could not start {self.name}: {e.explanation or e}") from None
         self._pump = threading.Thread(target=self._read, daemon=True)
         self._pump.start()
 
-    def _clear_stale(self, docker) -> None:
+    def _clear_stale(self, docker: Any) -> None:  # the SDK's module, for its NotFound
         """A dead container of ours with this name (a crash, a killed serve.sh) is removed; a live one is an error."""
         try:
             old = self.client.containers.get(self.name)
@@ -118,28 +127,29 @@ class ContainerServer:
                 self.container.stop(timeout=int(grace))
                 code = int(self.container.wait(timeout=grace + 30).get("StatusCode", -1))
             except Exception:
-                code = self.poll() if self.poll() is not None else -1
+                polled = self.poll()
+                code = polled if polled is not None else -1
             self._exit = code if self._exit is None else self._exit
             self._pump.join(timeout=5)
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 self.container.remove(force=True)
-            except Exception:  # already gone
-                pass
             self._removed = True
         return self._exit if self._exit is not None else -1
 
-    def __enter__(self) -> "ContainerServer":
+    def __enter__(self) -> ContainerServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-def prepare_tiny_models(client, config: Config, image: str, log: Callable[[str], None] = lambda m: None) -> None:
+def prepare_tiny_models(
+    client: Client, config: Config, image: str, log: Callable[[str], None] = lambda m: None
+) -> None:
     """PREPARE_MODELS=tiny or tiny-kimi with RUNTIME=docker: generate the pair with the image's
     own torch (the host needs no vLLM venv), into the host dirs the server then mounts."""
-    target, draft = Path(config.values["MODEL_DIR"]), Path(config.values["DRAFT_MODEL_DIR"])
-    prepare = config.values["PREPARE_MODELS"]
+    target, draft = Path(config.model_dir), Path(config.draft_model_dir)
+    prepare = config.prepare_models
     if pair_is_current(prepare, target, draft):
         return
     parents = sorted({str(target.parent), str(draft.parent)})
@@ -150,18 +160,30 @@ def prepare_tiny_models(client, config: Config, image: str, log: Callable[[str],
             return
         log(f"generating the tiny reference pair in {', '.join(parents)} inside {image} (once)")
         out = client.containers.run(
-            image, entrypoint=["python3", "-m", "kimidflash", "tiny-model"],
+            image,
+            entrypoint=["python3", "-m", "kimidflash", "tiny-model"],
             command=["--kind", PREPARE_KIND[prepare], str(target), str(draft)],
-            volumes={p: {"bind": p, "mode": "rw"} for p in parents}, network_mode="none", remove=True,
-            stdout=True, stderr=True, labels={MANAGED_LABEL: "1"})
+            volumes={p: {"bind": p, "mode": "rw"} for p in parents},
+            network_mode="none",
+            remove=True,
+            stdout=True,
+            stderr=True,
+            labels={MANAGED_LABEL: "1"},
+        )
     if not pair_is_current(prepare, target, draft):
         raise ContainerError(f"generating the tiny models in {image} left them incomplete: {out[-300:]!r}")
 
 
-def start_server(config: Config, rendered: Rendered, *, image: str | None = None, log: TextIO | None = None,
-                 echo: Callable[[str], None] = lambda line: None, client=None) -> ContainerServer:
+def start_server(
+    config: Config,
+    rendered: Rendered,
+    *,
+    image: str | None = None,
+    log: TextIO | None = None,
+    echo: Callable[[str], None] = lambda line: None,
+    client: Client | None = None,
+) -> ContainerServer:
     """serve.sh RUNTIME=docker: resolve the image, build the spec, start the container."""
     client = client or require_client()
     image = image or resolve_image(client, config)
     return ContainerServer(client, container_spec(config, rendered, image), log, echo)
-

@@ -29,28 +29,28 @@ MANAGED_LABEL = "io.kimidflash.managed"
 
 def container_name(config: Config) -> str:
     """Stable per served model and port: with host networking the port is exclusive anyway."""
-    v = config.values
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(v["SERVED_MODEL_NAME"])).strip("-.") or "server"
-    return f"kimidflash-{safe}-{v['PORT']}"
+    v = config
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(v.served_model_name)).strip("-.") or "server"
+    return f"kimidflash-{safe}-{v.port}"
 
 
 def mounts(config: Config) -> dict[str, dict[str, str]]:
     """Host path -> bind: model (and what an overlay links to), drafter, a KV scales file and a
     chat template read-only at the same path; HF cache writable."""
-    v = config.values
-    out: dict[str, dict[str, str]] = {v["MODEL_DIR"]: {"bind": v["MODEL_DIR"], "mode": "ro"}}
-    for target in link_targets(v["MODEL_DIR"]):
+    v = config
+    out: dict[str, dict[str, str]] = {v.model_dir: {"bind": v.model_dir, "mode": "ro"}}
+    for target in link_targets(v.model_dir):
         out[target] = {"bind": target, "mode": "ro"}
-    if v["PRESHARDED_DIR"]:
-        out[v["PRESHARDED_DIR"]] = {"bind": v["PRESHARDED_DIR"], "mode": "ro"}
-    if v["SPECULATIVE_METHOD"] in DRAFT_MODEL_METHODS and v["DRAFT_MODEL_DIR"]:
-        out[v["DRAFT_MODEL_DIR"]] = {"bind": v["DRAFT_MODEL_DIR"], "mode": "ro"}
-    if v["KV_SCALE_POLICY"] == "running-max" and v["KV_SCALES_FILE"]:
-        out[v["KV_SCALES_FILE"]] = {"bind": v["KV_SCALES_FILE"], "mode": "ro"}
-    if v["CHAT_TEMPLATE"]:
-        out[v["CHAT_TEMPLATE"]] = {"bind": v["CHAT_TEMPLATE"], "mode": "ro"}
-    if v["HF_HOME"]:
-        out[v["HF_HOME"]] = {"bind": v["HF_HOME"], "mode": "rw"}
+    if v.presharded_dir:
+        out[v.presharded_dir] = {"bind": v.presharded_dir, "mode": "ro"}
+    if v.speculative_method in DRAFT_MODEL_METHODS and v.draft_model_dir:
+        out[v.draft_model_dir] = {"bind": v.draft_model_dir, "mode": "ro"}
+    if v.kv_scale_policy == "running-max" and v.kv_scales_file:
+        out[v.kv_scales_file] = {"bind": v.kv_scales_file, "mode": "ro"}
+    if v.chat_template:
+        out[v.chat_template] = {"bind": v.chat_template, "mode": "ro"}
+    if v.hf_home:
+        out[v.hf_home] = {"bind": v.hf_home, "mode": "rw"}
     return dict(sorted(out.items()))
 
 
@@ -70,9 +70,9 @@ def container_spec(config: Config, rendered: Rendered, image: str) -> dict[str, 
         "network_mode": "host",
         "ipc_mode": "host",
         "init": True,  # tini as PID 1: SIGTERM reaches vLLM, `docker stop` does not hang
-        "labels": {MANAGED_LABEL: "1", "io.kimidflash.served-model": str(config.values["SERVED_MODEL_NAME"])},
+        "labels": {MANAGED_LABEL: "1", "io.kimidflash.served-model": str(config.served_model_name)},
     }
-    if config.values["PLATFORM"] == "rocm":
+    if config.platform == "rocm":
         spec["devices"] = [f"{d}:{d}:rwm" for d in ROCM_DEVICES]
         spec["group_add"] = list(ROCM_GROUPS)
         spec["cap_add"] = ["SYS_PTRACE"]
@@ -116,7 +116,12 @@ def docker_run_line(spec: dict[str, Any]) -> str:
     head = " ".join(parts[:2])
     i = 2
     while i < len(parts):
-        if parts[i].startswith("-") and i + 1 < len(parts) and not parts[i + 1].startswith("-") and parts[i] not in ("--rm", "--init"):
+        if (
+            parts[i].startswith("-")
+            and i + 1 < len(parts)
+            and not parts[i + 1].startswith("-")
+            and parts[i] not in ("--rm", "--init")
+        ):
             lines.append(f"{parts[i]} {parts[i + 1]}")
             i += 2
         elif parts[i].startswith("-") and parts[i] != "--":

@@ -47,9 +47,13 @@ VARIANTS = ("direct-1", "router-1", "router-2")  # in each round, at --concurren
 
 
 def _router(out: Path, name: str, policy: str, urls: list[str], version: str) -> Fleet:
-    return Fleet(out / f"{name}.toml", Router(policy=policy, port=free_port(), prometheus_port=free_port(),
-                                               health_check_interval_secs=2, version=version),
-                 [Replica(f"r{i}", url=u) for i, u in enumerate(urls)])
+    return Fleet(
+        out / f"{name}.toml",
+        Router(
+            policy=policy, port=free_port(), prometheus_port=free_port(), health_check_interval_secs=2, version=version
+        ),
+        [Replica(f"r{i}", url=u) for i, u in enumerate(urls)],
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -71,8 +75,10 @@ def main(argv: list[str]) -> int:
     files: list[Path] = []
     with contextlib.ExitStack() as stack:
         bases = [stack.enter_context(serving_process(args.config, [], out / f"replica-{n}.log"))[1] for n in "ab"]
-        fleets = {"router-1": _router(out, "router-1", "round_robin", bases[:1], args.router_version),
-                  "router-2": _router(out, "router-2", "consistent_hash", bases, args.router_version)}
+        fleets = {
+            "router-1": _router(out, "router-1", "round_robin", bases[:1], args.router_version),
+            "router-2": _router(out, "router-2", "consistent_hash", bases, args.router_version),
+        }
         for name, fleet in fleets.items():
             proc = stack.enter_context(router_process(fleet, exe, out / f"{name}.log"))
             wait_healthy(fleet, proc, out / f"{name}.log", timeout=120)
@@ -82,15 +88,29 @@ def main(argv: list[str]) -> int:
             shift = (r - 1) % len(plan)  # each round starts elsewhere: warm-up and drift fall on every variant
             for v, c in plan[shift:] + plan[:shift]:
                 metrics = [f"{b}/metrics" for b in (bases if v == "router-2" else bases[:1])]
-                doc = run_benchmark(BenchConfig(
-                    base_url=f"{urls[v]}/v1", sessions=args.sessions, turns_per_session=args.turns,
-                    concurrency=c, max_tokens=args.max_tokens, label=v, metrics_urls=metrics,
-                    session_header=SESSION_HEADER, recipe_config=str(args.config), warmup=8, seed=r,
-                    argv=["kimidflash", "fleet-bench", *argv]))
+                doc = run_benchmark(
+                    BenchConfig(
+                        base_url=f"{urls[v]}/v1",
+                        sessions=args.sessions,
+                        turns_per_session=args.turns,
+                        concurrency=c,
+                        max_tokens=args.max_tokens,
+                        label=v,
+                        metrics_urls=metrics,
+                        session_header=SESSION_HEADER,
+                        recipe_config=str(args.config),
+                        warmup=8,
+                        seed=r,
+                        argv=["kimidflash", "fleet-bench", *argv],
+                    )
+                )
                 doc.setdefault("notes", []).append(f"kimidflash fleet-bench variant {v} c={c} round {r}")
                 files.append(write_result(out / f"{v}-c{c}-r{r}.json", doc))
-                print(f"fleet-bench: round {r} {v} c={c}: {doc['output_throughput']} output tok/s, median e2e "
-                      f"{doc['median_e2el_ms']} ms", file=sys.stderr)
+                print(
+                    f"fleet-bench: round {r} {v} c={c}: {doc['output_throughput']} output tok/s, median e2e "
+                    f"{doc['median_e2el_ms']} ms",
+                    file=sys.stderr,
+                )
     write_overhead(files, out, args, argv)
     compare([str(f) for f in files], baseline="direct-1", markdown=out / "report.md", terminal=False)
     return 0
@@ -112,15 +132,24 @@ def write_overhead(files: list[Path], out: Path, args: argparse.Namespace, argv:
         d1, r1 = docs[f"direct-1-c1-r{r}"], docs[f"router-1-c1-r{r}"]
         dn, rn, r2 = (docs[f"{v}-c{c}-r{r}"] for v in VARIANTS)
         s1, sr = service_ms(d1), service_ms(r1)
-        rounds.append({"round": r,
-                       "router_added_ms_mean": round(statistics.mean(sr) - statistics.mean(s1), 2),
-                       "router_added_ms_median": round(statistics.median(sr) - statistics.median(s1), 2),
-                       "direct_request_ms_median": round(statistics.median(s1), 2),
-                       f"router_1_vs_direct_tok_s_c{c}": round(rn["output_throughput"] / dn["output_throughput"], 4),
-                       f"router_2_vs_direct_tok_s_c{c}": round(r2["output_throughput"] / dn["output_throughput"], 4)})
-    summary = {"provenance": local_provenance(["kimidflash", "fleet-bench", *argv]), "config": portable(args.config),
-               "settings": {k: getattr(args, k) for k in ("rounds", "sessions", "turns", "concurrency", "max_tokens",
-                                                          "router_version")},
-               "files": sorted(f.name for f in files), "rounds": rounds,
-               "median": {k: statistics.median(x[k] for x in rounds) for k in rounds[0] if k != "round"}}
+        rounds.append(
+            {
+                "round": r,
+                "router_added_ms_mean": round(statistics.mean(sr) - statistics.mean(s1), 2),
+                "router_added_ms_median": round(statistics.median(sr) - statistics.median(s1), 2),
+                "direct_request_ms_median": round(statistics.median(s1), 2),
+                f"router_1_vs_direct_tok_s_c{c}": round(rn["output_throughput"] / dn["output_throughput"], 4),
+                f"router_2_vs_direct_tok_s_c{c}": round(r2["output_throughput"] / dn["output_throughput"], 4),
+            }
+        )
+    summary = {
+        "provenance": local_provenance(["kimidflash", "fleet-bench", *argv]),
+        "config": portable(args.config),
+        "settings": {
+            k: getattr(args, k) for k in ("rounds", "sessions", "turns", "concurrency", "max_tokens", "router_version")
+        },
+        "files": sorted(f.name for f in files),
+        "rounds": rounds,
+        "median": {k: statistics.median(x[k] for x in rounds) for k in rounds[0] if k != "round"},
+    }
     write_text_atomic(out / "router-overhead.json", json.dumps(summary, indent=2) + "\n")

@@ -18,12 +18,25 @@ SESSION_HEADER = "X-Session-ID"
 
 def router_argv(fleet: Fleet, executable: str = "vllm-router") -> list[str]:
     r = fleet.router
-    return [executable, "--host", r.host, "--port", str(r.port),
-            "--worker-urls", *[rep.base_url for rep in fleet.replicas],
-            "--policy", r.policy,
-            "--prometheus-host", r.host, "--prometheus-port", str(r.prometheus_port),
-            "--health-check-interval-secs", str(r.health_check_interval_secs),
-            "--log-level", r.log_level]
+    return [
+        executable,
+        "--host",
+        r.host,
+        "--port",
+        str(r.port),
+        "--worker-urls",
+        *[rep.base_url for rep in fleet.replicas],
+        "--policy",
+        r.policy,
+        "--prometheus-host",
+        r.host,
+        "--prometheus-port",
+        str(r.prometheus_port),
+        "--health-check-interval-secs",
+        str(r.health_check_interval_secs),
+        "--log-level",
+        r.log_level,
+    ]
 
 
 def router_url(fleet: Fleet) -> str:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 
@@ -28,7 +28,7 @@ from .venv import ensure_router
 
 def check_remotes(fleet: Fleet, timeout: float = 10.0) -> None:
     """Each remote replica answers /v1/models with the fleet's served name."""
-    want = {r.config["SERVED_MODEL_NAME"] for r in fleet.local}  # type: ignore[index]
+    want = {r.served.served_model_name for r in fleet.local}
     for r in fleet.replicas:
         if r.local:
             continue
@@ -37,10 +37,14 @@ def check_remotes(fleet: Fleet, timeout: float = 10.0) -> None:
             resp.raise_for_status()
             names = {m.get("id") for m in resp.json().get("data", [])}
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
-            raise FleetError(f"{fleet.path}: replica {r.name!r} at {r.base_url} does not answer /v1/models: {exc}") from None
+            raise FleetError(
+                f"{fleet.path}: replica {r.name!r} at {r.base_url} does not answer /v1/models: {exc}"
+            ) from None
         if want and not (want & names):
-            raise FleetError(f"{fleet.path}: replica {r.name!r} serves {sorted(names)}, the local replicas "
-                             f"{sorted(want)}; every replica must serve the same model name")
+            raise FleetError(
+                f"{fleet.path}: replica {r.name!r} serves {sorted(names)}, the local replicas "
+                f"{sorted(want)}; every replica must serve the same model name"
+            )
         want = want or names
 
 
@@ -48,8 +52,13 @@ def check_remotes(fleet: Fleet, timeout: float = 10.0) -> None:
 def router_process(fleet: Fleet, exe: Path, log_path: Path) -> Iterator[subprocess.Popen]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(router_argv(fleet, str(exe)), stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            router_argv(fleet, str(exe)),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         yield proc
     finally:
@@ -77,7 +86,9 @@ def wait_healthy(fleet: Fleet, proc: subprocess.Popen, log_path: Path, timeout: 
 
 
 @contextlib.contextmanager
-def running_fleet(fleet: Fleet, log_dir: Path, say=print, timeout: float = 900) -> Iterator[dict[str, subprocess.Popen]]:
+def running_fleet(
+    fleet: Fleet, log_dir: Path, say: Callable[[str], None] = print, timeout: float = 900
+) -> Iterator[dict[str, subprocess.Popen]]:
     """Yield {name: process} (each local replica's serve, and "router") once the
     router reports every replica healthy; stop them all at exit."""
     check_remotes(fleet)
@@ -85,10 +96,12 @@ def running_fleet(fleet: Fleet, log_dir: Path, say=print, timeout: float = 900) 
     procs: dict[str, subprocess.Popen] = {}
     with contextlib.ExitStack() as stack:
         for r in fleet.local:
-            port = r.config["PORT"]  # type: ignore[index]
+            port = r.served.port
+            assert r.config_path is not None, f"local replica {r.name} has no config file"
             say(f"fleet: starting replica {r.name} ({r.config_path}) on port {port}")
-            proc, _ = stack.enter_context(serving_process(r.config_path, list(r.overrides), log_dir / f"{r.name}.log",
-                                                          timeout=timeout, port=port))
+            proc, _ = stack.enter_context(
+                serving_process(r.config_path, list(r.overrides), log_dir / f"{r.name}.log", timeout=timeout, port=port)
+            )
             procs[r.name] = proc
         say(f"fleet: starting vllm-router {fleet.router.version} ({fleet.router.policy}) on {router_url(fleet)}")
         log = log_dir / "router.log"

@@ -34,16 +34,22 @@ from typing import Any
 from ..backends import DRAFT_MODEL_METHODS
 from ..config import ConfigError, load_config, parse_overrides
 from ..config.model import Config
-from ..config.schema import LOOPBACK_HOSTS
 from ..fsio import read_toml_tables
+from ..settings import LOOPBACK_HOSTS
 from .errors import FleetError
 
 POLICIES = ("round_robin", "random", "cache_aware", "consistent_hash", "power_of_two", "sticky_least_loaded")
 ROUTER_KEYS = {"policy", "host", "port", "prometheus_port", "health_check_interval_secs", "log_level", "version"}
 REPLICA_KEYS = {"name", "config", "port", "set", "url"}
 # The fields replicas must agree on (what a request's answer depends on), from each config.
-AGREE = ("SERVED_MODEL_NAME", "VLLM_VERSION", "SPECULATIVE_METHOD", "DRAFT_MODEL_DIR", "NUM_SPECULATIVE_TOKENS",
-         "DTYPE")
+AGREE = (
+    "SERVED_MODEL_NAME",
+    "VLLM_VERSION",
+    "SPECULATIVE_METHOD",
+    "DRAFT_MODEL_DIR",
+    "NUM_SPECULATIVE_TOKENS",
+    "DTYPE",
+)
 
 
 @dataclass(frozen=True)
@@ -67,11 +73,17 @@ class Replica:
 
     @property
     def base_url(self) -> str:
-        return self.url.rstrip("/").removesuffix("/v1") if self.url else self.config.base_url  # type: ignore[union-attr]
+        return self.url.rstrip("/").removesuffix("/v1") if self.url else self.served.base_url
 
     @property
     def local(self) -> bool:
         return self.config is not None
+
+    @property
+    def served(self) -> Config:
+        """A local replica's config (the fleet's checks ask it of local replicas only)."""
+        assert self.config is not None, f"{self.name} is a remote replica: it has no config"
+        return self.config
 
 
 @dataclass(frozen=True)
@@ -95,7 +107,9 @@ def _router(path: Path, data: dict[str, Any]) -> Router:
     where = f"{path} [router]"
     unknown = set(data) - ROUTER_KEYS
     if unknown:
-        raise FleetError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(ROUTER_KEYS))}")
+        raise FleetError(
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(ROUTER_KEYS))}"
+        )
     r = Router(**data)
     if r.policy not in POLICIES:
         raise FleetError(f"{where}: policy {r.policy!r} is not one of {', '.join(POLICIES)}")
@@ -108,13 +122,17 @@ def _replica(path: Path, i: int, data: dict[str, Any], environ: dict[str, str] |
     where = f"{path} [[replica]] #{i + 1}"
     unknown = set(data) - REPLICA_KEYS
     if unknown:
-        raise FleetError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(REPLICA_KEYS))}")
+        raise FleetError(
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(REPLICA_KEYS))}"
+        )
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise FleetError(f"{where}: name is required")
     where = f"{path} replica {name!r}"
     if ("config" in data) == ("url" in data):
-        raise FleetError(f"{where}: give exactly one of config (a replica started here) and url (one running elsewhere)")
+        raise FleetError(
+            f"{where}: give exactly one of config (a replica started here) and url (one running elsewhere)"
+        )
     if "url" in data:
         if not str(data["url"]).startswith(("http://", "https://")):
             raise FleetError(f"{where}: url {data['url']!r} is not an http(s) URL")
@@ -123,7 +141,7 @@ def _replica(path: Path, i: int, data: dict[str, Any], environ: dict[str, str] |
         return Replica(name, url=str(data["url"]))
     sets = data.get("set", [])
     if not isinstance(sets, list) or not all(isinstance(s, str) for s in sets):
-        raise FleetError(f"{where}: set must be a list of \"KEY=VALUE\" strings")
+        raise FleetError(f'{where}: set must be a list of "KEY=VALUE" strings')
     port = _int(where, "port", data.get("port"))
     config_path = (path.parent / Path(str(data["config"])).expanduser()).resolve()
     try:
@@ -152,26 +170,33 @@ def check_fleet(fleet: Fleet) -> None:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise FleetError(f"{path}: replica name {dup[0]!r} is used twice")
-    ports: dict[int, str] = {fleet.router.port: "[router] port", fleet.router.prometheus_port: "[router] prometheus_port"}
+    ports: dict[int, str] = {
+        fleet.router.port: "[router] port",
+        fleet.router.prometheus_port: "[router] prometheus_port",
+    }
     if fleet.router.port == fleet.router.prometheus_port:
         raise FleetError(f"{path}: [router] port and prometheus_port are both {fleet.router.port}")
     for r in fleet.local:
-        port = r.config["PORT"]  # type: ignore[index]
+        port = r.served.port
         if port in ports:
             raise FleetError(f"{path}: replica {r.name!r} port {port} is already taken by {ports[port]}")
         ports[port] = f"replica {r.name!r} port"
-    first = fleet.local[0] if fleet.local else None
     for r in fleet.local[1:]:
+        first = fleet.local[0]
         for key in AGREE:
-            a, b = first.config[key], r.config[key]  # type: ignore[index,union-attr]
-            if key == "DRAFT_MODEL_DIR" and first.config["SPECULATIVE_METHOD"] not in DRAFT_MODEL_METHODS:  # type: ignore[index,union-attr]
+            a, b = first.served.value(key), r.served.value(key)
+            if key == "DRAFT_MODEL_DIR" and first.served.speculative_method not in DRAFT_MODEL_METHODS:
                 continue
             if a != b:
-                raise FleetError(f"{path}: replica {r.name!r} {key}={b} but replica {first.name!r} has {a}; "
-                                 "every replica must answer alike")
+                raise FleetError(
+                    f"{path}: replica {r.name!r} {key}={b} but replica {first.name!r} has {a}; "
+                    "every replica must answer alike"
+                )
     if fleet.router.host not in LOOPBACK_HOSTS:
-        keyless = [r.name for r in fleet.local if not r.config["API_KEY"]]  # type: ignore[index]
+        keyless = [r.name for r in fleet.local if not r.served.api_key]
         if keyless:
-            raise FleetError(f"{path}: [router] host {fleet.router.host} exposes the fleet, and vllm-router checks no "
-                             f"key itself: replica(s) {', '.join(keyless)} take none; export API_KEY=... so every "
-                             "replica requires it (clients send it through the router), or keep host=127.0.0.1")
+            raise FleetError(
+                f"{path}: [router] host {fleet.router.host} exposes the fleet, and vllm-router checks no "
+                f"key itself: replica(s) {', '.join(keyless)} take none; export API_KEY=... so every "
+                "replica requires it (clients send it through the router), or keep host=127.0.0.1"
+            )

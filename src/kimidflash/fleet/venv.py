@@ -9,6 +9,7 @@ last marks it complete.
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from ..paths import cache_dir
@@ -19,10 +20,14 @@ def router_venv(version: str) -> Path:
     return cache_dir() / "venvs" / f"vllm-router-{version}"
 
 
-def ensure_router(version: str, log=print) -> Path:
+def ensure_router(version: str, log: Callable[[str], None] = print) -> Path:
     """The vllm-router executable of this version, installed if needed."""
+
     def build(pip: list[str]) -> None:
         subprocess.run([*pip, "install", "--only-binary=:all:", f"vllm-router=={version}"], check=True)
 
-    return ensure_venv(router_venv(version), version + "\n", f"vllm-router=={version}", build, log=log) \
-        / "bin" / "vllm-router"
+    return (
+        ensure_venv(router_venv(version), version + "\n", f"vllm-router=={version}", build, log=log)
+        / "bin"
+        / "vllm-router"
+    )

@@ -24,8 +24,8 @@ shared tokens) says how tight the bound is.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 # Probability mass below this counts as zero (rounding of logprobs can make a
 # "rest" bucket slightly negative).
@@ -35,7 +35,7 @@ MASS_EPS = 1e-9
 def first_divergence(ref: Sequence[int], test: Sequence[int]) -> int | None:
     """Index of the first differing token; None when the sequences are identical.
     A sequence that is a strict prefix of the other diverges at its length."""
-    for i, (a, b) in enumerate(zip(ref, test)):
+    for i, (a, b) in enumerate(zip(ref, test, strict=False)):
         if a != b:
             return i
     return None if len(ref) == len(test) else min(len(ref), len(test))
@@ -127,5 +127,11 @@ def summarize(positions: Sequence[PositionDivergence]) -> Divergence:
         raise ValueError("no scored positions")
     kls = sorted(p.kl for p in positions)
     n = len(positions)
-    return Divergence(n, sum(kls) / n, _quantile(kls, 0.99), kls[-1],
-                      sum(p.top1_agree for p in positions) / n, sum(p.uncovered for p in positions) / n)
+    return Divergence(
+        n,
+        sum(kls) / n,
+        _quantile(kls, 0.99),
+        kls[-1],
+        sum(p.top1_agree for p in positions) / n,
+        sum(p.uncovered for p in positions) / n,
+    )

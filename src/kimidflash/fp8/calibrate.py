@@ -23,29 +23,36 @@ import resource
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from ..checkpoint_layout import is_mla, text_config
 from ..fsio import sha256_file, utc_now
 from ..paths import REPO_ROOT, portable
 from .capture import KvCapture
-from ..checkpoint_layout import is_mla, text_config
 from .checkpoint import check_overlay_target, load_config, num_layers, write_overlay
 from .errors import CalibrationError, CaptureError, CheckpointError
 from .formats import DEFAULT_HEADROOM
-from .scales import KvScales, LayerScale
+from .scales import Attention, KvScales, LayerScale
 
 DEFAULT_PROMPTS = REPO_ROOT / "payload" / "kv_calibration_prompts.jsonl"
 # model_type -> attention kind; the families whose attention code capture.py instruments.
-SUPPORTED = {"deepseek_v3": "mla", "deepseek_v2": "mla", "kimi_k2": "mla", "llama": "mha", "qwen3": "mha",
-             "qwen2": "mha", "mistral": "mha"}
+SUPPORTED: dict[str, Attention] = {
+    "deepseek_v3": "mla",
+    "deepseek_v2": "mla",
+    "kimi_k2": "mla",
+    "llama": "mha",
+    "qwen3": "mha",
+    "qwen2": "mha",
+    "mistral": "mha",
+}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 MAX_TOKENS_RANGE = (16, 262144)
-
 
 
 @dataclass(frozen=True)
@@ -94,7 +101,7 @@ def encode(tok: Any, text: str, max_tokens: int) -> list[int]:
 
 
 # ------------------------------------------------------------------ checks
-def check_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], str, list[Prompt]]:
+def check_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], Attention, list[Prompt]]:
     """Everything that can be wrong before loading a model: (config, attention, prompts)."""
     model_dir: Path = args.model_dir
     if not model_dir.is_dir():
@@ -105,12 +112,16 @@ def check_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], str, list[Pr
         raise CalibrationError(str(exc)) from None
     mtype = text_config(config).get("model_type") or config.get("model_type")
     if mtype not in SUPPORTED:
-        raise CalibrationError(f"{model_dir / 'config.json'}: model_type {mtype!r} is not supported "
-                               f"(supported: {', '.join(sorted(SUPPORTED))})")
+        raise CalibrationError(
+            f"{model_dir / 'config.json'}: model_type {mtype!r} is not supported "
+            f"(supported: {', '.join(sorted(SUPPORTED))})"
+        )
     attention = SUPPORTED[mtype]
     if (attention == "mla") != is_mla(config):
-        raise CalibrationError(f"{model_dir / 'config.json'}: model_type {mtype} but kv_lora_rank "
-                               f"{'missing' if attention == 'mla' else 'present'}")
+        raise CalibrationError(
+            f"{model_dir / 'config.json'}: model_type {mtype} but kv_lora_rank "
+            f"{'missing' if attention == 'mla' else 'present'}"
+        )
     try:
         num_layers(config, str(model_dir / "config.json"))
     except CheckpointError as exc:
@@ -124,8 +135,10 @@ def check_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], str, list[Pr
         raise CalibrationError(f"--seed {args.seed} must be >= 0")
     prompts = load_prompts(args.prompts)
     if not 1 <= args.num_prompts <= len(prompts):
-        raise CalibrationError(f"--num-prompts {args.num_prompts} is out of range [1, {len(prompts)}] "
-                               f"({args.prompts} holds {len(prompts)})")
+        raise CalibrationError(
+            f"--num-prompts {args.num_prompts} is out of range [1, {len(prompts)}] "
+            f"({args.prompts} holds {len(prompts)})"
+        )
     if args.output.exists() and args.output.is_dir():
         raise CalibrationError(f"--output {args.output} is a directory")
     if args.overlay is not None:
@@ -137,20 +150,30 @@ def check_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], str, list[Pr
 
 
 # ------------------------------------------------------------------ run
-def calibrate(model_dir: Path, attention: str, prompts: Sequence[Prompt], max_tokens: int, seed: int,
-              dtype: str = "auto", headroom: float = DEFAULT_HEADROOM, device: str = "cpu",
-              prompts_file: Path | None = None, trust_remote_code: bool = False) -> KvScales:
+def calibrate(
+    model_dir: Path,
+    attention: Attention,
+    prompts: Sequence[Prompt],
+    max_tokens: int,
+    seed: int,
+    dtype: str = "auto",
+    headroom: float = DEFAULT_HEADROOM,
+    device: str = "cpu",
+    prompts_file: Path | None = None,
+    trust_remote_code: bool = False,
+) -> KvScales:
     """Run ``prompts`` through the model and return the measured scales."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-
     t0 = time.monotonic()
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-    kwargs: dict[str, Any] = {"dtype": "auto" if dtype == "auto" else getattr(torch, dtype),
-                              "trust_remote_code": trust_remote_code}
+    kwargs: dict[str, Any] = {
+        "dtype": "auto" if dtype == "auto" else getattr(torch, dtype),
+        "trust_remote_code": trust_remote_code,
+    }
     if device == "auto":  # spread over every GPU (and host memory): a 1T-parameter model fits no single device
         model = AutoModelForCausalLM.from_pretrained(model_dir, device_map="auto", **kwargs).eval()
         device = str(model.get_input_embeddings().weight.device)
@@ -170,9 +193,11 @@ def calibrate(model_dir: Path, attention: str, prompts: Sequence[Prompt], max_to
     except CaptureError as exc:
         raise CalibrationError(f"{model_dir}: {exc}") from None
     layers = tuple(
-        LayerScale(index=i, k_amax=max(m.latent, m.rope), latent_amax=m.latent, rope_amax=m.rope) if mla
+        LayerScale(index=i, k_amax=max(m.latent, m.rope), latent_amax=m.latent, rope_amax=m.rope)
+        if mla
         else LayerScale(index=i, k_amax=m.k, v_amax=m.v)
-        for i, m in enumerate(cap.layers))
+        for i, m in enumerate(cap.layers)
+    )
     pf = prompts_file or DEFAULT_PROMPTS
     provenance = {
         "model_dir": portable(model_dir),
@@ -180,16 +205,26 @@ def calibrate(model_dir: Path, attention: str, prompts: Sequence[Prompt], max_to
         "prompts_sha256": sha256_file(pf) if pf.is_file() else None,
         "prompt_ids": [p.id for p in prompts],
         "categories": {c: sum(p.category == c for p in prompts) for c in sorted({p.category for p in prompts})},
-        "max_tokens": max_tokens, "seed": seed,
-        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "device": device,
-        "torch": torch.__version__, "transformers": transformers.__version__,
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "device": device,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "date_utc": utc_now(),
-        "host": socket.gethostname(), "python": platform.python_version(),
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
         "seconds": round(time.monotonic() - t0, 2),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
-    return KvScales(attention=attention, layers=layers, headroom=headroom, tokens=tokens, prompts=len(prompts),
-                    provenance=provenance)
+    return KvScales(
+        attention=attention,
+        layers=layers,
+        headroom=headroom,
+        tokens=tokens,
+        prompts=len(prompts),
+        provenance=provenance,
+    )
 
 
 # ------------------------------------------------------------------ report
@@ -199,7 +234,7 @@ def table_rows(scales: KvScales) -> list[dict[str, Any]]:
     vLLM runs with on MI300X (e4m3fnuz) from a compressed-tensors overlay written for it."""
     rows = []
     runtime = [k for k, _ in scales.scales_for("e4m3fnuz")]
-    for ly, (k, v), rt in zip(scales.layers, scales.checkpoint_scales(), runtime):
+    for ly, (k, v), rt in zip(scales.layers, scales.checkpoint_scales(), runtime, strict=False):
         row: dict[str, Any] = {"layer": ly.index, "k_amax": ly.k_amax, "k_scale": k, "k_scale_fnuz": rt}
         if scales.attention == "mla":
             row.update(latent_amax=ly.latent_amax, rope_amax=ly.rope_amax)
@@ -211,16 +246,31 @@ def table_rows(scales: KvScales) -> list[dict[str, Any]]:
 
 def print_table(scales: KvScales, file: Any = None) -> None:
     mla = scales.attention == "mla"
-    t = Table(title=f"KV scales ({scales.attention.upper()}, {scales.prompts} prompts, {scales.tokens} tokens, "
-                    f"headroom {scales.headroom})")
-    cols = ["layer"] + (["latent amax", "rope amax"] if mla else []) + ["k amax"] + ([] if mla else ["v amax"]) + \
-        ["k scale (ckpt e4m3fn)"] + ([] if mla else ["v scale (ckpt)"]) + ["k scale e4m3fnuz (MI300X overlay)"]
+    t = Table(
+        title=f"KV scales ({scales.attention.upper()}, {scales.prompts} prompts, {scales.tokens} tokens, "
+        f"headroom {scales.headroom})"
+    )
+    cols = (
+        ["layer"]
+        + (["latent amax", "rope amax"] if mla else [])
+        + ["k amax"]
+        + ([] if mla else ["v amax"])
+        + ["k scale (ckpt e4m3fn)"]
+        + ([] if mla else ["v scale (ckpt)"])
+        + ["k scale e4m3fnuz (MI300X overlay)"]
+    )
     for c in cols:
         t.add_column(c, justify="right")
     for r in table_rows(scales):
-        cells = [str(r["layer"])] + ([f"{r['latent_amax']:.4g}", f"{r['rope_amax']:.4g}"] if mla else []) + \
-            [f"{r['k_amax']:.4g}"] + ([] if mla else [f"{r['v_amax']:.4g}"]) + [f"{r['k_scale']:.5g}"] + \
-            ([] if mla else [f"{r['v_scale']:.5g}"]) + [f"{r['k_scale_fnuz']:.5g}"]
+        cells = (
+            [str(r["layer"])]
+            + ([f"{r['latent_amax']:.4g}", f"{r['rope_amax']:.4g}"] if mla else [])
+            + [f"{r['k_amax']:.4g}"]
+            + ([] if mla else [f"{r['v_amax']:.4g}"])
+            + [f"{r['k_scale']:.5g}"]
+            + ([] if mla else [f"{r['v_scale']:.5g}"])
+            + [f"{r['k_scale_fnuz']:.5g}"]
+        )
         t.add_row(*cells)
     Console(file=file or sys.stdout, width=140).print(t)
 
@@ -229,22 +279,34 @@ def print_table(scales: KvScales, file: Any = None) -> None:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="kimidflash calibrate", description=__doc__.split("\n\n")[0])
     ap.add_argument("model_dir", type=Path, help="Hugging Face checkpoint directory")
-    ap.add_argument("--output", "-o", type=Path, default=Path("kv-scales.json"), help="scales JSON (default %(default)s)")
+    ap.add_argument(
+        "--output", "-o", type=Path, default=Path("kv-scales.json"), help="scales JSON (default %(default)s)"
+    )
     ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="JSONL prompt set (id, category, prompt)")
     ap.add_argument("--num-prompts", type=int, default=200)
     ap.add_argument("--max-tokens", type=int, default=4096, help="tokens per prompt, cut after the chat template")
     ap.add_argument("--seed", type=int, default=0, help="chooses and orders the prompts")
     ap.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: the checkpoint's dtype (what vLLM serves)")
-    ap.add_argument("--device", default="cpu",
-                    help="torch device: cpu, cuda (one GPU; ROCm too), or auto (accelerate's device_map over all GPUs)")
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device: cpu, cuda (one GPU; ROCm too), or auto (accelerate's device_map over all GPUs)",
+    )
     ap.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM)
-    ap.add_argument("--trust-remote-code", action="store_true",
-                    help="let transformers run the checkpoint's own modeling code (multimodal wrappers such as Kimi K2.6)")
+    ap.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let transformers run the checkpoint's own modeling code (multimodal wrappers such as Kimi K2.6)",
+    )
     ap.add_argument("--overlay", type=Path, help="also write a checkpoint overlay vLLM serves with the scales")
     ap.add_argument("--force", action="store_true", help="replace a non-empty --overlay directory")
-    ap.add_argument("--kv-format", choices=("e4m3fnuz", "e4m3fn"), default="e4m3fnuz",
-                    help="FP8 format of the platform serving the overlay: e4m3fnuz for MI300X/MI325X (gfx94x), "
-                         "e4m3fn for gfx950, CUDA and CPU (default %(default)s: never clips anywhere)")
+    ap.add_argument(
+        "--kv-format",
+        choices=("e4m3fnuz", "e4m3fn"),
+        default="e4m3fnuz",
+        help="FP8 format of the platform serving the overlay: e4m3fnuz for MI300X/MI325X (gfx94x), "
+        "e4m3fn for gfx950, CUDA and CPU (default %(default)s: never clips anywhere)",
+    )
     return ap
 
 
@@ -253,18 +315,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _, attention, prompts = check_inputs(args)
         chosen = select(prompts, args.num_prompts, args.seed)
-        scales = calibrate(args.model_dir, attention, chosen, args.max_tokens, args.seed, args.dtype,
-                           args.headroom, args.device, args.prompts, args.trust_remote_code)
+        scales = calibrate(
+            args.model_dir,
+            attention,
+            chosen,
+            args.max_tokens,
+            args.seed,
+            args.dtype,
+            args.headroom,
+            args.device,
+            args.prompts,
+            args.trust_remote_code,
+        )
         print_table(scales)
         if args.overlay is not None:
-
             out = write_overlay(args.model_dir, scales, args.overlay, force=args.force, fmt=args.kv_format)
-            print(f"overlay: {out} (scales for {args.kv_format}; serve it as MODEL_DIR with KV_SCALE_POLICY=checkpoint)")
+            print(
+                f"overlay: {out} (scales for {args.kv_format}; serve it as MODEL_DIR with KV_SCALE_POLICY=checkpoint)"
+            )
         scales.save(args.output)
-        print(f"scales: {args.output} ({len(scales.layers)} layers, {scales.tokens} tokens, "
-              f"{scales.provenance['seconds']} s, peak RSS {scales.provenance['peak_rss_mib']} MiB)")
+        print(
+            f"scales: {args.output} ({len(scales.layers)} layers, {scales.tokens} tokens, "
+            f"{scales.provenance['seconds']} s, peak RSS {scales.provenance['peak_rss_mib']} MiB)"
+        )
     except (CalibrationError, CheckpointError) as exc:
         print(f"calibrate: error: {exc}", file=sys.stderr)
         return 2
     return 0
-

@@ -37,5 +37,12 @@ DTYPE_BYTES = {"BF16": 2, "FP8": 1}
 
 
 def table(dims: MlaDims = KIMI_K26) -> list[dict[str, int | str]]:
-    return [{"dtype": name, "bytes_per_entry": dims.entry_values * b, "bytes_per_token": dims.bytes_per_token(b),
-             "tokens_per_gib": dims.tokens_per_gib(b)} for name, b in DTYPE_BYTES.items()]
+    return [
+        {
+            "dtype": name,
+            "bytes_per_entry": dims.entry_values * b,
+            "bytes_per_token": dims.bytes_per_token(b),
+            "tokens_per_gib": dims.tokens_per_gib(b),
+        }
+        for name, b in DTYPE_BYTES.items()
+    ]

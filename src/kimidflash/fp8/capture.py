@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .errors import CaptureError
-
 
 
 @dataclass
 class LayerMax:
     """Largest |value| seen so far for one layer (0.0 until something is seen)."""
+
     latent: float = 0.0  # mla: kv_c_normed
     rope: float = 0.0  # mla: k_pe after rotary
     k: float = 0.0  # mha: keys after rotary
@@ -96,14 +97,16 @@ class KvCapture:
         return wrapped
 
     # --------------------------------------------------------- instrumenting
-    def __enter__(self) -> "KvCapture":
+    def __enter__(self) -> KvCapture:
         try:
             modules = {sys.modules[type(a).__module__] for a in self.attn}
             for mod in modules:
                 names = [n for n in vars(mod) if n.startswith("apply_rotary_pos_emb") and callable(getattr(mod, n))]
                 if not names:
-                    raise CaptureError(f"{mod.__name__}: no apply_rotary_pos_emb* function to wrap; this "
-                                       "transformers version applies rotary differently")
+                    raise CaptureError(
+                        f"{mod.__name__}: no apply_rotary_pos_emb* function to wrap; this "
+                        "transformers version applies rotary differently"
+                    )
                 for n in names:
                     orig = getattr(mod, n)
                     setattr(mod, n, self._wrap(orig))
@@ -141,6 +144,7 @@ class KvCapture:
     def _enter_layer(self, i: int) -> Callable:
         def hook(module: Any, args: Any) -> None:
             self._current = i
+
         return hook
 
     def _leave_layer(self, module: Any, args: Any, out: Any) -> None:
@@ -149,11 +153,13 @@ class KvCapture:
     def _latent_hook(self, i: int) -> Callable:
         def hook(module: Any, args: Any, out: Any) -> None:
             self.layers[i].latent = max(self.layers[i].latent, _amax(out, "kv_c_normed (latent)", i))
+
         return hook
 
     def _value_hook(self, i: int) -> Callable:
         def hook(module: Any, args: Any, out: Any) -> None:
             self.layers[i].v = max(self.layers[i].v, _amax(out, "value", i))
+
         return hook
 
     # ---------------------------------------------------------------- checks
@@ -161,7 +167,9 @@ class KvCapture:
         """Every layer saw its rope key (and latent or value): else the capture missed it."""
         for i, m in enumerate(self.layers):
             if m.rope_calls == 0:
-                raise CaptureError(f"layer {i}: no rope call was seen inside its attention; this transformers "
-                                   "version applies rotary outside apply_rotary_pos_emb*")
+                raise CaptureError(
+                    f"layer {i}: no rope call was seen inside its attention; this transformers "
+                    "version applies rotary outside apply_rotary_pos_emb*"
+                )
             if (self.mla and m.latent <= 0) or (not self.mla and m.v <= 0):
                 raise CaptureError(f"layer {i}: no {'latent' if self.mla else 'value'} was recorded (all zero?)")

@@ -70,11 +70,12 @@ INDEX = "model.safetensors.index.json"
 # What vLLM's CompressedTensorsKVCacheMethod accepts and what llm-compressor writes
 # for a static per-tensor FP8 KV cache.
 KV_CACHE_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
-MLA_LIMIT = ("stock vLLM (0.20.2-0.33.0) creates no KV scale parameters for MLA layers under a compressed-tensors "
-             "config (CompressedTensorsConfig.get_quant_method tests isinstance(layer, Attention); MLAAttention is "
-             "not one), and 0.32/0.33 also rename MLA scale tensors to self_attn.attn.attn.*, so these scales would "
-             "be ignored and _k_scale stays 1.0")
-
+MLA_LIMIT = (
+    "stock vLLM (0.20.2-0.33.0) creates no KV scale parameters for MLA layers under a compressed-tensors "
+    "config (CompressedTensorsConfig.get_quant_method tests isinstance(layer, Attention); MLAAttention is "
+    "not one), and 0.32/0.33 also rename MLA scale tensors to self_attn.attn.attn.*, so these scales would "
+    "be ignored and _k_scale stays 1.0"
+)
 
 
 # ---------------------------------------------------------------- model facts
@@ -143,14 +144,20 @@ def merged_quant_config(config: dict[str, Any], source: str) -> dict[str, Any]:
     gptq, ...) each map scales differently: refused rather than guessed."""
     q = config.get("quantization_config")
     if q is None:
-        return {"quant_method": "compressed-tensors", "config_groups": {}, "ignore": [],
-                "kv_cache_scheme": dict(KV_CACHE_SCHEME)}
+        return {
+            "quant_method": "compressed-tensors",
+            "config_groups": {},
+            "ignore": [],
+            "kv_cache_scheme": dict(KV_CACHE_SCHEME),
+        }
     if not isinstance(q, dict):
         raise CheckpointError(f"{source}: quantization_config is not an object")
     method = q.get("quant_method")
     if method != "compressed-tensors":
-        raise CheckpointError(f"{source}: quantization_config.quant_method={method!r}; only compressed-tensors "
-                              "(or none) can be given KV scales by an overlay")
+        raise CheckpointError(
+            f"{source}: quantization_config.quant_method={method!r}; only compressed-tensors "
+            "(or none) can be given KV scales by an overlay"
+        )
     kv = q.get("kv_cache_scheme")
     out = copy.deepcopy(q)
     if kv is None:
@@ -158,8 +165,9 @@ def merged_quant_config(config: dict[str, Any], source: str) -> dict[str, Any]:
         return out
     problem = kv_scheme_problem(kv)
     if problem:
-        raise CheckpointError(f"{source}: existing kv_cache_scheme {kv} is not per-tensor static FP8 ({problem}); "
-                              "refusing to override it")
+        raise CheckpointError(
+            f"{source}: existing kv_cache_scheme {kv} is not per-tensor static FP8 ({problem}); refusing to override it"
+        )
     return out
 
 
@@ -201,16 +209,18 @@ def check_overlay_target(model_dir: str | Path, out_dir: str | Path, force: bool
     if config.get("quantization_config") is None and (src / "hf_quant_config.json").exists():
         # vLLM reads ModelOpt's separate file only when config.json has no quantization_config;
         # a new compressed-tensors config would silently replace that quantization
-        raise CheckpointError(f"{src / 'hf_quant_config.json'}: a ModelOpt checkpoint; its KV scales are not "
-                              "written by an overlay")
+        raise CheckpointError(
+            f"{src / 'hf_quant_config.json'}: a ModelOpt checkpoint; its KV scales are not written by an overlay"
+        )
     merged_quant_config(config, str(src / "config.json"))
     if (src / SHARD).exists():
         raise CheckpointError(f"{src / SHARD}: the checkpoint already has a file named like the scale shard")
     layer_prefix(list(weight_map(src)), str(src))
 
 
-def write_overlay(model_dir: str | Path, scales: KvScales, out_dir: str | Path, force: bool = False,
-                  fmt: str = "e4m3fnuz") -> Path:
+def write_overlay(
+    model_dir: str | Path, scales: KvScales, out_dir: str | Path, force: bool = False, fmt: str = "e4m3fnuz"
+) -> Path:
     """Build ``out_dir`` so ``vllm serve out_dir`` loads ``scales``; returns out_dir.
 
     ``fmt``: the FP8 format of the platform that serves it (``formats.platform_format``):
@@ -231,21 +241,26 @@ def write_overlay(model_dir: str | Path, scales: KvScales, out_dir: str | Path, 
     mla = layout.is_mla(config)
     n = num_layers(config, str(src / "config.json"))
     if len(scales.layers) != n:
-        raise CheckpointError(f"layer count differs: {src / 'config.json'} has num_hidden_layers={n}, "
-                              f"the scales have {len(scales.layers)} layers")
+        raise CheckpointError(
+            f"layer count differs: {src / 'config.json'} has num_hidden_layers={n}, "
+            f"the scales have {len(scales.layers)} layers"
+        )
     if (scales.attention == "mla") != mla:
-        raise CheckpointError(f"{src / 'config.json'}: the model is {'MLA' if mla else 'MHA'} but the scales were "
-                              f"measured as {scales.attention}")
+        raise CheckpointError(
+            f"{src / 'config.json'}: the model is {'MLA' if mla else 'MHA'} but the scales were "
+            f"measured as {scales.attention}"
+        )
     quant = merged_quant_config(config, str(src / "config.json"))
     wm = weight_map(src)
     prefix = layer_prefix(list(wm), str(src))
     tensors: dict[str, float] = {}
-    for ly, (k, v) in zip(scales.layers, scales.scales_for(fmt)):
+    for ly, (k, v) in zip(scales.layers, scales.scales_for(fmt), strict=False):
         kname, vname = scale_names(prefix, ly.index, mla)
         tensors[kname] = k
         tensors[vname] = k if v is None else v  # MLA: vLLM ignores v; equal to k so no code path mixes them
     clash = sorted(set(tensors) & set(wm)) or sorted(
-        t for t in wm if re.search(r"\.(k|v|kv)_scale$", t) and "self_attn" in t)
+        t for t in wm if re.search(r"\.(k|v|kv)_scale$", t) and "self_attn" in t
+    )
     if clash:
         raise CheckpointError(f"{src}: already carries KV scale tensors (e.g. {clash[0]}); serve it as it is")
 
@@ -258,10 +273,18 @@ def write_overlay(model_dir: str | Path, scales: KvScales, out_dir: str | Path, 
         new_config = dict(config)
         new_config["quantization_config"] = quant
         write_json_atomic(tmp / "config.json", new_config)
-        meta = {"kimidflash_kv_scales": json.dumps({"attention": scales.attention, "headroom": scales.headroom,
-                                                    "tokens": scales.tokens, "prompts": scales.prompts,
-                                                    "fp8_format": fmt}),
-                "format": "pt"}
+        meta = {
+            "kimidflash_kv_scales": json.dumps(
+                {
+                    "attention": scales.attention,
+                    "headroom": scales.headroom,
+                    "tokens": scales.tokens,
+                    "prompts": scales.prompts,
+                    "fp8_format": fmt,
+                }
+            ),
+            "format": "pt",
+        }
         write_f32_scalars(tmp / SHARD, tensors, meta)
         total = _total_size(src, wm) + 4 * len(tensors)
         index = {"metadata": {"total_size": total}, "weight_map": {**wm, **{t: SHARD for t in tensors}}}
@@ -296,8 +319,10 @@ class VerifyReport:
 
     def summary(self) -> str:
         fmt = f" for {self.fp8_format}" if self.fp8_format else ""
-        return (f"{self.layers} {self.attention.upper()} layers with KV scales{fmt}, k_scale "
-                f"{min(self.k_scales):.4g}..{max(self.k_scales):.4g}")
+        return (
+            f"{self.layers} {self.attention.upper()} layers with KV scales{fmt}, k_scale "
+            f"{min(self.k_scales):.4g}..{max(self.k_scales):.4g}"
+        )
 
 
 def verify(model_dir: str | Path, vllm_loads_mla_scales: bool = False) -> VerifyReport:
@@ -317,15 +342,21 @@ def verify(model_dir: str | Path, vllm_loads_mla_scales: bool = False) -> Verify
     n = num_layers(config, str(cfg_path))
     q = config.get("quantization_config")
     if not isinstance(q, dict):
-        raise CheckpointError(f"{cfg_path}: no quantization_config, so vLLM creates no k_scale parameters and "
-                              "ignores scale tensors; write an overlay (kimidflash calibrate --overlay)")
+        raise CheckpointError(
+            f"{cfg_path}: no quantization_config, so vLLM creates no k_scale parameters and "
+            "ignores scale tensors; write an overlay (kimidflash calibrate --overlay)"
+        )
     if q.get("quant_method") != "compressed-tensors":
-        raise CheckpointError(f"{cfg_path}: quantization_config.quant_method={q.get('quant_method')!r}; "
-                              "KV_SCALE_POLICY=checkpoint is verified for compressed-tensors kv_cache_scheme only")
+        raise CheckpointError(
+            f"{cfg_path}: quantization_config.quant_method={q.get('quant_method')!r}; "
+            "KV_SCALE_POLICY=checkpoint is verified for compressed-tensors kv_cache_scheme only"
+        )
     problem = kv_scheme_problem(q.get("kv_cache_scheme")) if q.get("kv_cache_scheme") is not None else "missing"
     if problem:
-        raise CheckpointError(f"{cfg_path}: quantization_config.kv_cache_scheme {problem}; vLLM would not load "
-                              "per-tensor static FP8 KV scales")
+        raise CheckpointError(
+            f"{cfg_path}: quantization_config.kv_cache_scheme {problem}; vLLM would not load "
+            "per-tensor static FP8 KV scales"
+        )
     if mla and not vllm_loads_mla_scales:
         raise CheckpointError(f"{cfg_path}: MLA model: {MLA_LIMIT}")
     wm = weight_map(src)
@@ -339,15 +370,19 @@ def verify(model_dir: str | Path, vllm_loads_mla_scales: bool = False) -> Verify
             names = accepted_names(prefix, i, mla, kind)
             name = next((c for c in names if c in wm), None)
             if name is None:
-                raise CheckpointError(f"{src / INDEX if (src / INDEX).exists() else src}: layer {i} has no "
-                                      f"{kind}_scale tensor (expected {names[0]})")
+                raise CheckpointError(
+                    f"{src / INDEX if (src / INDEX).exists() else src}: layer {i} has no "
+                    f"{kind}_scale tensor (expected {names[0]})"
+                )
             shard = src / wm[name]
             try:
                 value = read_scalar(shard, name)
             except SafetensorsError as exc:
                 raise CheckpointError(f"layer {i}: {exc}") from None
             if not math.isfinite(value) or value <= 0:
-                raise CheckpointError(f"{shard}: layer {i} tensor {name} = {value!r}; a KV scale must be finite and > 0")
+                raise CheckpointError(
+                    f"{shard}: layer {i} tensor {name} = {value!r}; a KV scale must be finite and > 0"
+                )
             acc.append(value)
     notes = ("MLA: v_scale not checked (vLLM ignores it for MLA)",) if mla else ()
     return VerifyReport(str(src), "mla" if mla else "mha", n, tuple(ks), tuple(vs), notes, _overlay_format(src, wm))

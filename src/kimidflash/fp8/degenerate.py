@@ -15,8 +15,8 @@ rule, code indentation and a short answer are all normal. ``check`` runs every r
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 # repetition_loop: a unit of at most MAX_PERIOD tokens repeated back to back at
 # least MIN_REPEATS times over at least MIN_SPAN tokens. Saying a phrase twice
@@ -52,8 +52,9 @@ class Finding:
     reason: str
 
 
-def repetition_loop(tokens: Sequence[object], *, max_period: int = MAX_PERIOD, min_repeats: int = MIN_REPEATS,
-                    min_span: int = MIN_SPAN) -> Finding | None:
+def repetition_loop(
+    tokens: Sequence[object], *, max_period: int = MAX_PERIOD, min_repeats: int = MIN_REPEATS, min_span: int = MIN_SPAN
+) -> Finding | None:
     """The longest stretch where ``tokens[i] == tokens[i + p]`` for some period p
     is a unit of p tokens said (run + p) / p times in a row; flag it when it is
     long and repeated enough. Works on token ids or on characters."""
@@ -72,9 +73,12 @@ def repetition_loop(tokens: Sequence[object], *, max_period: int = MAX_PERIOD, m
     if best is None:
         return None
     span, p, start = best
-    return Finding("repetition_loop", f"a {p}-token unit repeats {span // p} times back to back "
-                                      f"({span} tokens from position {start}; limit {min_repeats} repeats over "
-                                      f"{min_span} tokens)")
+    return Finding(
+        "repetition_loop",
+        f"a {p}-token unit repeats {span // p} times back to back "
+        f"({span} tokens from position {start}; limit {min_repeats} repeats over "
+        f"{min_span} tokens)",
+    )
 
 
 def repeated_ngram(tokens: Sequence[object], *, n: int = NGRAM, min_count: int = NGRAM_MIN_COUNT) -> Finding | None:
@@ -83,7 +87,7 @@ def repeated_ngram(tokens: Sequence[object], *, n: int = NGRAM, min_count: int =
     last: dict[tuple[object, ...], int] = {}
     counts: dict[tuple[object, ...], int] = {}
     for i in range(len(tokens) - n + 1):
-        gram = tuple(tokens[i:i + n])
+        gram = tuple(tokens[i : i + n])
         if gram in last and i - last[gram] < n:
             continue  # overlapping occurrence
         last[gram] = i
@@ -96,8 +100,13 @@ def repeated_ngram(tokens: Sequence[object], *, n: int = NGRAM, min_count: int =
     return Finding("repeated_ngram", f"the same {n} tokens occur {count} times (limit {min_count - 1}): {gram!r}"[:200])
 
 
-def token_collapse(tokens: Sequence[object], *, min_tokens: int = COLLAPSE_MIN_TOKENS,
-                   min_distinct_share: float = MIN_DISTINCT_SHARE, top_share: float = TOP_SHARE) -> Finding | None:
+def token_collapse(
+    tokens: Sequence[object],
+    *,
+    min_tokens: int = COLLAPSE_MIN_TOKENS,
+    min_distinct_share: float = MIN_DISTINCT_SHARE,
+    top_share: float = TOP_SHARE,
+) -> Finding | None:
     """Few distinct tokens, or one token dominating, over a long enough output."""
     n = len(tokens)
     if n < min_tokens:
@@ -108,11 +117,12 @@ def token_collapse(tokens: Sequence[object], *, min_tokens: int = COLLAPSE_MIN_T
     distinct = len(counts)
     top_token, top = max(counts.items(), key=lambda kv: kv[1])
     if distinct / n < min_distinct_share:
-        return Finding("token_collapse", f"only {distinct} distinct tokens in {n} ({distinct / n:.0%}; "
-                                         f"limit {min_distinct_share:.0%})")
+        return Finding(
+            "token_collapse",
+            f"only {distinct} distinct tokens in {n} ({distinct / n:.0%}; limit {min_distinct_share:.0%})",
+        )
     if top / n > top_share:
-        return Finding("token_collapse", f"token {top_token!r} is {top / n:.0%} of {n} tokens "
-                                         f"(limit {top_share:.0%})")
+        return Finding("token_collapse", f"token {top_token!r} is {top / n:.0%} of {n} tokens (limit {top_share:.0%})")
     return None
 
 
@@ -131,11 +141,15 @@ def non_text(text: str, *, max_share: float = NON_TEXT_SHARE, min_count: int = N
     if not bad or (len(bad) < min_count and len(bad) / len(text) < max_share):
         return None
     shown = ", ".join(f"U+{ord(c):04X}" for c in dict.fromkeys(bad))
-    return Finding("non_text", f"{len(bad)} non-text characters in {len(text)} ({shown[:80]}; "
-                               f"limit {min_count - 1} or {max_share:.0%})")
+    return Finding(
+        "non_text",
+        f"{len(bad)} non-text characters in {len(text)} ({shown[:80]}; limit {min_count - 1} or {max_share:.0%})",
+    )
 
 
-def symbol_soup(text: str, *, min_chars: int = SOUP_MIN_CHARS, min_wordy_share: float = MIN_WORDY_SHARE) -> Finding | None:
+def symbol_soup(
+    text: str, *, min_chars: int = SOUP_MIN_CHARS, min_wordy_share: float = MIN_WORDY_SHARE
+) -> Finding | None:
     """Printable but meaningless: hardly any letters, digits or spaces."""
     stripped = text.strip()
     if len(stripped) < min_chars:
@@ -143,8 +157,11 @@ def symbol_soup(text: str, *, min_chars: int = SOUP_MIN_CHARS, min_wordy_share: 
     wordy = sum(1 for ch in stripped if ch.isalnum() or ch.isspace())
     if wordy / len(stripped) >= min_wordy_share:
         return None
-    return Finding("symbol_soup", f"only {wordy / len(stripped):.0%} of {len(stripped)} characters are letters, "
-                                  f"digits or spaces (limit {min_wordy_share:.0%})")
+    return Finding(
+        "symbol_soup",
+        f"only {wordy / len(stripped):.0%} of {len(stripped)} characters are letters, "
+        f"digits or spaces (limit {min_wordy_share:.0%})",
+    )
 
 
 def empty(text: str) -> Finding | None:

@@ -16,7 +16,7 @@ def _f(v: Any, fmt: str = ".3f") -> str:
 
 def _cell(s: Any, limit: int = 60) -> str:
     text = str(s).replace("\n", " ").replace("|", "\\|")
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -52,11 +52,16 @@ def _servers(doc: dict[str, Any]) -> list[str]:
     for label, srv in doc["servers"].items():
         over = " ".join(f"{k}={v}" for k, v in srv["overrides"].items())
         tokens = srv.get("kv_cache_tokens")
-        lines.append(f"| {label} | `{_cell(over, 200)}` | {_cell(srv['vllm_kv_log'] or 'none (model dtype)', 50)} "
-                     f"| {f'{tokens:,}' if tokens else 'not logged'} | {srv['ready_after_s']} s |")
+        lines.append(
+            f"| {label} | `{_cell(over, 200)}` | {_cell(srv['vllm_kv_log'] or 'none (model dtype)', 50)} "
+            f"| {f'{tokens:,}' if tokens else 'not logged'} | {srv['ready_after_s']} s |"
+        )
     scales = doc.get("fp8_checkpoint_scales")
-    return lines + ["", f"FP8 server's checkpoint KV scales: {scales['summary'] if scales else 'none (vLLM uses 1.0)'}.",
-                    ""]
+    return lines + [
+        "",
+        f"FP8 server's checkpoint KV scales: {scales['summary'] if scales else 'none (vLLM uses 1.0)'}.",
+        "",
+    ]
 
 
 def _agreement(doc: dict[str, Any]) -> list[str]:
@@ -66,7 +71,8 @@ def _agreement(doc: dict[str, Any]) -> list[str]:
         "",
         "| measure | value |",
         "|---|---|",
-        f"| prompts with identical greedy outputs | {tok['identical']} / {s['prompts']} ({tok['identical_share']:.1%}) |",
+        f"| prompts with identical greedy outputs | {tok['identical']} / {s['prompts']} "
+        f"({tok['identical_share']:.1%}) |",
         f"| mean matched prefix (common prefix / longer output) | {tok['mean_matched_prefix']:.3f} |",
         f"| teacher-forced positions | {tf['positions']} |",
         f"| teacher-forced top-1 agreement | {tf['top1_agreement']:.4f} |",
@@ -87,7 +93,8 @@ def _throughput(doc: dict[str, Any]) -> list[str]:
         "",
         "| server | output tok/s | speculative acceptance length |",
         "|---|---|---|",
-        f"| auto-kv (reference) | {_f(tp['reference_output_tok_s'], '.2f')} | {_f(tp.get('reference_acceptance_length'))} |",
+        f"| auto-kv (reference) | {_f(tp['reference_output_tok_s'], '.2f')} | "
+        f"{_f(tp.get('reference_acceptance_length'))} |",
         f"| fp8-kv | {_f(tp['fp8_output_tok_s'], '.2f')} | {_f(tp.get('fp8_acceptance_length'))} |",
         f"| fp8 / reference | {_f(tp['ratio'], '.3f')} | |",
         "",
@@ -98,7 +105,8 @@ def _per_prompt(doc: dict[str, Any]) -> list[str]:
     lines = [
         "## Per prompt",
         "",
-        "| id | first divergence | matched prefix | tokens ref / fp8 | top-1 agree | mean KL | degenerate (fp8) | fp8 output |",
+        "| id | first divergence | matched prefix | tokens ref / fp8 | top-1 agree | mean KL | degenerate (fp8) "
+        "| fp8 output |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in doc["per_prompt"]:
@@ -108,19 +116,24 @@ def _per_prompt(doc: dict[str, Any]) -> list[str]:
         if row["reference_degenerate"]:
             degen += " (reference too: " + ", ".join(d["rule"] for d in row["reference_degenerate"]) + ")"
         first = "identical" if row["first_divergence"] is None else row["first_divergence"]
-        lines.append(f"| {row['id']} | {first} | {row['matched_prefix']:.3f} | {row['reference_tokens']} / "
-                     f"{row['fp8_tokens']} | {_f(t.get('top1_agreement'))} | {_f(t.get('mean_kl'), '.2e')} | "
-                     f"{_cell(degen, 160)} | {_cell(row['fp8_text'])} |")
+        lines.append(
+            f"| {row['id']} | {first} | {row['matched_prefix']:.3f} | {row['reference_tokens']} / "
+            f"{row['fp8_tokens']} | {_f(t.get('top1_agreement'))} | {_f(t.get('mean_kl'), '.2e')} | "
+            f"{_cell(degen, 160)} | {_cell(row['fp8_text'])} |"
+        )
     return lines + [""]
 
 
 def _provenance(doc: dict[str, Any]) -> list[str]:
     prov = doc.get("provenance") or {}
     git = prov.get("git") or {}
-    return ["## Provenance", "",
-            f"- tool: {prov.get('tool')} {prov.get('tool_version', '')}, git {git.get('revision')}"
-            f"{' (dirty)' if git.get('dirty') else ''}",
-            f"- command: `{prov.get('command')}`",
-            f"- time: {prov.get('utc_time')}",
-            "- files: validation.json (this report's data, outputs included), bench-reference.json, bench-fp8.json",
-            ""]
+    return [
+        "## Provenance",
+        "",
+        f"- tool: {prov.get('tool')} {prov.get('tool_version', '')}, git {git.get('revision')}"
+        f"{' (dirty)' if git.get('dirty') else ''}",
+        f"- command: `{prov.get('command')}`",
+        f"- time: {prov.get('utc_time')}",
+        "- files: validation.json (this report's data, outputs included), bench-reference.json, bench-fp8.json",
+        "",
+    ]

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
 
@@ -25,7 +26,6 @@ from .errors import ServerRequestError
 
 # vLLM's default --max-logprobs: the most a stock server returns per position.
 TOP_K = 20
-
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,9 @@ class Output:
     finish_reason: str | None
 
 
-async def _generate(base_url: str, model: str, prompts: Sequence[tuple[str, str]], max_tokens: int,
-                    concurrency: int, timeout: float) -> list[Output]:
+async def _generate(
+    base_url: str, model: str, prompts: Sequence[tuple[str, str]], max_tokens: int, concurrency: int, timeout: float
+) -> list[Output]:
     url = f"{base_url}/v1/chat/completions"
     slots = asyncio.Semaphore(concurrency)
 
@@ -56,8 +57,14 @@ async def _generate(base_url: str, model: str, prompts: Sequence[tuple[str, str]
         return list(await asyncio.gather(*(one(client, pid, text) for pid, text in prompts)))
 
 
-def generate(base_url: str, model: str, prompts: Sequence[tuple[str, str]], max_tokens: int,
-             concurrency: int = 4, timeout: float = 600.0) -> list[Output]:
+def generate(
+    base_url: str,
+    model: str,
+    prompts: Sequence[tuple[str, str]],
+    max_tokens: int,
+    concurrency: int = 4,
+    timeout: float = 600.0,
+) -> list[Output]:
     """Greedy (temperature 0) chat outputs for (id, user text) prompts, in order."""
     return asyncio.run(_generate(base_url, model, prompts, max_tokens, concurrency, timeout))
 
@@ -80,16 +87,20 @@ def parse_prompt_logprobs(entries: Any, where: str) -> list[dict[int, float] | N
     return out
 
 
-def score(base_url: str, model: str, sequences: Sequence[tuple[str, Sequence[int], int]], top_k: int = TOP_K,
-          timeout: float = 600.0) -> list[list[dict[int, float]]]:
+def score(
+    base_url: str,
+    model: str,
+    sequences: Sequence[tuple[str, Sequence[int], int]],
+    top_k: int = TOP_K,
+    timeout: float = 600.0,
+) -> list[list[dict[int, float]]]:
     """Teacher-forced logprobs: for each (id, token ids, start) the {token: logprob}
     of every position from ``start`` on (the distribution that predicted token i
     given tokens before i), one list per sequence, in order."""
     out: list[list[dict[int, float]]] = []
     with httpx.Client(timeout=timeout) as client:
         for pid, ids, start in sequences:
-            body = {"model": model, "prompt": list(ids), "max_tokens": 1, "temperature": 0.0,
-                    "prompt_logprobs": top_k}
+            body = {"model": model, "prompt": list(ids), "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": top_k}
             try:
                 resp = client.post(f"{base_url}/v1/completions", json=body)
             except httpx.HTTPError as exc:

@@ -24,7 +24,6 @@ _SCALAR = {"F64": ("<d", 8), "F32": ("<f", 4), "F16": ("<e", 2), "BF16": (None, 
 _MAX_HEADER = 100 * 1024 * 1024  # the format's own limit; guards against a garbage length
 
 
-
 def read_header(path: str | Path) -> dict[str, Any]:
     """The JSON header of a safetensors file, ``__metadata__`` included."""
     p = Path(path)
@@ -66,6 +65,8 @@ def read_scalar(path: str | Path, name: str) -> float:
         raise SafetensorsError(f"{p}: tensor {name} has dtype {dtype}; a scale must be F32, F16, BF16 or F64")
     if not isinstance(shape, list) or math.prod(shape) != 1:
         raise SafetensorsError(f"{p}: tensor {name} has shape {shape}; a per-tensor scale has one element")
+    if offsets is None:
+        raise SafetensorsError(f"{p}: tensor {name} has no data_offsets")
     fmt, size = _SCALAR[dtype]
     start, end = offsets
     if end - start != size:

@@ -34,7 +34,6 @@ SCHEMA = "kimidflash-kv-scales/1"
 Attention = Literal["mla", "mha"]
 
 
-
 @dataclass(frozen=True)
 class LayerScale:
     index: int
@@ -83,57 +82,91 @@ class KvScales:
         is needs on a platform of that format: vLLM's compressed-tensors KV method does
         (no e4m3fnuz doubling on any pin read), so a compressed-tensors overlay for
         MI300X must carry e4m3fnuz scales (see fp8.checkpoint)."""
-        return [(scale_for(ly.k_amax, fmt, self.headroom),
-                 scale_for(ly.v_amax, fmt, self.headroom) if ly.v_amax is not None else None) for ly in self.layers]
+        return [
+            (
+                scale_for(ly.k_amax, fmt, self.headroom),
+                scale_for(ly.v_amax, fmt, self.headroom) if ly.v_amax is not None else None,
+            )
+            for ly in self.layers
+        ]
 
     def summary(self) -> dict[str, Any]:
         ks = [k for k, _ in self.checkpoint_scales()]
         out: dict[str, Any] = {
-            "layers": len(self.layers), "tokens": self.tokens, "prompts": self.prompts,
+            "layers": len(self.layers),
+            "tokens": self.tokens,
+            "prompts": self.prompts,
             "k_amax": [min(ly.k_amax for ly in self.layers), max(ly.k_amax for ly in self.layers)],
             "checkpoint_k_scale": [min(ks), max(ks)],
-            "k_scale_by_format": {fmt: [min(k for k, _ in r), max(k for k, _ in r)] for fmt in FP8_MAX
-                                  if fmt != "e5m2" for r in [self.scales_for(fmt)]},
+            "k_scale_by_format": {
+                fmt: [min(k for k, _ in r), max(k for k, _ in r)]
+                for fmt in FP8_MAX
+                if fmt != "e5m2"
+                for r in [self.scales_for(fmt)]
+            },
         }
         if self.attention == "mla":
-            out["rope_exceeds_latent_layers"] = [ly.index for ly in self.layers
-                                                 if (ly.rope_amax or 0) > (ly.latent_amax or 0)]
+            out["rope_exceeds_latent_layers"] = [
+                ly.index for ly in self.layers if (ly.rope_amax or 0) > (ly.latent_amax or 0)
+            ]
         return out
 
     # --------------------------------------------------------------------- I/O
     def to_json(self) -> dict[str, Any]:
         layers = []
-        for ly, (k, v) in zip(self.layers, self.checkpoint_scales()):
+        for ly, (k, v) in zip(self.layers, self.checkpoint_scales(), strict=False):
             d = {key: val for key, val in asdict(ly).items() if val is not None}
             d["k_scale"] = k
             if v is not None:
                 d["v_scale"] = v
             layers.append(d)
-        return {"schema": SCHEMA, "attention": self.attention, "headroom": self.headroom,
-                "checkpoint_format": CHECKPOINT_FORMAT, "tokens": self.tokens, "prompts": self.prompts,
-                "summary": self.summary(), "layers": layers, "provenance": self.provenance}
+        return {
+            "schema": SCHEMA,
+            "attention": self.attention,
+            "headroom": self.headroom,
+            "checkpoint_format": CHECKPOINT_FORMAT,
+            "tokens": self.tokens,
+            "prompts": self.prompts,
+            "summary": self.summary(),
+            "layers": layers,
+            "provenance": self.provenance,
+        }
 
     def save(self, path: str | Path) -> Path:
         return write_json_atomic(path, self.to_json())
 
     @classmethod
-    def from_json(cls, data: Any, source: str = "<scales>") -> "KvScales":
+    def from_json(cls, data: Any, source: str = "<scales>") -> KvScales:
         try:
             if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-                raise ScaleFileError(f"not a {SCHEMA} file (schema={data.get('schema') if isinstance(data, dict) else None!r})")
+                raise ScaleFileError(
+                    f"not a {SCHEMA} file (schema={data.get('schema') if isinstance(data, dict) else None!r})"
+                )
             layers = tuple(
-                LayerScale(index=int(d["index"]), k_amax=float(d["k_amax"]),
-                           v_amax=_opt(d.get("v_amax")), latent_amax=_opt(d.get("latent_amax")),
-                           rope_amax=_opt(d.get("rope_amax")))
-                for d in data["layers"])
-            scales = cls(attention=data["attention"], layers=layers, headroom=float(data["headroom"]),
-                         tokens=int(data["tokens"]), prompts=int(data["prompts"]),
-                         provenance=dict(data.get("provenance") or {}))
-            for d, (k, v) in zip(data["layers"], scales.checkpoint_scales()):
+                LayerScale(
+                    index=int(d["index"]),
+                    k_amax=float(d["k_amax"]),
+                    v_amax=_opt(d.get("v_amax")),
+                    latent_amax=_opt(d.get("latent_amax")),
+                    rope_amax=_opt(d.get("rope_amax")),
+                )
+                for d in data["layers"]
+            )
+            scales = cls(
+                attention=data["attention"],
+                layers=layers,
+                headroom=float(data["headroom"]),
+                tokens=int(data["tokens"]),
+                prompts=int(data["prompts"]),
+                provenance=dict(data.get("provenance") or {}),
+            )
+            for d, (k, v) in zip(data["layers"], scales.checkpoint_scales(), strict=False):
                 for name, want in (("k_scale", k), ("v_scale", v)):
                     if name in d and (want is None or not math.isclose(float(d[name]), want, rel_tol=1e-6)):
-                        raise ScaleFileError(f"layer {d['index']}: {name} {d[name]} does not follow from its amax "
-                                             f"and headroom ({want}); edited by hand?")
+                        raise ScaleFileError(
+                            f"layer {d['index']}: {name} {d[name]} does not follow from its amax "
+                            f"and headroom ({want}); edited by hand?"
+                        )
             return scales
         except ScaleFileError as exc:
             raise ScaleFileError(f"{source}: {exc}") from None
@@ -141,7 +174,7 @@ class KvScales:
             raise ScaleFileError(f"{source}: malformed scales file: {exc!r}") from None
 
     @classmethod
-    def load(cls, path: str | Path) -> "KvScales":
+    def load(cls, path: str | Path) -> KvScales:
         p = Path(path)
         try:
             data = json.loads(p.read_text(encoding="utf-8"))

@@ -29,10 +29,11 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..background import ServeError, serving_process
 from ..bench import BenchConfig, BenchError, run_benchmark
@@ -52,8 +53,6 @@ DEFAULT_MIN_AGREEMENT = 0.9
 FP8_LOG_LINE = "data type to store kv cache"  # vLLM: "Using fp8 data type to store kv cache. ..."
 # vLLM: "<GPU|CPU> KV cache size: 87,360 tokens, Maximum concurrency ..." (kv_cache_utils.py)
 KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
-
-
 
 
 @dataclass(frozen=True)
@@ -89,8 +88,10 @@ def overlay_source(model_dir: Path) -> Path | None:
         return None
     parents = [Path(d) for d in link_targets(model_dir)]
     if len(parents) != 1:
-        raise InputError(f"MODEL_DIR {model_dir} has a kv_cache_scheme (vLLM would store even KV_CACHE_DTYPE=auto "
-                         "in FP8) and is not an overlay of one checkpoint; pass --reference-model DIR")
+        raise InputError(
+            f"MODEL_DIR {model_dir} has a kv_cache_scheme (vLLM would store even KV_CACHE_DTYPE=auto "
+            "in FP8) and is not an overlay of one checkpoint; pass --reference-model DIR"
+        )
     (src,) = parents
     if not (src / "config.json").is_file():
         raise InputError(f"MODEL_DIR {model_dir}: the checkpoint it links to ({src}) has no config.json")
@@ -104,16 +105,23 @@ def plan(opts: Options) -> tuple[dict[str, str], dict[str, str]]:
         fp8 = load_config(opts.config, opts.overrides)
     except ConfigError as exc:
         raise InputError(f"{opts.config}: {exc}") from None
-    if not str(fp8["KV_CACHE_DTYPE"]).startswith("fp8"):
-        raise InputError(f"{opts.config}: KV_CACHE_DTYPE={fp8['KV_CACHE_DTYPE']} is not an FP8 KV cache; "
-                         "validate-fp8 compares an FP8 config with its BF16-KV twin (set KV_CACHE_DTYPE=fp8)")
+    if not str(fp8.kv_cache_dtype).startswith("fp8"):
+        raise InputError(
+            f"{opts.config}: KV_CACHE_DTYPE={fp8.kv_cache_dtype} is not an FP8 KV cache; "
+            "validate-fp8 compares an FP8 config with its BF16-KV twin (set KV_CACHE_DTYPE=fp8)"
+        )
     # The reference keeps every cache in the model dtype, the draft's too, and no seed.
-    ref_over = {**opts.overrides, "KV_CACHE_DTYPE": "auto", "KV_SCALE_POLICY": "none", "DRAFT_KV_CACHE_DTYPE": "",
-                "KV_SCALES_FILE": ""}
+    ref_over = {
+        **opts.overrides,
+        "KV_CACHE_DTYPE": "auto",
+        "KV_SCALE_POLICY": "none",
+        "DRAFT_KV_CACHE_DTYPE": "",
+        "KV_SCALES_FILE": "",
+    }
     if opts.reference_model:
         ref_over["MODEL_DIR"] = opts.reference_model
     else:
-        src = overlay_source(Path(fp8["MODEL_DIR"]))
+        src = overlay_source(Path(fp8.model_dir))
         if src is not None:
             ref_over["MODEL_DIR"] = str(src)
     try:
@@ -123,41 +131,70 @@ def plan(opts: Options) -> tuple[dict[str, str], dict[str, str]]:
     return ref_over, dict(opts.overrides)
 
 
-def _serve_and_measure(opts: Options, label: str, overrides: dict[str, str], prompts: list[tuple[str, str]],
-                       to_score: list[tuple[str, Sequence[int], int]] | None, logs: Path,
-                       port: int | None) -> dict[str, Any]:
+def _serve_and_measure(
+    opts: Options,
+    label: str,
+    overrides: dict[str, str],
+    prompts: list[tuple[str, str]],
+    to_score: list[tuple[str, Sequence[int], int]] | None,
+    logs: Path,
+    port: int | None,
+) -> dict[str, Any]:
     """Start one server, ask it everything, stop it. ``to_score`` None: score this
     server's own outputs (the reference)."""
     cfg = load_config(opts.config, overrides)
-    model = cfg["SERVED_MODEL_NAME"]
+    model = cfg.served_model_name
     log = logs / f"serve-{label}.log"
     overrides_list = [f"{k}={v}" for k, v in overrides.items()]
     t0 = time.monotonic()
     try:
-        with serving_process(opts.config, overrides_list, log, timeout=float(cfg["HEALTH_TIMEOUT"]) + 600,
-                             port=port) as (_, base):
+        with serving_process(opts.config, overrides_list, log, timeout=float(cfg.health_timeout) + 600, port=port) as (
+            _,
+            base,
+        ):
             started = time.monotonic() - t0
             outputs = generate(base, model, prompts, opts.max_tokens)
-            seqs = to_score if to_score is not None else [
-                (o.prompt_id, o.prompt_token_ids + o.token_ids, len(o.prompt_token_ids)) for o in outputs]
+            seqs = (
+                to_score
+                if to_score is not None
+                else [(o.prompt_id, o.prompt_token_ids + o.token_ids, len(o.prompt_token_ids)) for o in outputs]
+            )
             scored = score(base, model, seqs, opts.top_k)
-            bench = run_benchmark(BenchConfig(
-                base_url=f"{base}/v1", model=model, sessions=opts.bench_sessions, max_tokens=opts.max_tokens,
-                warmup=1, label=label, recipe_config=opts.config, recipe_overrides=overrides,
-                argv=list(opts.argv)))
+            bench = run_benchmark(
+                BenchConfig(
+                    base_url=f"{base}/v1",
+                    model=model,
+                    sessions=opts.bench_sessions,
+                    max_tokens=opts.max_tokens,
+                    warmup=1,
+                    label=label,
+                    recipe_config=opts.config,
+                    recipe_overrides=overrides,
+                    argv=list(opts.argv),
+                )
+            )
     except ServeError as exc:
         said = [ln.strip() for ln in str(exc).splitlines() if "FAILED" in ln or "error" in ln.lower()]
-        raise CheckFailed(f"the {label} server did not start: {(said or str(exc).splitlines())[-1][:300]} "
-                          f"(log: {portable(log)})") from None
+        raise CheckFailed(
+            f"the {label} server did not start: {(said or str(exc).splitlines())[-1][:300]} (log: {portable(log)})"
+        ) from None
     except (ServerRequestError, BenchError) as exc:
         raise CheckFailed(f"the {label} server: {exc} (log: {portable(log)})") from None
     text = log.read_text(errors="replace")
-    fp8_log = [line[line.find("Using"):].strip() for line in text.splitlines()
-               if FP8_LOG_LINE in line and "Using" in line]
+    fp8_log = [
+        line[line.find("Using") :].strip() for line in text.splitlines() if FP8_LOG_LINE in line and "Using" in line
+    ]
     tokens = KV_TOKENS.search(text)
-    return {"label": label, "overrides": overrides, "outputs": outputs, "scored": scored, "bench": bench,
-            "start_seconds": round(started, 1), "fp8_log": fp8_log[:1],
-            "kv_cache_tokens": int(tokens.group(1).replace(",", "")) if tokens else None}
+    return {
+        "label": label,
+        "overrides": overrides,
+        "outputs": outputs,
+        "scored": scored,
+        "bench": bench,
+        "start_seconds": round(started, 1),
+        "fp8_log": fp8_log[:1],
+        "kv_cache_tokens": int(tokens.group(1).replace(",", "")) if tokens else None,
+    }
 
 
 def checkpoint_scales(model_dir: str) -> dict[str, Any] | None:
@@ -171,36 +208,45 @@ def checkpoint_scales(model_dir: str) -> dict[str, Any] | None:
     return {"summary": rep.summary(), "k_scale": list(rep.k_scales), "v_scale": list(rep.v_scales)}
 
 
-def per_prompt(ref: dict[str, Any], fp8: dict[str, Any],
-               tok: agreement.TokenAgreement) -> tuple[list[dict[str, Any]], list, float | None]:
+def per_prompt(
+    ref: dict[str, Any], fp8: dict[str, Any], tok: agreement.TokenAgreement
+) -> tuple[list[dict[str, Any]], list, float | None]:
     """Each prompt's row, every teacher-forced position, and how often the
     reference's own top-1 is the token it generated (its self-consistency)."""
     rows, positions = [], []
     self_consistent = 0
-    for i, (r, f) in enumerate(zip(ref["outputs"], fp8["outputs"])):
-        pos = [agreement.position_divergence(a, b) for a, b in zip(ref["scored"][i], fp8["scored"][i])]
+    for i, (r, f) in enumerate(zip(ref["outputs"], fp8["outputs"], strict=False)):
+        pos = [agreement.position_divergence(a, b) for a, b in zip(ref["scored"][i], fp8["scored"][i], strict=False)]
         positions += pos
-        self_consistent += sum(p.top1_ref == t for p, t in zip(pos, r.token_ids))
+        self_consistent += sum(p.top1_ref == t for p, t in zip(pos, r.token_ids, strict=False))
         div = agreement.summarize(pos) if pos else None
-        rows.append({
-            "id": r.prompt_id, "first_divergence": tok.first_divergence[i],
-            "matched_prefix": round(agreement.matched_prefix_fraction(r.token_ids, f.token_ids), 4),
-            "reference_tokens": len(r.token_ids), "fp8_tokens": len(f.token_ids),
-            "teacher_forced": asdict(div) if div else None,
-            "reference_degenerate": [asdict(x) for x in degenerate.check(r.text, r.token_ids)],
-            "fp8_degenerate": [asdict(x) for x in degenerate.check(f.text, f.token_ids)],
-            "reference_text": r.text, "fp8_text": f.text,
-        })
+        rows.append(
+            {
+                "id": r.prompt_id,
+                "first_divergence": tok.first_divergence[i],
+                "matched_prefix": round(agreement.matched_prefix_fraction(r.token_ids, f.token_ids), 4),
+                "reference_tokens": len(r.token_ids),
+                "fp8_tokens": len(f.token_ids),
+                "teacher_forced": asdict(div) if div else None,
+                "reference_degenerate": [asdict(x) for x in degenerate.check(r.text, r.token_ids)],
+                "fp8_degenerate": [asdict(x) for x in degenerate.check(f.text, f.token_ids)],
+                "reference_text": r.text,
+                "fp8_text": f.text,
+            }
+        )
     return rows, positions, (round(self_consistent / len(positions), 4) if positions else None)
 
 
-def verdict(opts: Options, ref: dict[str, Any], fp8: dict[str, Any], top1_agreement: float,
-            rows: list[dict[str, Any]]) -> list[str]:
+def verdict(
+    opts: Options, ref: dict[str, Any], fp8: dict[str, Any], top1_agreement: float, rows: list[dict[str, Any]]
+) -> list[str]:
     """Why the check fails; empty when it passes."""
     reasons = []
     if ref["fp8_log"]:
-        reasons.append(f"the reference server stored its KV cache quantized too ({ref['fp8_log'][0][:40]!r}); "
-                       "it is no BF16-KV reference")
+        reasons.append(
+            f"the reference server stored its KV cache quantized too ({ref['fp8_log'][0][:40]!r}); "
+            "it is no BF16-KV reference"
+        )
     if not fp8["fp8_log"]:
         reasons.append(f"the FP8 server's log never says {FP8_LOG_LINE!r}: it did not store an FP8 KV cache")
     if top1_agreement < opts.min_agreement:
@@ -208,15 +254,19 @@ def verdict(opts: Options, ref: dict[str, Any], fp8: dict[str, Any], top1_agreem
     broken = [row for row in rows if row["fp8_degenerate"] and not row["reference_degenerate"]]
     if broken:
         first = broken[0]
-        reasons.append(f"{len(broken)} FP8 output(s) degenerate where the reference's do not "
-                       f"(first: {first['id']}: {first['fp8_degenerate'][0]['reason']})")
+        reasons.append(
+            f"{len(broken)} FP8 output(s) degenerate where the reference's do not "
+            f"(first: {first['id']}: {first['fp8_degenerate'][0]['reason']})"
+        )
     return reasons
 
 
 def evaluate(opts: Options, ref: dict[str, Any], fp8: dict[str, Any]) -> dict[str, Any]:
     """The validation document: per prompt, summaries, verdict (no I/O but the
     FP8 checkpoint's scale tensors)."""
-    tok = agreement.token_agreement([(r.token_ids, f.token_ids) for r, f in zip(ref["outputs"], fp8["outputs"])])
+    tok = agreement.token_agreement(
+        [(r.token_ids, f.token_ids) for r, f in zip(ref["outputs"], fp8["outputs"], strict=False)]
+    )
     rows, positions, self_top1 = per_prompt(ref, fp8, tok)
     tf = agreement.summarize(positions)
     reasons = verdict(opts, ref, fp8, tf.top1_agreement, rows)
@@ -226,27 +276,45 @@ def evaluate(opts: Options, ref: dict[str, Any], fp8: dict[str, Any]) -> dict[st
         "schema": SCHEMA,
         "passed": not reasons,
         "reasons": reasons,
-        "settings": {"prompts": len(rows), "max_tokens": opts.max_tokens, "min_agreement": opts.min_agreement,
-                     "top_k": opts.top_k, "temperature": 0.0, "bench_sessions": opts.bench_sessions,
-                     "gate": "teacher-forced top-1 agreement >= min_agreement, and no FP8 output degenerate "
-                             "whose reference output is not"},
-        "token_agreement": {"identical": tok.identical, "identical_share": round(tok.identical_share, 4),
-                            "mean_matched_prefix": round(tok.mean_matched_prefix, 4)},
-        "teacher_forced": {**{k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(tf).items()},
-                           "reference_self_top1": self_top1,
-                           "kl": "lower bound of KL(P_reference || P_fp8) in nats: both top-k lists' shared tokens "
-                                 "plus one bucket for the rest (log-sum inequality)"},
-        "throughput": {"reference_output_tok_s": ref_tps, "fp8_output_tok_s": fp8_tps,
-                       "ratio": round(fp8_tps / ref_tps, 4) if ref_tps and fp8_tps else None,
-                       "reference_acceptance_length": ref_al, "fp8_acceptance_length": fp8_al},
-        "fp8_checkpoint_scales": checkpoint_scales(load_config(opts.config, fp8["overrides"])["MODEL_DIR"]),
-        "servers": {s["label"]: {"overrides": {k: portable(v) if os.path.isabs(v) else v
-                                               for k, v in s["overrides"].items()},
-                                 "recipe": recipe_info(opts.config, s["overrides"]),
-                                 "ready_after_s": s["start_seconds"],
-                                 "vllm_kv_log": s["fp8_log"][0] if s["fp8_log"] else None,
-                                 "kv_cache_tokens": s.get("kv_cache_tokens")}
-                    for s in (ref, fp8)},
+        "settings": {
+            "prompts": len(rows),
+            "max_tokens": opts.max_tokens,
+            "min_agreement": opts.min_agreement,
+            "top_k": opts.top_k,
+            "temperature": 0.0,
+            "bench_sessions": opts.bench_sessions,
+            "gate": "teacher-forced top-1 agreement >= min_agreement, and no FP8 output degenerate "
+            "whose reference output is not",
+        },
+        "token_agreement": {
+            "identical": tok.identical,
+            "identical_share": round(tok.identical_share, 4),
+            "mean_matched_prefix": round(tok.mean_matched_prefix, 4),
+        },
+        "teacher_forced": {
+            **{k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(tf).items()},
+            "reference_self_top1": self_top1,
+            "kl": "lower bound of KL(P_reference || P_fp8) in nats: both top-k lists' shared tokens "
+            "plus one bucket for the rest (log-sum inequality)",
+        },
+        "throughput": {
+            "reference_output_tok_s": ref_tps,
+            "fp8_output_tok_s": fp8_tps,
+            "ratio": round(fp8_tps / ref_tps, 4) if ref_tps and fp8_tps else None,
+            "reference_acceptance_length": ref_al,
+            "fp8_acceptance_length": fp8_al,
+        },
+        "fp8_checkpoint_scales": checkpoint_scales(load_config(opts.config, fp8["overrides"]).model_dir),
+        "servers": {
+            s["label"]: {
+                "overrides": {k: portable(v) if os.path.isabs(v) else v for k, v in s["overrides"].items()},
+                "recipe": recipe_info(opts.config, s["overrides"]),
+                "ready_after_s": s["start_seconds"],
+                "vllm_kv_log": s["fp8_log"][0] if s["fp8_log"] else None,
+                "kv_cache_tokens": s.get("kv_cache_tokens"),
+            }
+            for s in (ref, fp8)
+        },
         "per_prompt": rows,
     }
 
@@ -263,7 +331,7 @@ def write_outputs(out: Path, doc: dict[str, Any], ref_bench: dict[str, Any], fp8
 
 def run(opts: Options) -> tuple[int, str]:
     ref_over, fp8_over = plan(opts)
-    prompts = shipped_prompts()[:opts.prompts]
+    prompts = shipped_prompts()[: opts.prompts]
     # Server logs stay in a temp dir, kept only when a server failed (the message names them).
     logs = Path(tempfile.mkdtemp(prefix="kimidflash-validate-fp8-"))
     # A given --port serves the reference; the FP8 server takes the next one, since the
@@ -285,23 +353,38 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one key (repeatable)")
     p.add_argument("--prompts", type=int, default=len(shipped_prompts()), help="how many shipped prompts (default all)")
     p.add_argument("--max-tokens", type=int, default=128, help="greedy output length per prompt (default 128)")
-    p.add_argument("--min-agreement", type=float, default=DEFAULT_MIN_AGREEMENT,
-                   help=f"least teacher-forced top-1 agreement to pass (default {DEFAULT_MIN_AGREEMENT})")
+    p.add_argument(
+        "--min-agreement",
+        type=float,
+        default=DEFAULT_MIN_AGREEMENT,
+        help=f"least teacher-forced top-1 agreement to pass (default {DEFAULT_MIN_AGREEMENT})",
+    )
     p.add_argument("--out", help="result folder (default benchmarks/fp8/<config>-<kv dtype>-<policy>)")
-    p.add_argument("--reference-model", help="checkpoint the BF16-KV reference serves (default: MODEL_DIR, or the "
-                                             "checkpoint a KV-scale overlay links to)")
-    p.add_argument("--top-k", type=int, default=TOP_K, help=f"prompt logprobs per position (default {TOP_K}, "
-                                                            "vLLM's default --max-logprobs)")
+    p.add_argument(
+        "--reference-model",
+        help="checkpoint the BF16-KV reference serves (default: MODEL_DIR, or the "
+        "checkpoint a KV-scale overlay links to)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=TOP_K,
+        help=f"prompt logprobs per position (default {TOP_K}, vLLM's default --max-logprobs)",
+    )
     p.add_argument("--bench-sessions", type=int, default=4, help="benchmark requests per server (default 4)")
-    p.add_argument("--port", type=int, help="the reference serves on PORT, the FP8 server on PORT+1 (default: free ones)")
+    p.add_argument(
+        "--port", type=int, help="the reference serves on PORT, the FP8 server on PORT+1 (default: free ones)"
+    )
     a = p.parse_args(list(argv))
     n_shipped = len(shipped_prompts())
-    checks = ((1 <= a.prompts <= n_shipped, f"--prompts must be 1..{n_shipped}, got {a.prompts}"),
-              (a.max_tokens >= 1, f"--max-tokens must be at least 1, got {a.max_tokens}"),
-              (0.0 <= a.min_agreement <= 1.0, f"--min-agreement must be within [0, 1], got {a.min_agreement}"),
-              (1 <= a.top_k <= 20, f"--top-k must be 1..20 (vLLM's default --max-logprobs), got {a.top_k}"),
-              (a.bench_sessions >= 1, f"--bench-sessions must be at least 1, got {a.bench_sessions}"),
-              (a.port is None or 1 <= a.port < 65535, f"--port must be 1..65534, got {a.port}"))
+    checks = (
+        (1 <= a.prompts <= n_shipped, f"--prompts must be 1..{n_shipped}, got {a.prompts}"),
+        (a.max_tokens >= 1, f"--max-tokens must be at least 1, got {a.max_tokens}"),
+        (0.0 <= a.min_agreement <= 1.0, f"--min-agreement must be within [0, 1], got {a.min_agreement}"),
+        (1 <= a.top_k <= 20, f"--top-k must be 1..20 (vLLM's default --max-logprobs), got {a.top_k}"),
+        (a.bench_sessions >= 1, f"--bench-sessions must be at least 1, got {a.bench_sessions}"),
+        (a.port is None or 1 <= a.port < 65535, f"--port must be 1..65534, got {a.port}"),
+    )
     for ok, msg in checks:
         if not ok:
             raise InputError(msg)
@@ -322,8 +405,19 @@ def parse_args(argv: Sequence[str]) -> Options:
         out = REPO_ROOT / "benchmarks" / "fp8" / f"{cfg_name}-{dtype}-{policy}"
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out}: exists and is not a directory")
-    return Options(a.config, overrides, a.prompts, a.max_tokens, a.min_agreement, out.absolute(),
-                   a.reference_model, a.top_k, a.bench_sessions, a.port, ("validate-fp8.sh", *argv))
+    return Options(
+        a.config,
+        overrides,
+        a.prompts,
+        a.max_tokens,
+        a.min_agreement,
+        out.absolute(),
+        a.reference_model,
+        a.top_k,
+        a.bench_sessions,
+        a.port,
+        ("validate-fp8.sh", *argv),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

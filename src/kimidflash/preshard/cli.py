@@ -39,12 +39,14 @@ def needed_bytes(src: Path, dtype: str) -> int:
         src_dtype = json.loads((src / "config.json").read_text()).get("torch_dtype", "")
     except (OSError, ValueError):
         src_dtype = ""
-    ratio = DTYPE_BYTES.get(dtype, 0) / DTYPE_BYTES[src_dtype] if src_dtype in DTYPE_BYTES and dtype in DTYPE_BYTES else 1
+    ratio = (
+        DTYPE_BYTES.get(dtype, 0) / DTYPE_BYTES[src_dtype] if src_dtype in DTYPE_BYTES and dtype in DTYPE_BYTES else 1
+    )
     return int(weights * max(ratio, 1) * HEADROOM)
 
 
 def check_inputs(config: Config, out: Path, force: bool) -> Path:
-    src = Path(config["MODEL_DIR"])
+    src = Path(config.model_dir)
     if not (src / "config.json").is_file():
         raise PreshardError(f"MODEL_DIR {src} holds no config.json: nothing to pre-shard")
     if not manifest.weight_files(src):
@@ -54,26 +56,47 @@ def check_inputs(config: Config, out: Path, force: bool) -> Path:
     if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
         raise PreshardError(f"--out {out} is inside MODEL_DIR {src}; write the shards elsewhere")
     out.parent.mkdir(parents=True, exist_ok=True)
-    need, free = needed_bytes(src, config["DTYPE"]), shutil.disk_usage(out.parent).free
+    need, free = needed_bytes(src, config.dtype), shutil.disk_usage(out.parent).free
     if free < need:
-        raise PreshardError(f"{out.parent} has {free / 2**30:.1f} GiB free; pre-sharding {src} needs about "
-                            f"{need / 2**30:.1f} GiB (its weights at DTYPE={config['DTYPE']}, plus 10%)")
+        raise PreshardError(
+            f"{out.parent} has {free / 2**30:.1f} GiB free; pre-sharding {src} needs about "
+            f"{need / 2**30:.1f} GiB (its weights at DTYPE={config.dtype}, plus 10%)"
+        )
     return src
 
 
 def run_saver(config: Config, src: Path, tmp: Path, max_shard_bytes: int) -> str:
     """Run `preshard-save` in the config's vLLM environment; vLLM's version as it reports it."""
-    argv = [vllm_python(config), "-m", "kimidflash", "preshard-save", str(src), str(tmp),
-            "--tensor-parallel-size", str(config["TENSOR_PARALLEL_SIZE"]), "--dtype", config["DTYPE"],
-            "--max-model-len", str(min(config["MAX_MODEL_LEN"], 4096)), "--max-shard-bytes", str(max_shard_bytes)]
-    if config["TRUST_REMOTE_CODE"]:
+    argv = [
+        vllm_python(config),
+        "-m",
+        "kimidflash",
+        "preshard-save",
+        str(src),
+        str(tmp),
+        "--tensor-parallel-size",
+        str(config.tensor_parallel_size),
+        "--dtype",
+        config.dtype,
+        "--max-model-len",
+        str(min(config.max_model_len, 4096)),
+        "--max-shard-bytes",
+        str(max_shard_bytes),
+    ]
+    if config.trust_remote_code:
         argv.append("--trust-remote-code")
-    if config["ATTENTION_BACKEND"]:  # the load runs the backend's weight processing (AMX MLA: bfloat16 only)
-        argv += ["--attention-backend", config["ATTENTION_BACKEND"]]
-    proc = subprocess.run(argv, env={**launch_env(config), **render(config).env}, stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if config.attention_backend:  # the load runs the backend's weight processing (AMX MLA: bfloat16 only)
+        argv += ["--attention-backend", config.attention_backend]
+    proc = subprocess.run(
+        argv,
+        env={**launch_env(config), **render(config).env},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines = proc.stdout.splitlines()
-    result = next((ln[len(RESULT_PREFIX):] for ln in lines if ln.startswith(RESULT_PREFIX)), None)
+    result = next((ln[len(RESULT_PREFIX) :] for ln in lines if ln.startswith(RESULT_PREFIX)), None)
     if proc.returncode != 0 or result is None:
         tail = "\n".join("  " + ln for ln in lines[-25:])
         raise PreshardError(f"the saver failed (exit {proc.returncode}); its last lines:\n{tail}")
@@ -85,9 +108,14 @@ def preshard(config: Config, out: Path, *, force: bool = False, max_shard_bytes:
     prepare(config)  # the managed vLLM venv, the CPU reference models
     with atomic_dir(out) as tmp:
         version = run_saver(config, src, tmp, max_shard_bytes)
-        doc = manifest.build(tmp, src, tensor_parallel_size=config["TENSOR_PARALLEL_SIZE"], vllm_version=version,
-                             dtype=config["DTYPE"], extra={"config": portable(config.path) if config.path else None,
-                                                           "git": git_info(REPO_ROOT)})
+        doc = manifest.build(
+            tmp,
+            src,
+            tensor_parallel_size=config.tensor_parallel_size,
+            vllm_version=version,
+            dtype=config.dtype,
+            extra={"config": portable(config.path) if config.path else None, "git": git_info(REPO_ROOT)},
+        )
         write_json_atomic(tmp / manifest.MANIFEST, doc)
     return doc
 
@@ -105,6 +133,8 @@ def main(argv: list[str]) -> int:
     config = load_config(a.config, parse_overrides(a.set))
     doc = preshard(config, a.out, force=a.force, max_shard_bytes=int(a.max_shard_gb * 2**30))
     size = sum(f["size"] for f in doc["files"])
-    print(f"preshard: {len(doc['files'])} files, {size / 2**30:.2f} GiB, TP {doc['tensor_parallel_size']}, "
-          f"vLLM {doc['vllm_version']} -> {a.out} (manifest {manifest.MANIFEST})")
+    print(
+        f"preshard: {len(doc['files'])} files, {size / 2**30:.2f} GiB, TP {doc['tensor_parallel_size']}, "
+        f"vLLM {doc['vllm_version']} -> {a.out} (manifest {manifest.MANIFEST})"
+    )
     return 0

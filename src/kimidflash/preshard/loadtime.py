@@ -39,8 +39,10 @@ from . import manifest
 from .cli import preshard
 from .errors import PreshardError
 
-FIGURES = {"weights_load_s": re.compile(r"Loading weights took ([0-9.]+) seconds"),
-           "model_load_s": re.compile(r"Model loading took [0-9.]+ GiB memory and ([0-9.]+) seconds")}
+FIGURES = {
+    "weights_load_s": re.compile(r"Loading weights took ([0-9.]+) seconds"),
+    "model_load_s": re.compile(r"Model loading took [0-9.]+ GiB memory and ([0-9.]+) seconds"),
+}
 SCHEMA = "kimidflash-preshard-loadtime/1"
 
 
@@ -52,8 +54,16 @@ def make_model(out: Path, layers: int) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer(out)
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers, num_attention_heads=16,
-                      num_key_value_heads=4, vocab_size=512, max_position_embeddings=2048, torch_dtype="bfloat16")
+    cfg = LlamaConfig(
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        vocab_size=512,
+        max_position_embeddings=2048,
+        torch_dtype="bfloat16",
+    )
     with torch.device("cpu"):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True, max_shard_size="2GB")
@@ -71,17 +81,28 @@ def evict(*folders: Path) -> None:
                 os.close(fd)
 
 
-def one_start(config: Path, overrides: list[str], log: Path, cold: list[Path]) -> dict[str, float]:
+def one_start(config: Path, overrides: list[str], log: Path, cold: list[Path]) -> dict[str, float | None]:
+    """One server start's figures in seconds; None: vLLM never logged that figure."""
     evict(*cold)
     log.unlink(missing_ok=True)
     t0 = time.monotonic()
     with serving_process(config, overrides, log):
         ready = time.monotonic() - t0
     text = log.read_text()
-    out = {"ready_s": round(ready, 2)}
+    out: dict[str, float | None] = {"ready_s": round(ready, 2)}
     for name, pattern in FIGURES.items():
         found = pattern.findall(text)
         out[name] = float(found[0]) if found else None
+    return out
+
+
+def ratios(original: dict[str, float | None], presharded: dict[str, float | None]) -> dict[str, float]:
+    """original / presharded per figure, for the figures both logged (and not as zero)."""
+    out: dict[str, float] = {}
+    for k in original:
+        a, b = original[k], presharded[k]
+        if a and b:
+            out[k] = round(a / b, 3)
     return out
 
 
@@ -90,25 +111,29 @@ def main(argv: list[str]) -> int:
     p.add_argument("config", type=Path)
     p.add_argument("--shards", type=Path, required=True, help="the pre-sharded checkpoint of MODEL_DIR")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--make-model", type=int, metavar="LAYERS", help="write a random Llama of this many layers at "
-                   "MODEL_DIR (if missing) and pre-shard it into --shards (if missing)")
+    p.add_argument(
+        "--make-model",
+        type=int,
+        metavar="LAYERS",
+        help="write a random Llama of this many layers at "
+        "MODEL_DIR (if missing) and pre-shard it into --shards (if missing)",
+    )
     p.add_argument("--out", type=Path, required=True, help="the result JSON")
     a = p.parse_args(argv)
     if a.rounds < 1:
         raise PreshardError(f"--rounds must be at least 1, got {a.rounds}")
     cfg = load_config(a.config)
     if a.make_model is not None:
-        if not (Path(cfg["MODEL_DIR"]) / "config.json").is_file():
-            make_model(Path(cfg["MODEL_DIR"]), a.make_model)
+        if not (Path(cfg.model_dir) / "config.json").is_file():
+            make_model(Path(cfg.model_dir), a.make_model)
         if not a.shards.exists():
             preshard(cfg, a.shards)
-    bad = manifest.problems(a.shards, tensor_parallel_size=cfg["TENSOR_PARALLEL_SIZE"],
-                            vllm_version=cfg["VLLM_VERSION"])
+    bad = manifest.problems(a.shards, tensor_parallel_size=cfg.tensor_parallel_size, vllm_version=cfg.vllm_version)
     if bad:
         raise PreshardError(f"--shards {a.shards}: " + "; ".join(bad))
-    src, made = Path(cfg["MODEL_DIR"]), manifest.read(a.shards)
+    src, made = Path(cfg.model_dir), manifest.read(a.shards)
     variants = {"original": [], "presharded": [f"PRESHARDED_DIR={a.shards.resolve()}"]}
-    runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    runs: dict[str, list[dict[str, float | None]]] = {v: [] for v in variants}
     logs = a.out.parent / (a.out.stem + "-logs")
     logs.mkdir(parents=True, exist_ok=True)
     with sigterm_as_interrupt():  # a killed benchmark still stops the server it started
@@ -118,23 +143,34 @@ def main(argv: list[str]) -> int:
                 fig = one_start(a.config, variants[name], logs / f"{name}-r{r + 1}.log", [src, a.shards])
                 runs[name].append(fig)
                 print(f"preshard-bench: round {r + 1} {name}: {fig}", flush=True)
+
     def median(values: list[float | None]) -> float | None:  # None: vLLM never logged this figure
         present = [x for x in values if x is not None]
         return round(statistics.median(present), 3) if present else None
 
     med = {v: {k: median([x[k] for x in rs]) for k in rs[0]} for v, rs in runs.items()}
     doc: dict[str, Any] = {
-        "schema": SCHEMA, "date": utc_now(), "rounds": a.rounds, "runs": runs,
+        "schema": SCHEMA,
+        "date": utc_now(),
+        "rounds": a.rounds,
+        "runs": runs,
         "median": med,
-        "ratio_original_over_presharded": {k: round(med["original"][k] / med["presharded"][k], 3)
-                                           for k in med["original"] if med["original"][k] and med["presharded"][k]},
-        "model": {"path": portable(src), "weights_bytes": sum(p.stat().st_size for p in manifest.weight_files(src)),
-                  "dtype": cfg["DTYPE"]},
+        "ratio_original_over_presharded": ratios(med["original"], med["presharded"]),
+        "model": {
+            "path": portable(src),
+            "weights_bytes": sum(p.stat().st_size for p in manifest.weight_files(src)),
+            "dtype": cfg.dtype,
+        },
         "shards": {**made, "files": len(made["files"])},
-        "provenance": {"tool": "kimidflash preshard-bench", "tool_version": __version__, "git": git_info(REPO_ROOT),
-                       "host": host_info(), "config": portable(a.config),
-                       "command": " ".join(portable_argv(["kimidflash", "preshard-bench", *argv])),
-                       "page_cache": "weight files evicted (posix_fadvise DONTNEED) before every start"},
+        "provenance": {
+            "tool": "kimidflash preshard-bench",
+            "tool_version": __version__,
+            "git": git_info(REPO_ROOT),
+            "host": host_info(),
+            "config": portable(a.config),
+            "command": " ".join(portable_argv(["kimidflash", "preshard-bench", *argv])),
+            "page_cache": "weight files evicted (posix_fadvise DONTNEED) before every start",
+        },
     }
     write_json_atomic(a.out, doc)
     print(f"preshard-bench: medians {doc['median']}; original / presharded {doc['ratio_original_over_presharded']}")

@@ -90,14 +90,22 @@ def main(argv: list[str]) -> int:
         from vllm import LLM
 
         # The engine must come up for the ranks to load; what it serves afterwards is not needed.
-        llm = LLM(model=a.model, tensor_parallel_size=a.tensor_parallel_size, dtype=a.dtype, enforce_eager=True,
-                  max_model_len=a.max_model_len, trust_remote_code=a.trust_remote_code,
-                  attention_backend=a.attention_backend)
+        llm = LLM(
+            model=a.model,
+            tensor_parallel_size=a.tensor_parallel_size,
+            dtype=a.dtype,
+            enforce_eager=True,
+            max_model_len=a.max_model_len,
+            trust_remote_code=a.trust_remote_code,
+            attention_backend=a.attention_backend,
+        )
         del llm
     missing = [r for r in range(a.tensor_parallel_size) if not list(a.out.glob(f"*-rank-{r}-part-*{WEIGHT_SUFFIX}"))]
     if missing:
-        raise SystemExit(f"preshard-save: no shard was written for rank(s) {missing}: the loader wrapper did not "
-                         "run there (was the vLLM general plugin refused? VLLM_PLUGINS must allow it)")
+        raise SystemExit(
+            f"preshard-save: no shard was written for rank(s) {missing}: the loader wrapper did not "
+            "run there (was the vLLM general plugin refused? VLLM_PLUGINS must allow it)"
+        )
     src = Path(a.model)
     for f in src.iterdir():  # config, tokenizer, chat template, generation config: what vLLM reads beside weights
         if f.is_file() and not f.name.endswith(WEIGHT_SUFFIX) and not f.name.endswith(".safetensors.index.json"):

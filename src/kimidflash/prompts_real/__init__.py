@@ -18,10 +18,38 @@ from .bigbench import CATEGORIES, category, read_catalog
 from .errors import RealPromptsError
 from .humaneval import read_problems
 from .mtbench import read_questions
-from .sets import (SPECS, PromptSet, bigbench_sets, build_sets, humaneval_set, mix_set, mtbench_set,
-                   split_tasks, training_prompts, write_sets)
+from .sets import (
+    SPECS,
+    PromptSet,
+    bigbench_sets,
+    build_sets,
+    humaneval_set,
+    mix_set,
+    mtbench_set,
+    split_tasks,
+    training_prompts,
+    write_sets,
+)
 from .sources import BIGBENCH, HUMANEVAL, MTBENCH
 
-__all__ = ["BIGBENCH", "CATEGORIES", "HUMANEVAL", "MTBENCH", "SPECS", "PromptSet", "RealPromptsError",
-           "bigbench_sets", "build_sets", "category", "humaneval_set", "mix_set", "mtbench_set", "read_catalog",
-           "read_problems", "read_questions", "split_tasks", "training_prompts", "write_sets"]
+__all__ = [
+    "BIGBENCH",
+    "CATEGORIES",
+    "HUMANEVAL",
+    "MTBENCH",
+    "SPECS",
+    "PromptSet",
+    "RealPromptsError",
+    "bigbench_sets",
+    "build_sets",
+    "category",
+    "humaneval_set",
+    "mix_set",
+    "mtbench_set",
+    "read_catalog",
+    "read_problems",
+    "read_questions",
+    "split_tasks",
+    "training_prompts",
+    "write_sets",
+]

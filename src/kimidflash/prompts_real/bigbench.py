@@ -40,16 +40,66 @@ TASKS_DIR = "/bigbench/benchmark_tasks/"
 CATEGORY_RULES: tuple[tuple[str, frozenset[str]], ...] = (
     ("code", frozenset({"computer code", "algorithms", "semantic parsing"})),
     ("math", frozenset({"mathematics", "arithmetic", "algebra", "mathematical proof", "probabilistic reasoning"})),
-    ("language", frozenset({"translation", "multilingual", "non-English", "low-resource language", "linguistics",
-                            "morphology", "syntax", "grammar", "paraphrase", "word sense disambiguation",
-                            "tokenization", "summarization", "text simplification", "figurative language"})),
-    ("knowledge", frozenset({"context-free question answering", "contextual question-answering",
-                             "reading comprehension", "domain specific", "medicine", "chemistry", "biology",
-                             "physics", "truthfulness", "memorization", "sufficient information"})),
-    ("reasoning", frozenset({"logical reasoning", "analogical reasoning", "causal reasoning", "implicit reasoning",
-                             "multi-step", "decomposition", "fallacy", "negation", "visual reasoning",
-                             "physical reasoning", "theory of mind", "social reasoning", "common sense",
-                             "game play"})),
+    (
+        "language",
+        frozenset(
+            {
+                "translation",
+                "multilingual",
+                "non-English",
+                "low-resource language",
+                "linguistics",
+                "morphology",
+                "syntax",
+                "grammar",
+                "paraphrase",
+                "word sense disambiguation",
+                "tokenization",
+                "summarization",
+                "text simplification",
+                "figurative language",
+            }
+        ),
+    ),
+    (
+        "knowledge",
+        frozenset(
+            {
+                "context-free question answering",
+                "contextual question-answering",
+                "reading comprehension",
+                "domain specific",
+                "medicine",
+                "chemistry",
+                "biology",
+                "physics",
+                "truthfulness",
+                "memorization",
+                "sufficient information",
+            }
+        ),
+    ),
+    (
+        "reasoning",
+        frozenset(
+            {
+                "logical reasoning",
+                "analogical reasoning",
+                "causal reasoning",
+                "implicit reasoning",
+                "multi-step",
+                "decomposition",
+                "fallacy",
+                "negation",
+                "visual reasoning",
+                "physical reasoning",
+                "theory of mind",
+                "social reasoning",
+                "common sense",
+                "game play",
+            }
+        ),
+    ),
 )
 OTHER = "other"  # creativity, humour, dialogue and whatever no rule names
 CATEGORIES: tuple[str, ...] = tuple(c for c, _ in CATEGORY_RULES) + (OTHER,)
@@ -163,7 +213,7 @@ def read_catalog(archive: str | Path, *, max_chars: int = 2000, per_task: int = 
                 at = m.name.find(TASKS_DIR)
                 if at < 0:
                     continue
-                parts = m.name[at + len(TASKS_DIR):].split("/")
+                parts = m.name[at + len(TASKS_DIR) :].split("/")
                 if len(parts) < 2 or not parts[0]:
                     continue
                 folders.setdefault(parts[0], set()).add(parts[1] if len(parts) == 2 else "")
@@ -200,6 +250,13 @@ def read_catalog(archive: str | Path, *, max_chars: int = 2000, per_task: int = 
             cat.no_prompts.append(name)
             continue
         canary = next((f.canary for f in ([root] if root else []) + list(subs.values()) if f.canary), "")
-        cat.tasks[name] = Task(name, tuple(keywords), category(keywords), tuple(s for s in sorted(subs) if s),
-                               sum(f.examples for f in subs.values()), prompts, canary)
+        cat.tasks[name] = Task(
+            name,
+            tuple(keywords),
+            category(keywords),
+            tuple(s for s in sorted(subs) if s),
+            sum(f.examples for f in subs.values()),
+            prompts,
+            canary,
+        )
     return cat

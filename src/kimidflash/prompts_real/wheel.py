@@ -6,8 +6,9 @@ from __future__ import annotations
 import gzip
 import json
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import RealPromptsError
 

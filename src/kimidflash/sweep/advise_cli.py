@@ -28,22 +28,49 @@ SCHEMA = "kimidflash-advice/1"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kimidflash advise", description="Predict throughput for every "
-                                "NUM_SPECULATIVE_TOKENS from one run's per-position acceptance, and recommend one.")
-    p.add_argument("result", nargs="?", type=Path, help="a benchmark result at a generous k (its /metrics "
-                   "per-position acceptance is read)")
-    p.add_argument("--baseline", type=Path, help="the no-speculation result at the same concurrency: "
-                   "the run's measured speedup then fixes the verify cost")
-    p.add_argument("--also", type=Path, nargs="+", default=[], metavar="RESULT",
-                   help="runs of the same drafter at other k (same concurrency, with --baseline): both the drafting "
-                        "and the verify cost are then fitted to every run")
-    p.add_argument("--per-position", metavar="R0,R1,...", help="per-position acceptance rates instead of a result "
-                   "(cumulative, as vLLM counts them: share of drafts in which position i was accepted)")
+    p = argparse.ArgumentParser(
+        prog="kimidflash advise",
+        description="Predict throughput for every "
+        "NUM_SPECULATIVE_TOKENS from one run's per-position acceptance, and recommend one.",
+    )
+    p.add_argument(
+        "result",
+        nargs="?",
+        type=Path,
+        help="a benchmark result at a generous k (its /metrics per-position acceptance is read)",
+    )
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        help="the no-speculation result at the same concurrency: the run's measured speedup then fixes the verify cost",
+    )
+    p.add_argument(
+        "--also",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="RESULT",
+        help="runs of the same drafter at other k (same concurrency, with --baseline): both the drafting "
+        "and the verify cost are then fitted to every run",
+    )
+    p.add_argument(
+        "--per-position",
+        metavar="R0,R1,...",
+        help="per-position acceptance rates instead of a result "
+        "(cumulative, as vLLM counts them: share of drafts in which position i was accepted)",
+    )
     p.add_argument("--conditional", action="store_true", help="the rates are P(position i accepted | i-1 accepted)")
-    p.add_argument("--draft-cost", type=float, help="drafting cost per step, relative to a decode step "
-                   f"(default {DEFAULT_COST.draft:g}, the seed fit's)")
-    p.add_argument("--verify-cost", type=float, help="verify cost per drafted token, relative to a decode step "
-                   f"(default: from --baseline, else {DEFAULT_COST.verify:g}, the seed fit's)")
+    p.add_argument(
+        "--draft-cost",
+        type=float,
+        help=f"drafting cost per step, relative to a decode step (default {DEFAULT_COST.draft:g}, the seed fit's)",
+    )
+    p.add_argument(
+        "--verify-cost",
+        type=float,
+        help="verify cost per drafted token, relative to a decode step "
+        f"(default: from --baseline, else {DEFAULT_COST.verify:g}, the seed fit's)",
+    )
     p.add_argument("--max-k", type=int, help="the drafter's limit (its block size); default: the measured positions")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the predictions here")
     return p
@@ -64,8 +91,10 @@ def _measured_ratio(run: dict[str, Any], base: dict[str, Any], run_path: Path, b
         if doc.get("partial") or not doc.get("output_throughput"):
             raise AdviceError(f"{path}: partial or without throughput; not a measurement to fit costs to")
     if run.get("max_concurrency") != base.get("max_concurrency"):
-        raise AdviceError(f"{run_path} ran at concurrency {run.get('max_concurrency')}, {base_path} at "
-                          f"{base.get('max_concurrency')}: the speedup must come from the same concurrency")
+        raise AdviceError(
+            f"{run_path} ran at concurrency {run.get('max_concurrency')}, {base_path} at "
+            f"{base.get('max_concurrency')}: the speedup must come from the same concurrency"
+        )
     return run["output_throughput"] / base["output_throughput"]
 
 
@@ -88,7 +117,9 @@ def inputs(a: argparse.Namespace) -> tuple[tuple[float, ...], CostModel, dict[st
             raise AdviceError(f"--{name.replace('_', '-')} {value}: must be >= 0")
     draft = DEFAULT_COST.draft if a.draft_cost is None else a.draft_cost
     if a.also and (a.baseline is None or a.draft_cost is not None or a.verify_cost is not None):
-        raise AdviceError("--also fits both costs to the runs: it needs --baseline, and no --draft-cost or --verify-cost")
+        raise AdviceError(
+            "--also fits both costs to the runs: it needs --baseline, and no --draft-cost or --verify-cost"
+        )
     if a.verify_cost is not None:
         cost = CostModel(draft, a.verify_cost, "given")
     elif a.also:
@@ -104,8 +135,13 @@ def inputs(a: argparse.Namespace) -> tuple[tuple[float, ...], CostModel, dict[st
         source["measured_ratios"] = {str(k): round(r, 4) for k, r in outcomes}
     elif a.baseline is not None:
         ratio = _measured_ratio(run, load_result(a.baseline), a.result, a.baseline)
-        cost = cost_from_run(profile, len(profile), ratio, draft,
-                             f"fitted to {a.result.name} over {a.baseline.name} ({ratio:.3f}x at k={len(profile)})")
+        cost = cost_from_run(
+            profile,
+            len(profile),
+            ratio,
+            draft,
+            f"fitted to {a.result.name} over {a.baseline.name} ({ratio:.3f}x at k={len(profile)})",
+        )
         source["measured_ratio"] = round(ratio, 4)
     else:
         cost = CostModel(draft, DEFAULT_COST.verify, DEFAULT_COST.source)
@@ -113,8 +149,10 @@ def inputs(a: argparse.Namespace) -> tuple[tuple[float, ...], CostModel, dict[st
 
 
 def print_advice(advice: Advice) -> None:
-    t = Table(title=f"predicted throughput vs no speculation (cost: 1 + {advice.cost.draft:g} + "
-                    f"{advice.cost.verify:g}*k; {advice.cost.source})")
+    t = Table(
+        title=f"predicted throughput vs no speculation (cost: 1 + {advice.cost.draft:g} + "
+        f"{advice.cost.verify:g}*k; {advice.cost.source})"
+    )
     for col in ("k", "tokens / step", "step cost", "predicted speedup"):
         t.add_column(col, justify="right")
     for p in advice.predictions:
@@ -129,12 +167,24 @@ def main(argv: list[str]) -> int:
     advice = advise(profile, cost, a.max_k)
     print_advice(advice)
     if a.json is not None:
-        provenance = {"tool": "kimidflash advise", "command": " ".join(portable_argv(["kimidflash", "advise", *argv])),
-                      "git": git_info(REPO_ROOT), "date": utc_now()}
-        write_json_atomic(a.json, {"schema": SCHEMA, "provenance": provenance, "inputs": source,
-                                   "profile": list(profile), "cost": asdict(cost),
-                                   "predictions": [{**asdict(p), "speedup": round(p.speedup, 4)}
-                                                   for p in advice.predictions],
-                                   "recommended_k": advice.recommended_k, "line": advice.line})
+        provenance = {
+            "tool": "kimidflash advise",
+            "command": " ".join(portable_argv(["kimidflash", "advise", *argv])),
+            "git": git_info(REPO_ROOT),
+            "date": utc_now(),
+        }
+        write_json_atomic(
+            a.json,
+            {
+                "schema": SCHEMA,
+                "provenance": provenance,
+                "inputs": source,
+                "profile": list(profile),
+                "cost": asdict(cost),
+                "predictions": [{**asdict(p), "speedup": round(p.speedup, 4)} for p in advice.predictions],
+                "recommended_k": advice.recommended_k,
+                "line": advice.line,
+            },
+        )
     print(advice.line)
     return 0

@@ -22,8 +22,8 @@ there), or from the default fitted to the seed's MI300X outcome at 32 users
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .errors import AdviceError
 
@@ -78,8 +78,9 @@ def cumulative(rates: Sequence[float], *, conditional: bool = False) -> tuple[fl
     """Per-position acceptance as vLLM counts it (cumulative), checked; ``conditional``
     rates (P(position i accepted | i-1 accepted)) are multiplied out first."""
     if not rates:
-        raise AdviceError("no per-position acceptance rates: the run drafted nothing "
-                          "(was it speculative, and did /metrics answer?)")
+        raise AdviceError(
+            "no per-position acceptance rates: the run drafted nothing (was it speculative, and did /metrics answer?)"
+        )
     for i, r in enumerate(rates):
         if not (isinstance(r, (int, float)) and math.isfinite(r) and 0.0 <= r <= 1.0):
             raise AdviceError(f"per-position rate {i} is {r!r}: each must lie in 0..1")
@@ -91,9 +92,11 @@ def cumulative(rates: Sequence[float], *, conditional: bool = False) -> tuple[fl
         return tuple(out)
     for i in range(1, len(rates)):
         if rates[i] > rates[i - 1] + 1e-9:
-            raise AdviceError(f"per-position rates rise at position {i} ({rates[i - 1]} -> {rates[i]}): "
-                              "cumulative rates (vLLM's) cannot; pass --conditional if these are "
-                              "P(accepted | previous accepted)")
+            raise AdviceError(
+                f"per-position rates rise at position {i} ({rates[i - 1]} -> {rates[i]}): "
+                "cumulative rates (vLLM's) cannot; pass --conditional if these are "
+                "P(accepted | previous accepted)"
+            )
     return tuple(float(r) for r in rates)
 
 
@@ -103,11 +106,12 @@ def tokens_per_step(profile: Sequence[float], k: int) -> float:
 
 def _log_error(profile: Sequence[float], outcomes: Sequence[tuple[int, float]], draft: float, verify: float) -> float:
     cost = CostModel(draft, verify, "")
-    return sum((math.log(tokens_per_step(profile, k) / cost.step_cost(k)) - math.log(ratio)) ** 2
-               for k, ratio in outcomes)
+    return sum(
+        (math.log(tokens_per_step(profile, k) / cost.step_cost(k)) - math.log(ratio)) ** 2 for k, ratio in outcomes
+    )
 
 
-def _argmin(f, lo: float, hi: float, iterations: int = 80) -> float:
+def _argmin(f: Callable[[float], float], lo: float, hi: float, iterations: int = 80) -> float:
     """Golden-section search; the fit's error is unimodal in each cost term."""
     g = (math.sqrt(5) - 1) / 2
     a, b = lo, hi
@@ -123,6 +127,7 @@ def _argmin(f, lo: float, hi: float, iterations: int = 80) -> float:
 def fit_cost(profile: Sequence[float], outcomes: Sequence[tuple[int, float]], source: str) -> CostModel:
     """Least squares on log throughput ratios, both costs kept >= 0 (a negative
     drafting cost fits two points exactly and means nothing)."""
+
     def best_verify(draft: float) -> float:
         return _argmin(lambda v: _log_error(profile, outcomes, draft, v), 0.0, 4.0)
 
@@ -130,12 +135,12 @@ def fit_cost(profile: Sequence[float], outcomes: Sequence[tuple[int, float]], so
     return CostModel(round(draft, 4), round(best_verify(draft), 4), source)
 
 
-DEFAULT_COST = fit_cost(SEED_PROFILE, SEED_OUTCOMES,
-                        "default: fitted to the seed's MI300X outcome at 32 users (k=2 +40%, k=8 -20%)")
+DEFAULT_COST = fit_cost(
+    SEED_PROFILE, SEED_OUTCOMES, "default: fitted to the seed's MI300X outcome at 32 users (k=2 +40%, k=8 -20%)"
+)
 
 
-def cost_from_run(profile: Sequence[float], k_run: int, measured_ratio: float, draft: float,
-                  source: str) -> CostModel:
+def cost_from_run(profile: Sequence[float], k_run: int, measured_ratio: float, draft: float, source: str) -> CostModel:
     """The verify cost that makes the model reproduce the measured throughput ratio
     at the run's k, given the drafting cost."""
     if measured_ratio <= 0:
@@ -143,9 +148,11 @@ def cost_from_run(profile: Sequence[float], k_run: int, measured_ratio: float, d
     cost_at_k = tokens_per_step(profile, k_run) / measured_ratio
     verify = (cost_at_k - 1.0 - draft) / k_run
     if verify < 0:
-        raise AdviceError(f"the run at k={k_run} is faster ({measured_ratio:.3f}x) than its acceptance "
-                          f"({tokens_per_step(profile, k_run):.3f} tokens per step) allows with a drafting "
-                          f"cost of {draft:g}: lower --draft-cost, or check that the baseline matches the run")
+        raise AdviceError(
+            f"the run at k={k_run} is faster ({measured_ratio:.3f}x) than its acceptance "
+            f"({tokens_per_step(profile, k_run):.3f} tokens per step) allows with a drafting "
+            f"cost of {draft:g}: lower --draft-cost, or check that the baseline matches the run"
+        )
     return CostModel(draft, round(verify, 4), source)
 
 

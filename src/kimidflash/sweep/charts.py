@@ -23,10 +23,19 @@ def throughput_chart(rows: list[dict[str, Any]], out: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, pts in series.items():
         pts.sort()
-        ax.plot([c for c, _ in pts], [v for _, v in pts], "--" if name.startswith("none") else "-",
-                marker="o", label=name)
-    return _finish(fig, ax, ("concurrent users", "output tok/s (aggregate, median of repeats)",
-                                  "Throughput vs concurrency per server point"), out)
+        ax.plot(
+            [c for c, _ in pts], [v for _, v in pts], "--" if name.startswith("none") else "-", marker="o", label=name
+        )
+    return _finish(
+        fig,
+        ax,
+        (
+            "concurrent users",
+            "output tok/s (aggregate, median of repeats)",
+            "Throughput vs concurrency per server point",
+        ),
+        out,
+    )
 
 
 def pareto_chart(summary: dict[str, Any], out: Path) -> Path | None:
@@ -40,10 +49,16 @@ def pareto_chart(summary: dict[str, Any], out: Path) -> Path | None:
     on = sorted((r for r in rows if (r["point"], r["case"]) in front), key=lambda r: r["per_user_tps"])
     ax.plot([r["per_user_tps"] for r in on], [r["output_tps"] for r in on], "-o", color="C3", label="Pareto front")
     for r in on:
-        ax.annotate(f"{r['point']} {r['case']}", (r["per_user_tps"], r["output_tps"]), fontsize=7,
-                    textcoords="offset points", xytext=(4, 4))
-    return _finish(fig, ax, ("output tok/s per user (mean)", "output tok/s (aggregate)",
-                                  "Per-user against total throughput"), out)
+        ax.annotate(
+            f"{r['point']} {r['case']}",
+            (r["per_user_tps"], r["output_tps"]),
+            fontsize=7,
+            textcoords="offset points",
+            xytext=(4, 4),
+        )
+    return _finish(
+        fig, ax, ("output tok/s per user (mean)", "output tok/s (aggregate)", "Per-user against total throughput"), out
+    )
 
 
 def _finish(fig: Any, ax: Any, labels: tuple[str, str, str], out: Path) -> Path:

@@ -31,7 +31,6 @@ from ..checkpoint_layout import LayoutError, locate, read_config, text_field, we
 from ..fp8.safetensors_io import SafetensorsError, read_header
 from ..train.export import DRAFT_HEAD
 
-
 FLOATS = {"F32", "BF16", "F16"}
 SERVED_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # DTYPE -> bytes a float weight is served in
 

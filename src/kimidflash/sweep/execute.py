@@ -11,9 +11,11 @@ result in place; the same command resumes.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any
 
 from ..background import ServeError, serving_process
 from ..bench.errors import BenchError
@@ -32,7 +34,7 @@ class Served:
 
 
 # serve(base_config, sets, log_path, timeout) -> a context that yields the running server
-ServeFn = Callable[[Path, list[str], Path, float], ContextManager[Served]]
+ServeFn = Callable[[Path, list[str], Path, float], AbstractContextManager[Served]]
 
 
 @contextlib.contextmanager
@@ -49,13 +51,25 @@ class PointFailed(Exception):
 
 def bench_config(plan: Plan, point: Point, case: Case, base_url: str, repeat: int) -> BenchConfig:
     b = plan.bench
-    return BenchConfig(base_url=f"{base_url}/v1", sessions=case.sessions, turns_per_session=case.turns,
-                       concurrency=case.concurrency, max_tokens=case.max_tokens, temperature=b.temperature,
-                       warmup=b.warmup, seed=b.seed, prompts=None if case.prompts == "builtin" else case.prompts,
-                       timeout=b.timeout, label=point.label, recipe_config=str(plan.base_config),
-                       recipe_overrides=dict(point.overrides), ignore_eos=b.ignore_eos, workload=case.workload,
-                       progress=True,
-                       argv=["kimidflash", "sweep", f"point={point.id}", f"case={case.id}", f"repeat={repeat}"])
+    return BenchConfig(
+        base_url=f"{base_url}/v1",
+        sessions=case.sessions,
+        turns_per_session=case.turns,
+        concurrency=case.concurrency,
+        max_tokens=case.max_tokens,
+        temperature=b.temperature,
+        warmup=b.warmup,
+        seed=b.seed,
+        prompts=None if case.prompts == "builtin" else case.prompts,
+        timeout=b.timeout,
+        label=point.label,
+        recipe_config=str(plan.base_config),
+        recipe_overrides=dict(point.overrides),
+        ignore_eos=b.ignore_eos,
+        workload=case.workload,
+        progress=True,
+        argv=["kimidflash", "sweep", f"point={point.id}", f"case={case.id}", f"repeat={repeat}"],
+    )
 
 
 def problem(doc: dict[str, Any]) -> str | None:
@@ -70,8 +84,14 @@ def problem(doc: dict[str, Any]) -> str | None:
     return None
 
 
-def run_point(plan: Plan, folder: RunFolder, point: Point, todo: list[tuple[Case, int]], serve: ServeFn,
-              say: Callable[[str], None]) -> None:
+def run_point(
+    plan: Plan,
+    folder: RunFolder,
+    point: Point,
+    todo: list[tuple[Case, int]],
+    serve: ServeFn,
+    say: Callable[[str], None],
+) -> None:
     log = folder.log_path(point)
     log.parent.mkdir(parents=True, exist_ok=True)
     folder.event("point_start", point=point.id, overrides=point.sets, todo=[f"{c.id}-r{r}" for c, r in todo])
@@ -90,13 +110,15 @@ def run_point(plan: Plan, folder: RunFolder, point: Point, todo: list[tuple[Case
                 raise PointFailed(f"benchmark {case.id} repeat {repeat}: {why}")
             doc.setdefault("notes", []).append(f"kimidflash sweep point {point.id}, case {case.id}, repeat {repeat}")
             write_result(folder.result_path(point, case, repeat), doc)
-            folder.event("result", point=point.id, case=case.id, repeat=repeat,
-                         output_throughput=doc.get("output_throughput"))
+            folder.event(
+                "result", point=point.id, case=case.id, repeat=repeat, output_throughput=doc.get("output_throughput")
+            )
             say(f"sweep: {point.id} {case.id} r{repeat}: {doc.get('output_throughput')} output tok/s")
 
 
-def run_sweep(plan: Plan, folder: RunFolder, serve: ServeFn | None = None,
-              say: Callable[[str], None] = print) -> list[str]:
+def run_sweep(
+    plan: Plan, folder: RunFolder, serve: ServeFn | None = None, say: Callable[[str], None] = print
+) -> list[str]:
     """Every point not yet complete, in plan order; the ids of the points that failed.
     `serve` defaults to the recipe's serve path (looked up here, so tests can swap it)."""
     serve = serve or serve_with_recipe

@@ -41,11 +41,23 @@ from .errors import SweepError
 SPECULATIVE_KEYS = frozenset(f.name for f in FIELDS if f.group == "speculative")
 # Keys a point may not vary: the sweep owns where each server listens.
 FIXED_KEYS = frozenset({"PORT", "INCLUDE"})
-SHORT = {"NUM_SPECULATIVE_TOKENS": "k", "SPECULATIVE_METHOD": "spec", "MAX_NUM_SEQS": "seqs",
-         "KV_CACHE_DTYPE": "kv", "MAX_NUM_BATCHED_TOKENS": "batched", "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": "sched"}
+SHORT = {
+    "NUM_SPECULATIVE_TOKENS": "k",
+    "SPECULATIVE_METHOD": "spec",
+    "MAX_NUM_SEQS": "seqs",
+    "KV_CACHE_DTYPE": "kv",
+    "MAX_NUM_BATCHED_TOKENS": "batched",
+    "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": "sched",
+}
 CLIENT_KEYS = {"concurrency": int, "sessions": int, "turns": int, "max_tokens": int, "prompts": str, "workload": str}
-CLIENT_DEFAULTS: dict[str, list[Any]] = {"concurrency": [1, 8], "sessions": [16], "turns": [1],
-                                         "max_tokens": [128], "prompts": ["builtin"], "workload": ["free"]}
+CLIENT_DEFAULTS: dict[str, list[Any]] = {
+    "concurrency": [1, 8],
+    "sessions": [16],
+    "turns": [1],
+    "max_tokens": [128],
+    "prompts": ["builtin"],
+    "workload": ["free"],
+}
 CASE_SHORT = {"concurrency": "c", "sessions": "s", "turns": "t", "max_tokens": "m", "prompts": "p", "workload": "w"}
 
 
@@ -141,8 +153,9 @@ def add_point(grid: Grid, table: Any, where: str) -> None:
     point = {}
     for key, value in table.items():
         if isinstance(value, list):
-            raise SweepError(f"{where}: {key} has a list; a [[point]] takes one value per key "
-                             "(put lists under [server])")
+            raise SweepError(
+                f"{where}: {key} has a list; a [[point]] takes one value per key (put lists under [server])"
+            )
         point[key] = _server_values(key, value, where)[0]
     grid.extra.append(point)
 
@@ -191,10 +204,12 @@ def cases(grid: Grid) -> list[Case]:
     varying = [k for k in keys if len(client[k]) > 1] or ["concurrency"]
     out = []
     for combo in itertools.product(*(client[k] for k in keys)):
-        c = dict(zip(keys, combo))
+        c = dict(zip(keys, combo, strict=False))
         if c["concurrency"] > c["sessions"]:
-            raise SweepError(f"client case concurrency={c['concurrency']} sessions={c['sessions']}: "
-                             "more slots than sessions could never be filled; raise sessions")
+            raise SweepError(
+                f"client case concurrency={c['concurrency']} sessions={c['sessions']}: "
+                "more slots than sessions could never be filled; raise sessions"
+            )
         ident = "-".join(f"{CASE_SHORT[k]}{_slug(Path(str(c[k])).stem) if k == 'prompts' else c[k]}" for k in varying)
         out.append(Case(ident, **c))
     return out
@@ -202,8 +217,7 @@ def cases(grid: Grid) -> list[Case]:
 
 def _point_id(overrides: tuple[tuple[str, str], ...], baseline: bool) -> str:
     parts = ["none"] if baseline else []
-    parts += [f"{SHORT.get(k, k.lower())}{_slug(v)}" for k, v in overrides
-              if not (baseline and k in SPECULATIVE_KEYS)]
+    parts += [f"{SHORT.get(k, k.lower())}{_slug(v)}" for k, v in overrides if not (baseline and k in SPECULATIVE_KEYS)]
     return "_".join(parts) or "base"
 
 
@@ -212,7 +226,7 @@ def points(grid: Grid, base_config: Path) -> list[Point]:
     the non-speculative keys, its baseline first, then each family's largest k
     (the advisor predicts from it), then the rest."""
     keys = list(grid.server)
-    combos = [tuple(zip(keys, vals)) for vals in itertools.product(*(grid.server[k] for k in keys))]
+    combos = [tuple(zip(keys, vals, strict=False)) for vals in itertools.product(*(grid.server[k] for k in keys))]
     combos += [tuple(extra.items()) for extra in grid.extra]
     seen: dict[tuple, str] = {}
     out: list[Point] = []
@@ -223,19 +237,20 @@ def points(grid: Grid, base_config: Path) -> list[Point]:
             cfg = load_config(base_config, {**dict(overrides), "PORT": "8262"})
             r = render(cfg)
         except ConfigError as e:
-            raise SweepError(f"point {pid} ({' '.join(f'{k}={v}' for k, v in overrides) or 'the base config'}) "
-                             f"is invalid: {e}") from None
+            raise SweepError(
+                f"point {pid} ({' '.join(f'{k}={v}' for k, v in overrides) or 'the base config'}) is invalid: {e}"
+            ) from None
         ident = (tuple(r.argv), tuple(sorted(r.env.items())))
         if ident in seen:
             return seen[ident]
         while pid in seen.values():  # two values that slug alike (a/x, a-x): keep the folders apart
             pid += "+"
         seen[ident] = pid
-        k = cfg["NUM_SPECULATIVE_TOKENS"] if cfg.speculative else None
+        k = cfg.num_speculative_tokens if cfg.speculative else None
         family = None
         if cfg.speculative:  # the method and every key but k
             rest = tuple(kv for kv in overrides if kv[0] not in ("NUM_SPECULATIVE_TOKENS", "SPECULATIVE_METHOD"))
-            family = "_".join([cfg["SPECULATIVE_METHOD"], *([_point_id(rest, False)] if rest else [])])
+            family = "_".join([cfg.speculative_method, *([_point_id(rest, False)] if rest else [])])
         out.append(Point(pid, overrides, baseline_id or pid, cfg.speculative, k, family))
         return pid
 

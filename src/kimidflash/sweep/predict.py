@@ -29,17 +29,20 @@ def fixed_cost(plan: Plan, point: Point, case: Case) -> tuple[float, str]:
     """The fixed part of the step cost: a DFlash drafter's reads over the target's at the case's
     concurrency (drafting.py), when both checkpoints are on this machine; else the default's."""
     cfg = load_config(plan.base_config, dict(point.overrides))
-    if cfg["SPECULATIVE_METHOD"] == "dflash":
+    if cfg.speculative_method == "dflash":
         try:
-            return (fixed_draft_cost(cfg["MODEL_DIR"], cfg["DRAFT_MODEL_DIR"], case.concurrency, cfg["DTYPE"]),
-                    f"fixed part: the drafter's weight reads over the target's at batch {case.concurrency}")
+            return (
+                fixed_draft_cost(cfg.model_dir, cfg.draft_model_dir, case.concurrency, cfg.dtype),
+                f"fixed part: the drafter's weight reads over the target's at batch {case.concurrency}",
+            )
         except (LayoutError, OSError, KeyError) as e:
             return DEFAULT_COST.draft, f"fixed part: the default's ({e})"
     return DEFAULT_COST.draft, "fixed part: the default's"
 
 
-def prediction(base: Measured, run: Measured, fixed: tuple[float, str] = (DEFAULT_COST.draft, "the default's")
-               ) -> dict[str, Any]:
+def prediction(
+    base: Measured, run: Measured, fixed: tuple[float, str] = (DEFAULT_COST.draft, "the default's")
+) -> dict[str, Any]:
     """The advisor on one run at its k and its baseline, as the `advise` command computes it: the fixed
     part of the cost given (`fixed_cost`), the per-token part from the measured ratio.
 
@@ -55,15 +58,25 @@ def prediction(base: Measured, run: Measured, fixed: tuple[float, str] = (DEFAUL
         if 0.0 <= room < draft:  # floored to 4 places, so the per-token part left is never below 0
             draft = math.floor(room * 1e4) / 1e4
             why = f"{why}, capped at {draft:.4f}: the run's whole step cost above a plain step"
-        cost = cost_from_run(profile, len(profile), ratio, draft,
-                             f"{why}; per token: fitted to {run.point.id} over {base.point.id} at "
-                             f"{run.case.id} ({ratio:.3f}x)")
+        cost = cost_from_run(
+            profile,
+            len(profile),
+            ratio,
+            draft,
+            f"{why}; per token: fitted to {run.point.id} over {base.point.id} at {run.case.id} ({ratio:.3f}x)",
+        )
         advice = advise(profile, cost, run.point.k)
     except AdviceError as e:
         return {**out, "error": str(e)}
-    return {**out, "profile": list(profile), "measured_ratio": round(ratio, 4), "cost": asdict(cost),
-            "predictions": {str(p.k): round(p.speedup, 4) for p in advice.predictions},
-            "recommended_k": advice.recommended_k, "line": advice.line}
+    return {
+        **out,
+        "profile": list(profile),
+        "measured_ratio": round(ratio, 4),
+        "cost": asdict(cost),
+        "predictions": {str(p.k): round(p.speedup, 4) for p in advice.predictions},
+        "recommended_k": advice.recommended_k,
+        "line": advice.line,
+    }
 
 
 def predict_ready(plan: Plan, folder: RunFolder) -> None:
@@ -86,8 +99,9 @@ def predict_ready(plan: Plan, folder: RunFolder) -> None:
             folder.event("predicted", family=family, case=case.id, line=doc.get("line"), error=doc.get("error"))
 
 
-def _miss(cmp: dict[str, Any], speedups: dict[int | None, float],
-          runs: dict[int | None, Measured | None]) -> dict[str, Any] | None:
+def _miss(
+    cmp: dict[str, Any], speedups: dict[int | None, float], runs: dict[int | None, Measured | None]
+) -> dict[str, Any] | None:
     """How far the predicted choice measured below the best, and whether the repeats can tell them
     apart: a gap within the larger spread of the two points' repeats is a tie the sweep did not
     resolve, not a wrong model. Both maps are keyed by k, None for no speculation (the baseline,
@@ -97,13 +111,15 @@ def _miss(cmp: dict[str, Any], speedups: dict[int | None, float],
     if not got:
         return None
     gap = speedups[best] / got - 1.0
-    noise = max((m.spread("output_throughput") or 0.0 for m in (runs.get(pred), runs.get(best)) if m is not None),
-                default=0.0)
+    noise = max(
+        (m.spread("output_throughput") or 0.0 for m in (runs.get(pred), runs.get(best)) if m is not None), default=0.0
+    )
     return {"gap": round(gap, 4), "spread": round(noise, 4), "within_spread": gap <= noise}
 
 
-def compare(folder: RunFolder, family: str, pts: list[Point], case: Case,
-            rows: dict[tuple[str, str], Measured]) -> dict[str, Any] | None:
+def compare(
+    folder: RunFolder, family: str, pts: list[Point], case: Case, rows: dict[tuple[str, str], Measured]
+) -> dict[str, Any] | None:
     """Prediction and measurement side by side for one family at one case; None
     when no prediction was made."""
     path = folder.advice_path(family, case)
@@ -115,16 +131,23 @@ def compare(folder: RunFolder, family: str, pts: list[Point], case: Case,
     if base is None or "error" in pred:
         return out
     base_tps = base.median("output_throughput")
-    outcomes = []
+    outcomes: list[tuple[int, float]] = []
     for p in pts:
         m = rows.get((p.id, case.id))
-        meas = m.median("output_throughput") / base_tps if m and base_tps else None
+        tps = m.median("output_throughput") if m else None
+        meas = tps / base_tps if tps is not None and base_tps else None
         predicted = pred["predictions"].get(str(p.k))
         err = (predicted - meas) / meas if predicted is not None and meas else None
-        out["by_k"].append({"k": p.k, "point": p.id, "predicted_speedup": predicted,
-                            "measured_speedup": None if meas is None else round(meas, 4),
-                            "error": None if err is None else round(err, 4)})
-        if meas is not None:
+        out["by_k"].append(
+            {
+                "k": p.k,
+                "point": p.id,
+                "predicted_speedup": predicted,
+                "measured_speedup": None if meas is None else round(meas, 4),
+                "error": None if err is None else round(err, 4),
+            }
+        )
+        if meas is not None and p.k is not None:
             outcomes.append((p.k, meas))
     if outcomes:
         best_k, best = max(outcomes, key=lambda kv: kv[1])
@@ -132,8 +155,9 @@ def compare(folder: RunFolder, family: str, pts: list[Point], case: Case,
         out["predicted_best"] = pred.get("recommended_k")
         out["agree"] = out["measured_best"] == out["predicted_best"]
         if not out["agree"]:
-            out["miss"] = _miss(out, {None: 1.0, **dict(outcomes)},
-                                {None: base, **{p.k: rows.get((p.id, case.id)) for p in pts}})
+            out["miss"] = _miss(
+                out, {None: 1.0, **dict(outcomes)}, {None: base, **{p.k: rows.get((p.id, case.id)) for p in pts}}
+            )
     if len(outcomes) >= 2:  # two unknowns: fit both costs to every measured k
         refit = fit_cost(pred["profile"], outcomes, "fitted to every measured k")
         out["refit"] = {"cost": asdict(refit), "best": advise(pred["profile"], refit).recommended_k}

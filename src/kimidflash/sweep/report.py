@@ -23,10 +23,16 @@ def verdict(a: dict[str, Any]) -> str:
         return ""
     miss = a.get("miss")
     if miss and miss["within_spread"]:
-        return (f" (a different choice, but the predicted one measured {miss['gap']:.1%} below it, within the "
-                f"repeats' spread of {miss['spread']:.1%}: a tie these repeats do not resolve)")
-    return " (the prediction was wrong)" + (f": the predicted choice measured {miss['gap']:.1%} below it, "
-                                            f"beyond the repeats' spread of {miss['spread']:.1%}" if miss else "")
+        return (
+            f" (a different choice, but the predicted one measured {miss['gap']:.1%} below it, within the "
+            f"repeats' spread of {miss['spread']:.1%}: a tie these repeats do not resolve)"
+        )
+    return " (the prediction was wrong)" + (
+        f": the predicted choice measured {miss['gap']:.1%} below it, "
+        f"beyond the repeats' spread of {miss['spread']:.1%}"
+        if miss
+        else ""
+    )
 
 
 def advisor_lines(advisor: list[dict[str, Any]], level: str = "##") -> list[str]:
@@ -38,11 +44,15 @@ def advisor_lines(advisor: list[dict[str, Any]], level: str = "##") -> list[str]
             out += [f"{head}: no prediction: {pred['error']}", ""]
             continue
         c = pred["cost"]
-        out += [f"{head} over the baseline ({pred['measured_ratio']}x): step cost 1 + {c['draft']:g} + "
-                f"{c['verify']:g}*k. Advisor: `{pred['line']}`. Measured best: "
-                f"{'k=' + str(a['measured_best']) if a.get('measured_best') else 'no speculation'}"
-                f"{verdict(a)}.", "",
-                "| k | predicted speedup | measured speedup | error |", "|---|---|---|---|"]
+        out += [
+            f"{head} over the baseline ({pred['measured_ratio']}x): step cost 1 + {c['draft']:g} + "
+            f"{c['verify']:g}*k. Advisor: `{pred['line']}`. Measured best: "
+            f"{'k=' + str(a['measured_best']) if a.get('measured_best') else 'no speculation'}"
+            f"{verdict(a)}.",
+            "",
+            "| k | predicted speedup | measured speedup | error |",
+            "|---|---|---|---|",
+        ]
         for b in a["by_k"]:
             err = "-" if b["error"] is None else f"{b['error']:+.1%}"
             meas = "-" if b["measured_speedup"] is None else f"{b['measured_speedup']:.3f}x"
@@ -51,8 +61,11 @@ def advisor_lines(advisor: list[dict[str, Any]], level: str = "##") -> list[str]
         if a.get("refit"):
             rc = a["refit"]["cost"]
             best = a["refit"]["best"]
-            out += ["", f"Both costs fitted to every measured k: 1 + {rc['draft']:g} + {rc['verify']:g}*k, "
-                        f"best {'k=' + str(best) if best else 'no speculation'}."]
+            out += [
+                "",
+                f"Both costs fitted to every measured k: 1 + {rc['draft']:g} + {rc['verify']:g}*k, "
+                f"best {'k=' + str(best) if best else 'no speculation'}.",
+            ]
         out.append("")
     return out
 
@@ -67,25 +80,44 @@ def results_table(summary: dict[str, Any]) -> str:
         c[0] += " (Pareto)" if (r["point"], r["case"]) in front else ""
         lines.append("| " + " | ".join(c) + " |")
     b, s = summary["best"], summary.get("schedule")
-    lines += ["", f"Best under the limits ({summary['limits']}): "
-              + (f"**{b['point']}** at {b['case']}, {b['output_tps']} output tok/s -> "
-                 f"`{'best-static.env' if s else 'best.env'}`" if b else "none")]
+    lines += [
+        "",
+        f"Best under the limits ({summary['limits']}): "
+        + (
+            f"**{b['point']}** at {b['case']}, {b['output_tps']} output tok/s -> "
+            f"`{'best-static.env' if s else 'best.env'}`"
+            if b
+            else "none"
+        ),
+    ]
     if s and b:
-        lines += ["", f"Draft schedule ({s['family']}: the fastest k or none at each concurrency) -> `best.env`: "
-                      f"`NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE={s['schedule']}`"]
+        lines += [
+            "",
+            f"Draft schedule ({s['family']}: the fastest k or none at each concurrency) -> `best.env`: "
+            f"`NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE={s['schedule']}`",
+        ]
         lines += [line.lstrip("# ") for line in describe(s)]
         pred = s.get("predicted")
         if pred:
-            lines += ["", f"The advisor's schedule, from each concurrency's largest k and baseline alone: "
-                          f"`{pred['schedule']}` ({'agrees' if pred['agree'] else 'differs'}: predicted "
-                          + ", ".join(f"c={d['concurrency']} k={d['predicted_k']}" for d in pred["by_concurrency"])
-                          + ")"]
+            lines += [
+                "",
+                f"The advisor's schedule, from each concurrency's largest k and baseline alone: "
+                f"`{pred['schedule']}` ({'agrees' if pred['agree'] else 'differs'}: predicted "
+                + ", ".join(f"c={d['concurrency']} k={d['predicted_k']}" for d in pred["by_concurrency"])
+                + ")",
+            ]
     for chk in summary.get("schedule_checks", []):
-        lines += ["", f"Schedule point **{chk['point']}** against the better of no speculation and the fastest "
-                      "static point:", "", "| concurrency | tok/s | best other | its tok/s | ratio |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {d['concurrency']} | {d['output_tps']} | {d['best_other']} | {d['best_other_tps']} | "
-                  f"{d['ratio']:.3f} |" for d in chk["by_concurrency"]]
+        lines += [
+            "",
+            f"Schedule point **{chk['point']}** against the better of no speculation and the fastest static point:",
+            "",
+            "| concurrency | tok/s | best other | its tok/s | ratio |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {d['concurrency']} | {d['output_tps']} | {d['best_other']} | {d['best_other_tps']} | {d['ratio']:.3f} |"
+            for d in chk["by_concurrency"]
+        ]
     for other in summary.get("schedules", []):
         if "error" in other:
             lines += ["", f"No draft schedule for {other['family']}: {other['error']}"]
@@ -97,11 +129,17 @@ def results_table(summary: dict[str, Any]) -> str:
 
 
 def markdown(summary: dict[str, Any]) -> str:
-    lines = [f"# Sweep summary ({summary['date']})", "",
-             f"Base config `{summary['base_config']}`; {summary['server_points']} server points x {summary['client_cases']} client "
-             f"cases x {summary['repeats']} repeats. Figures are medians over the repeats; spread is (max - min) / "
-             "median of output tok/s; speedup is against the same run's no-speculation point at the same case.", "",
-             results_table(summary), ""]
+    lines = [
+        f"# Sweep summary ({summary['date']})",
+        "",
+        f"Base config `{summary['base_config']}`; {summary['server_points']} server points x "
+        f"{summary['client_cases']} client "
+        f"cases x {summary['repeats']} repeats. Figures are medians over the repeats; spread is (max - min) / "
+        "median of output tok/s; speedup is against the same run's no-speculation point at the same case.",
+        "",
+        results_table(summary),
+        "",
+    ]
     if summary["advisor"]:
         lines += advisor_lines(summary["advisor"])
     return "\n".join(lines).rstrip() + "\n"
@@ -122,15 +160,24 @@ def print_table(summary: dict[str, Any], console: Console) -> None:
             console.print(f"advisor {a['family']} {a['case']}: no prediction: {pred['error']}")
         elif "measured_best" in a:
             mb = f"k={a['measured_best']}" if a["measured_best"] else "none"
-            console.print(f"advisor {a['family']} {a['case']}: predicted {pred['line'].split()[-1]}, "
-                          f"measured best {mb}{verdict(a)}", highlight=False)
+            console.print(
+                f"advisor {a['family']} {a['case']}: predicted {pred['line'].split()[-1]}, "
+                f"measured best {mb}{verdict(a)}",
+                highlight=False,
+            )
 
 
 def write_summary(plan: Plan, folder: RunFolder, limits: Limits, console: Console | None = None) -> dict[str, Any]:
     summary = summarise(plan, folder, limits)
     root: Path = folder.root
-    charts = [str(p.relative_to(root)) for p in (throughput_chart(summary["rows"], root / "charts" / "throughput.png"),
-                                                 pareto_chart(summary, root / "charts" / "pareto.png")) if p]
+    charts = [
+        str(p.relative_to(root))
+        for p in (
+            throughput_chart(summary["rows"], root / "charts" / "throughput.png"),
+            pareto_chart(summary, root / "charts" / "pareto.png"),
+        )
+        if p
+    ]
     summary["charts"] = charts
     envs = best_env(summary, plan, folder)
     for name in ("best.env", "best-static.env"):

@@ -50,11 +50,16 @@ class RunFolder:
             if old.get("identity") == identity:
                 return True
             if not new:
-                changed = sorted(k for k in set(identity) | set(old.get("identity", {}))
-                                 if identity.get(k) != old.get("identity", {}).get(k))
-                raise SweepError(f"{self.root} holds another sweep (differs in: {', '.join(changed)}); "
-                                 "re-run with --new to start over (the old results move to superseded-<time>/), "
-                                 "or pick another --out")
+                changed = sorted(
+                    k
+                    for k in set(identity) | set(old.get("identity", {}))
+                    if identity.get(k) != old.get("identity", {}).get(k)
+                )
+                raise SweepError(
+                    f"{self.root} holds another sweep (differs in: {', '.join(changed)}); "
+                    "re-run with --new to start over (the old results move to superseded-<time>/), "
+                    "or pick another --out"
+                )
             self._supersede()
         elif self.root.exists() and any(self.root.iterdir()):
             raise SweepError(f"{self.root} is not empty and holds no sweep manifest; pick another --out")
@@ -97,8 +102,16 @@ class RunFolder:
         return [(c, r) for c in cases for r in range(1, repeats + 1) if not self.result_path(point, c, r).is_file()]
 
     def record_failure(self, point: Point, error: str, log_lines: list[str]) -> None:
-        write_json_atomic(self.failure_path(point), {"point": point.id, "overrides": point.sets, "error": error,
-                                                     "date": utc_now(), "last_log_lines": log_lines})
+        write_json_atomic(
+            self.failure_path(point),
+            {
+                "point": point.id,
+                "overrides": point.sets,
+                "error": error,
+                "date": utc_now(),
+                "last_log_lines": log_lines,
+            },
+        )
         self.event("point_failed", point=point.id, error=error)
 
     def clear_failure(self, point: Point) -> None:

@@ -65,19 +65,28 @@ def measured_schedule(plan: Plan, rows: list[dict[str, Any]], family: str | None
         return None
     pts = fams[family]
     cfg = load_config(plan.base_config, dict(pts[-1].overrides))
-    method = cfg["SPECULATIVE_METHOD"]
-    if method not in DRAFT_MODEL_METHODS or cfg[SCHEDULE_KEY]:
+    method = cfg.speculative_method
+    if method not in DRAFT_MODEL_METHODS or cfg.num_speculative_tokens_per_batch_size:
         return None  # no draft model (ngram), or a schedule measured as a point: nothing to derive
     if len({c.concurrency for c in plan.cases}) != len(plan.cases):
-        return {"family": family, "error": "the client cases vary more than concurrency, so no one k per "
-                                           "concurrency can be read; sweep one prompt set, length and session count"}
+        return {
+            "family": family,
+            "error": "the client cases vary more than concurrency, so no one k per "
+            "concurrency can be read; sweep one prompt set, length and session count",
+        }
     by_c = _family_rows(rows, pts)
-    missing = sorted(c.concurrency for c in plan.cases if not any(k == 0 for k, _ in by_c.get(c.concurrency, []))
-                     or not any(k for k, _ in by_c.get(c.concurrency, [])))
+    missing = sorted(
+        c.concurrency
+        for c in plan.cases
+        if not any(k == 0 for k, _ in by_c.get(c.concurrency, [])) or not any(k for k, _ in by_c.get(c.concurrency, []))
+    )
     if missing:
-        return {"family": family, "error": f"no baseline and k measured at concurrency "
-                                           f"{', '.join(map(str, missing))} yet"}
-    winners, detail = [], []
+        return {
+            "family": family,
+            "error": f"no baseline and k measured at concurrency {', '.join(map(str, missing))} yet",
+        }
+    winners: list[tuple[int, int]] = []
+    detail: list[dict[str, Any]] = []
     for c in sorted(by_c):
         k, r = max(by_c[c], key=lambda kr: (kr[1]["output_tps"], -kr[0]))  # a tie goes to the smaller k
         held = [kr for kr in by_c[c] if winners and kr[0] == winners[-1][1]]
@@ -85,17 +94,31 @@ def measured_schedule(plan: Plan, rows: list[dict[str, Any]], family: str | None
             k, r = held[0]  # within the noise of the fastest: the k below carries on, one range fewer
         base = next(row for kk, row in by_c[c] if kk == 0)
         winners.append((c, k))
-        detail.append({"concurrency": c, "k": k, "point": r["point"], "output_tps": r["output_tps"],
-                       "speedup": round(r["output_tps"] / base["output_tps"], 4) if base["output_tps"] else None})
+        detail.append(
+            {
+                "concurrency": c,
+                "k": k,
+                "point": r["point"],
+                "output_tps": r["output_tps"],
+                "speedup": round(r["output_tps"] / base["output_tps"], 4) if base["output_tps"] else None,
+            }
+        )
     top = max(k for _, k in winners)
-    out: dict[str, Any] = {"family": family, "by_concurrency": detail, "max_num_seqs": cfg["MAX_NUM_SEQS"]}
+    out: dict[str, Any] = {"family": family, "by_concurrency": detail, "max_num_seqs": cfg.max_num_seqs}
     if len({k for _, k in winners}) == 1:
         return {**out, "static": top}  # one answer everywhere: no schedule needed
-    sched = ranges(winners, cfg["MAX_NUM_SEQS"])
-    rest = [f"{k}={v}" for k, v in pts[-1].overrides
-            if k not in ("NUM_SPECULATIVE_TOKENS", "SPECULATIVE_METHOD", SCHEDULE_KEY)]
-    sets = [f"SPECULATIVE_METHOD={method}", *rest, f"NUM_SPECULATIVE_TOKENS={top}",
-            f"{SCHEDULE_KEY}={format_schedule(sched)}"]
+    sched = ranges(winners, cfg.max_num_seqs)
+    rest = [
+        f"{k}={v}"
+        for k, v in pts[-1].overrides
+        if k not in ("NUM_SPECULATIVE_TOKENS", "SPECULATIVE_METHOD", SCHEDULE_KEY)
+    ]
+    sets = [
+        f"SPECULATIVE_METHOD={method}",
+        *rest,
+        f"NUM_SPECULATIVE_TOKENS={top}",
+        f"{SCHEDULE_KEY}={format_schedule(sched)}",
+    ]
     load_config(plan.base_config, parse_overrides(sets))  # the rules accept what is written
     return {**out, "schedule": format_schedule(sched), "num_speculative_tokens": top, "sets": sets}
 
@@ -104,27 +127,37 @@ def predicted_schedule(plan: Plan, advisor: list[dict[str, Any]], measured: dict
     """The advisor's schedule for the measured one's family: at each concurrency the k it predicted from the
     family's largest k and the baseline alone (no speculation when it predicted none), beside the measured k."""
     by_case = {c.id: c.concurrency for c in plan.cases}
-    preds = {by_case[a["case"]]: a["prediction"].get("recommended_k") or 0 for a in advisor
-             if a["family"] == measured["family"] and "error" not in a["prediction"]}
+    preds = {
+        by_case[a["case"]]: a["prediction"].get("recommended_k") or 0
+        for a in advisor
+        if a["family"] == measured["family"] and "error" not in a["prediction"]
+    }
     if not preds or "by_concurrency" not in measured:
         return None
-    per_c = [{"concurrency": d["concurrency"], "measured_k": d["k"], "predicted_k": preds.get(d["concurrency"])}
-             for d in measured["by_concurrency"]]
+    per_c = [
+        {"concurrency": d["concurrency"], "measured_k": d["k"], "predicted_k": preds.get(d["concurrency"])}
+        for d in measured["by_concurrency"]
+    ]
     if any(d["predicted_k"] is None for d in per_c):
         return None
     sched = ranges([(d["concurrency"], d["predicted_k"]) for d in per_c], measured["max_num_seqs"])
-    return {"schedule": format_schedule(sched), "by_concurrency": per_c,
-            "agree": all(d["measured_k"] == d["predicted_k"] for d in per_c)}
+    return {
+        "schedule": format_schedule(sched),
+        "by_concurrency": per_c,
+        "agree": all(d["measured_k"] == d["predicted_k"] for d in per_c),
+    }
 
 
 def k_at(cfg: Config, batch: int) -> int:
     """The k a config drafts at this batch size: its schedule's, else its static k (0 without speculation)."""
-    if cfg["SPECULATIVE_METHOD"] == "none":
+    if cfg.speculative_method == "none":
         return 0
-    for lo, hi, k in draft_schedule(cfg[SCHEDULE_KEY]) if cfg[SCHEDULE_KEY] else ():
+    for lo, hi, k in (
+        draft_schedule(cfg.num_speculative_tokens_per_batch_size) if cfg.num_speculative_tokens_per_batch_size else ()
+    ):
         if lo <= batch <= hi:
             return k
-    return cfg["NUM_SPECULATIVE_TOKENS"]
+    return cfg.num_speculative_tokens
 
 
 def fastest_k(rows: list[dict[str, Any]], shipped_k: int) -> int:
@@ -154,9 +187,9 @@ def checked_schedule(cfg: Config, best: dict[int, int]) -> dict[str, Any] | None
     (nothing measured there). So a check also corrects a schedule that drafts more between two measured
     loads than the load above it does. None when that changes nothing: where the config drafts nothing
     and still loses to no speculation, what it lost is a k=0 step's cost, which no schedule removes."""
-    if cfg["SPECULATIVE_METHOD"] == "none":
+    if cfg.speculative_method == "none":
         return None
-    top = cfg["MAX_NUM_SEQS"]
+    top = cfg.max_num_seqs
     shipped = [k_at(cfg, b) for b in range(1, top + 1)]
     measured = sorted(c for c in best if c <= top)
     if not measured:
@@ -164,47 +197,75 @@ def checked_schedule(cfg: Config, best: dict[int, int]) -> dict[str, Any] | None
     ks = list(shipped)
     for lo, hi, k in ranges([(c, best[c]) for c in measured], top):
         lo = max(lo, measured[0])  # below the smallest measured: as shipped
-        ks[lo - 1:hi] = [k] * (hi - lo + 1)
+        ks[lo - 1 : hi] = [k] * (hi - lo + 1)
     if ks == shipped:
         return None
     out: dict[str, Any] = {
         "changed_at": [c for c in measured if best[c] != shipped[c - 1]],
         "between": [b for b in range(1, top + 1) if ks[b - 1] != shipped[b - 1] and b not in measured],
-        "by_concurrency": [{"concurrency": c, "shipped_k": shipped[c - 1], "k": ks[c - 1]} for c in measured]}
+        "by_concurrency": [{"concurrency": c, "shipped_k": shipped[c - 1], "k": ks[c - 1]} for c in measured],
+    }
     if not any(ks):
         return {**out, "schedule": None, "serves": "no speculation", "sets": ["SPECULATIVE_METHOD=none"]}
     if len(set(ks)) == 1:
-        return {**out, "schedule": None, "serves": f"static k={ks[0]}",
-                "sets": [f"NUM_SPECULATIVE_TOKENS={ks[0]}", f"{SCHEDULE_KEY}="]}
+        return {
+            **out,
+            "schedule": None,
+            "serves": f"static k={ks[0]}",
+            "sets": [f"NUM_SPECULATIVE_TOKENS={ks[0]}", f"{SCHEDULE_KEY}="],
+        }
     sched = format_schedule(ranges(list(enumerate(ks, 1)), top))
-    return {**out, "schedule": sched, "serves": f"the schedule {sched}",
-            "sets": [f"NUM_SPECULATIVE_TOKENS={max(ks)}", f"{SCHEDULE_KEY}={sched}"]}
+    return {
+        **out,
+        "schedule": sched,
+        "serves": f"the schedule {sched}",
+        "sets": [f"NUM_SPECULATIVE_TOKENS={max(ks)}", f"{SCHEDULE_KEY}={sched}"],
+    }
 
 
 def checks(plan: Plan, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every schedule measured as a point ([[point]] in a grid file, or a sweep of a best.env), at each
     concurrency against the better of no speculation and the fastest static point beside it (same
     baseline, no schedule): the schedule holds where that ratio is 1 or more."""
-    sched = {p.id for p in plan.points
-             if p.speculative and load_config(plan.base_config, dict(p.overrides))[SCHEDULE_KEY]}
+    sched = {
+        p.id
+        for p in plan.points
+        if p.speculative and load_config(plan.base_config, dict(p.overrides)).num_speculative_tokens_per_batch_size
+    }
     by_point = {p.id: p for p in plan.points}
     out = []
     for pid in sorted(sched):
         per_c = []
         for r in sorted((r for r in rows if r["point"] == pid and r["output_tps"]), key=lambda r: r["concurrency"]):
-            others = [o for o in rows if o["case"] == r["case"] and o["output_tps"] and o["point"] not in sched
-                      and by_point[o["point"]].baseline_id == by_point[pid].baseline_id]
+            others = [
+                o
+                for o in rows
+                if o["case"] == r["case"]
+                and o["output_tps"]
+                and o["point"] not in sched
+                and by_point[o["point"]].baseline_id == by_point[pid].baseline_id
+            ]
             if not others:
                 continue
             o = max(others, key=lambda o: o["output_tps"])
-            per_c.append({"concurrency": r["concurrency"], "output_tps": r["output_tps"], "best_other": o["point"],
-                          "best_other_tps": o["output_tps"], "ratio": round(r["output_tps"] / o["output_tps"], 4)})
+            per_c.append(
+                {
+                    "concurrency": r["concurrency"],
+                    "output_tps": r["output_tps"],
+                    "best_other": o["point"],
+                    "best_other_tps": o["output_tps"],
+                    "ratio": round(r["output_tps"] / o["output_tps"], 4),
+                }
+            )
         out.append({"point": pid, "by_concurrency": per_c})
     return out
 
 
 def describe(s: dict[str, Any]) -> list[str]:
     """The per-concurrency winners as comment lines."""
-    parts = [f"c={d['concurrency']}: {'k=' + str(d['k']) if d['k'] else 'no speculation'} "
-             f"({d['output_tps']} tok/s, {d['speedup']}x)" for d in s["by_concurrency"]]
+    parts = [
+        f"c={d['concurrency']}: {'k=' + str(d['k']) if d['k'] else 'no speculation'} "
+        f"({d['output_tps']} tok/s, {d['speedup']}x)"
+        for d in s["by_concurrency"]
+    ]
     return [f"#   {'; '.join(parts)}"]

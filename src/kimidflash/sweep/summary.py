@@ -21,10 +21,17 @@ from .rundir import RunFolder
 from .schedule import checks, describe, measured_schedule, predicted_schedule
 
 # Result-file key of each figure the table shows (medians over the repeats).
-FIGURES = {"output_tps": "output_throughput", "per_user_tps": "mean_per_user_output_throughput",
-           "ttft_p50_ms": "median_ttft_ms", "ttft_p95_ms": "p95_ttft_ms", "itl_p50_ms": "median_itl_ms",
-           "itl_p95_ms": "p95_itl_ms", "latency_p50_ms": "median_e2el_ms", "latency_p95_ms": "p95_e2el_ms",
-           "acceptance_length": "spec_decode_acceptance_length"}
+FIGURES = {
+    "output_tps": "output_throughput",
+    "per_user_tps": "mean_per_user_output_throughput",
+    "ttft_p50_ms": "median_ttft_ms",
+    "ttft_p95_ms": "p95_ttft_ms",
+    "itl_p50_ms": "median_itl_ms",
+    "itl_p95_ms": "p95_itl_ms",
+    "latency_p50_ms": "median_e2el_ms",
+    "latency_p95_ms": "p95_e2el_ms",
+    "acceptance_length": "spec_decode_acceptance_length",
+}
 
 
 @dataclass(frozen=True)
@@ -38,8 +45,9 @@ class Limits:
         return self.min_user_tps is None or (row["per_user_tps"] or 0) >= self.min_user_tps
 
     def describe(self) -> str:
-        parts = ([f"p95 latency <= {self.max_p95_latency_s:g} s"] if self.max_p95_latency_s is not None else []) + \
-                ([f"per-user tok/s >= {self.min_user_tps:g}"] if self.min_user_tps is not None else [])
+        parts = ([f"p95 latency <= {self.max_p95_latency_s:g} s"] if self.max_p95_latency_s is not None else []) + (
+            [f"per-user tok/s >= {self.min_user_tps:g}"] if self.min_user_tps is not None else []
+        )
         return ", ".join(parts) or "none"
 
 
@@ -48,8 +56,14 @@ def _round(v: float | None, nd: int = 3) -> float | None:
 
 
 def row(m: Measured, base: Measured | None) -> dict[str, Any]:
-    out: dict[str, Any] = {"point": m.point.id, "label": m.point.label, "overrides": m.point.sets,
-                           "case": m.case.id, "concurrency": m.case.concurrency, "repeats": len(m.docs)}
+    out: dict[str, Any] = {
+        "point": m.point.id,
+        "label": m.point.label,
+        "overrides": m.point.sets,
+        "case": m.case.id,
+        "concurrency": m.case.concurrency,
+        "repeats": len(m.docs),
+    }
     out.update({name: _round(m.median(key)) for name, key in FIGURES.items()})
     out["output_tps_spread"] = _round(m.spread("output_throughput"))
     base_tps = base.median("output_throughput") if base else None
@@ -60,9 +74,16 @@ def row(m: Measured, base: Measured | None) -> dict[str, Any]:
 def pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows no other row beats on both per-user and total tok/s, by per-user tok/s."""
     pts = [r for r in rows if r["per_user_tps"] is not None and r["output_tps"] is not None]
-    front = [r for r in pts if not any(o["per_user_tps"] >= r["per_user_tps"] and o["output_tps"] >= r["output_tps"]
-                                       and (o["per_user_tps"], o["output_tps"]) != (r["per_user_tps"], r["output_tps"])
-                                       for o in pts)]
+    front = [
+        r
+        for r in pts
+        if not any(
+            o["per_user_tps"] >= r["per_user_tps"]
+            and o["output_tps"] >= r["output_tps"]
+            and (o["per_user_tps"], o["output_tps"]) != (r["per_user_tps"], r["output_tps"])
+            for o in pts
+        )
+    ]
     return sorted(front, key=lambda r: r["per_user_tps"])
 
 
@@ -81,17 +102,33 @@ def summarise(plan: Plan, folder: RunFolder, limits: Limits) -> dict[str, Any]:
                 table[(p.id, c.id)] = m
     rows = [row(m, table.get((by_id[pid].baseline_id, cid))) for (pid, cid), m in table.items()]
     failed = {p.id: f for p in plan.points if (f := folder.failure(p))}
-    advisor = [cmp for fam, pts in families(plan.points).items() for c in plan.cases
-               if (cmp := compare(folder, fam, pts, c, table)) is not None]
+    advisor = [
+        cmp
+        for fam, pts in families(plan.points).items()
+        for c in plan.cases
+        if (cmp := compare(folder, fam, pts, c, table)) is not None
+    ]
     incomplete = [f"{p.id} {c.id}" for p in plan.points for c in plan.cases if (p.id, c.id) not in table]
     schedules = [s for fam in families(plan.points) if (s := measured_schedule(plan, rows, fam)) is not None]
     for s in schedules:
         s["predicted"] = predicted_schedule(plan, advisor, s)
-    return {"date": utc_now(), "base_config": portable(plan.base_config), "server_points": len(plan.points),
-            "client_cases": len(plan.cases), "repeats": plan.repeats, "limits": limits.describe(), "rows": rows,
-            "pareto": [(r["point"], r["case"]) for r in pareto(rows)], "best": best(rows, limits),
-            "failed": failed, "incomplete": incomplete, "advisor": advisor, "schedules": schedules,
-            "schedule": pick_schedule(schedules, rows), "schedule_checks": checks(plan, rows)}
+    return {
+        "date": utc_now(),
+        "base_config": portable(plan.base_config),
+        "server_points": len(plan.points),
+        "client_cases": len(plan.cases),
+        "repeats": plan.repeats,
+        "limits": limits.describe(),
+        "rows": rows,
+        "pareto": [(r["point"], r["case"]) for r in pareto(rows)],
+        "best": best(rows, limits),
+        "failed": failed,
+        "incomplete": incomplete,
+        "advisor": advisor,
+        "schedules": schedules,
+        "schedule": pick_schedule(schedules, rows),
+        "schedule_checks": checks(plan, rows),
+    }
 
 
 def pick_schedule(schedules: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -115,25 +152,31 @@ def best_env(summary: dict[str, Any], plan: Plan, folder: RunFolder) -> dict[str
     case: Case = next(c for c in plan.cases if c.id == b["case"])
     include = include_path(plan.base_config, folder.root)
     lat = b["latency_p95_ms"] / 1000 if b["latency_p95_ms"] is not None else float("nan")
-    lines = [f"# The best point of the sweep in this folder (kimidflash sweep, {summary['date']}):",
-             f"# {point.label}, measured at concurrency {case.concurrency} ({case.id}): {b['output_tps']} output tok/s,",
-             f"# {b['per_user_tps']} tok/s per user, p95 latency {lat:.2f} s, {b['speedup']}x no speculation "
-             f"(median of {b['repeats']} repeats).",
-             f"# Limits: {summary['limits']}. Serve it with: ./serve.sh <this file>",
-             f"INCLUDE={include}", *point.sets]
+    lines = [
+        f"# The best point of the sweep in this folder (kimidflash sweep, {summary['date']}):",
+        f"# {point.label}, measured at concurrency {case.concurrency} ({case.id}): {b['output_tps']} output tok/s,",
+        f"# {b['per_user_tps']} tok/s per user, p95 latency {lat:.2f} s, {b['speedup']}x no speculation "
+        f"(median of {b['repeats']} repeats).",
+        f"# Limits: {summary['limits']}. Serve it with: ./serve.sh <this file>",
+        f"INCLUDE={include}",
+        *point.sets,
+    ]
     static = "\n".join(lines) + "\n"
     s = summary.get("schedule")
     if s is None:
         return {"best.env": static}
     conc = " ".join(str(d["concurrency"]) for d in s["by_concurrency"])
-    sched = [f"# The draft schedule this sweep measured (kimidflash sweep, {summary['date']}): at each concurrency",
-             f"# the fastest of {s['family']}'s k and no speculation (median output tok/s of {summary['repeats']} "
-             "repeats):", *describe(s),
-             "# Batch sizes between two measured concurrencies take the k of the next one above; above the largest,",
-             f"# its k carries to MAX_NUM_SEQS={s['max_num_seqs']}. The best static point is in best-static.env.",
-             "# Serve it with: ./serve.sh <this file>. Measure it as one point against no speculation:",
-             f"#   kimidflash sweep <this file> --concurrency {conc} --out <folder>",
-             f"INCLUDE={include}", *s["sets"]]
+    sched = [
+        f"# The draft schedule this sweep measured (kimidflash sweep, {summary['date']}): at each concurrency",
+        f"# the fastest of {s['family']}'s k and no speculation (median output tok/s of {summary['repeats']} repeats):",
+        *describe(s),
+        "# Batch sizes between two measured concurrencies take the k of the next one above; above the largest,",
+        f"# its k carries to MAX_NUM_SEQS={s['max_num_seqs']}. The best static point is in best-static.env.",
+        "# Serve it with: ./serve.sh <this file>. Measure it as one point against no speculation:",
+        f"#   kimidflash sweep <this file> --concurrency {conc} --out <folder>",
+        f"INCLUDE={include}",
+        *s["sets"],
+    ]
     return {"best.env": "\n".join(sched) + "\n", "best-static.env": static}
 
 
@@ -143,10 +186,18 @@ def _fmt(v: Any, nd: int = 1) -> str:
     return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
 
 
-TABLE_COLUMNS = (("point", "point", 0), ("case", "case", 0), ("output tok/s", "output_tps", 1),
-                 ("spread", "output_tps_spread", 3), ("speedup", "speedup", 3), ("tok/s/user", "per_user_tps", 2),
-                 ("TTFT p50/p95 ms", ("ttft_p50_ms", "ttft_p95_ms"), 0), ("ITL p50/p95 ms", ("itl_p50_ms", "itl_p95_ms"), 1),
-                 ("latency p50/p95 s", ("latency_p50_ms", "latency_p95_ms"), -1), ("acc. length", "acceptance_length", 2))
+TABLE_COLUMNS = (
+    ("point", "point", 0),
+    ("case", "case", 0),
+    ("output tok/s", "output_tps", 1),
+    ("spread", "output_tps_spread", 3),
+    ("speedup", "speedup", 3),
+    ("tok/s/user", "per_user_tps", 2),
+    ("TTFT p50/p95 ms", ("ttft_p50_ms", "ttft_p95_ms"), 0),
+    ("ITL p50/p95 ms", ("itl_p50_ms", "itl_p95_ms"), 1),
+    ("latency p50/p95 s", ("latency_p50_ms", "latency_p95_ms"), -1),
+    ("acc. length", "acceptance_length", 2),
+)
 
 
 def cells(r: dict[str, Any]) -> list[str]:

@@ -23,8 +23,9 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 import torch
 
@@ -41,9 +42,13 @@ from .progress import bar
 from .shape import check_layer_ids
 from .target import capture_overrides, remote_code, target_info
 
+if TYPE_CHECKING:
+    from safetensors import safe_open
 
 MODES = ("cache", "stream", "memory")
 COMPUTE_DTYPES = ("float32", "bfloat16")
+
+CPU = torch.device("cpu")
 
 
 def check_mode(cfg: TrainConfig) -> str:
@@ -66,6 +71,15 @@ class CaptureSource(Protocol):
         """[T, len(layer_ids) * H] hidden states of the target for one sequence."""
 
 
+class SequenceStore(Protocol):
+    """Where training and evaluation read sequences from: ShardStore, StreamStore or MemoryStore."""
+
+    def __len__(self) -> int: ...
+
+    def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input_ids [T] long, loss_mask [T] long, feats [T, nH]) of sequence i."""
+
+
 def length_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
     """Indices sorted by length, cut so that each group's count x longest stays within
     `budget` padded tokens (a longer sequence alone makes its own group)."""
@@ -79,13 +93,24 @@ def length_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
 
 
 class HFCapture:
-    def __init__(self, model_dir: str | Path, layer_ids: list[int], dtype: torch.dtype = torch.bfloat16,
-                 compute_dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu"),
-                 topk: int = 0, forward_tokens: int = 4096, trust_remote_code: bool = False):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        layer_ids: list[int],
+        dtype: torch.dtype = torch.bfloat16,
+        compute_dtype: torch.dtype = torch.float32,
+        device: torch.device = CPU,
+        topk: int = 0,
+        forward_tokens: int = 4096,
+        trust_remote_code: bool = False,
+    ):
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=compute_dtype,
-                                                          trust_remote_code=trust_remote_code).eval().to(device)
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(model_dir, dtype=compute_dtype, trust_remote_code=trust_remote_code)
+            .eval()
+            .to(device)
+        )
         self.device = device
         # the text model's layer count (a multimodal wrapper nests it under text_config)
         check_layer_ids(layer_ids, self.model.config.get_text_config().num_hidden_layers, str(model_dir))
@@ -102,7 +127,7 @@ class HFCapture:
         else on the CPU. Measured on 2 CPU cores: benchmarks/drafter/capture-speed/."""
         out: list[Captured | None] = [None] * len(seqs)
         for group in length_groups([len(s) for s in seqs], self.forward_tokens):
-            for i, c in zip(group, self._forward([seqs[i] for i in group], on_device)):
+            for i, c in zip(group, self._forward([seqs[i] for i in group], on_device), strict=False):
                 out[i] = c
         return out  # type: ignore[return-value]
 
@@ -115,45 +140,64 @@ class HFCapture:
         ids = torch.zeros((len(seqs), width), dtype=torch.long)
         att = torch.zeros((len(seqs), width), dtype=torch.long)
         for i, s in enumerate(seqs):
-            ids[i, :len(s)] = torch.tensor(list(s))
-            att[i, :len(s)] = 1
+            ids[i, : len(s)] = torch.tensor(list(s))
+            att[i, : len(s)] = 1
         with device.float32_matmul("high" if self.device.type == "cuda" else "highest"):
-            out = self.model.model(input_ids=ids.to(self.device), attention_mask=att.to(self.device),
-                                   output_hidden_states=True)
+            out = self.model.model(
+                input_ids=ids.to(self.device), attention_mask=att.to(self.device), output_hidden_states=True
+            )
             hs = out.hidden_states
             feats = torch.cat([hs[i + 1] for i in self.layer_ids], dim=-1).to(self.dtype)
             feats = feats if on_device else feats.cpu()
             logits = self.model.lm_head(out.last_hidden_state).cpu() if self.topk else None
-        return [Captured(feats[i, :len(s)].clone(),
-                         None if logits is None else topk_table(logits[i, :len(s)], self.topk))
-                for i, s in enumerate(seqs)]
+        return [
+            Captured(feats[i, : len(s)].clone(), None if logits is None else topk_table(logits[i, : len(s)], self.topk))
+            for i, s in enumerate(seqs)
+        ]
 
     def features(self, input_ids: Sequence[int]) -> torch.Tensor:
         return self.capture(input_ids).feats
 
 
-def make_source(cfg: TrainConfig, model_dir: str | Path, layer_ids: Sequence[int],
-                base_url: str | None = None) -> CaptureSource:
+def make_source(
+    cfg: TrainConfig, model_dir: str | Path, layer_ids: Sequence[int], base_url: str | None = None
+) -> CaptureSource:
     src = cfg.capture.source
     dtype = getattr(torch, cfg.capture.dtype)
     if src == "hf":
         if cfg.capture.compute_dtype not in COMPUTE_DTYPES:
-            raise TrainConfigError(f"{cfg.path}: capture.compute_dtype {cfg.capture.compute_dtype!r}: expected "
-                                   f"one of {', '.join(COMPUTE_DTYPES)}")
+            raise TrainConfigError(
+                f"{cfg.path}: capture.compute_dtype {cfg.capture.compute_dtype!r}: expected "
+                f"one of {', '.join(COMPUTE_DTYPES)}"
+            )
         if cfg.capture.forward_tokens < 1:
             raise TrainConfigError(f"{cfg.path}: capture.forward_tokens {cfg.capture.forward_tokens}: expected >= 1")
-        return HFCapture(model_dir, list(layer_ids), dtype, compute_dtype=getattr(torch, cfg.capture.compute_dtype),
-                         device=device.resolve(cfg.train.device), topk=cfg.capture.topk,
-                         forward_tokens=cfg.capture.forward_tokens,
-                         trust_remote_code=remote_code(cfg, str(model_dir)))
+        return HFCapture(
+            model_dir,
+            list(layer_ids),
+            dtype,
+            compute_dtype=getattr(torch, cfg.capture.compute_dtype),
+            device=device.resolve(cfg.train.device),
+            topk=cfg.capture.topk,
+            forward_tokens=cfg.capture.forward_tokens,
+            trust_remote_code=remote_code(cfg, str(model_dir)),
+        )
     if src == "vllm":
         base_url = base_url or cfg.capture.base_url
         if not base_url:
-            raise TrainConfigError(f"{cfg.path}: capture.source=vllm with mode={cfg.capture.mode} needs "
-                                   "capture.base_url, a target served with SPECULATIVE_METHOD="
-                                   "extract_hidden_states (the capture phase in cache mode serves one itself)")
-        return VLLMCapture(base_url, target_info(cfg).served_name, list(layer_ids), dtype, cfg.capture.concurrency,
-                           topk=cfg.capture.topk)
+            raise TrainConfigError(
+                f"{cfg.path}: capture.source=vllm with mode={cfg.capture.mode} needs "
+                "capture.base_url, a target served with SPECULATIVE_METHOD="
+                "extract_hidden_states (the capture phase in cache mode serves one itself)"
+            )
+        return VLLMCapture(
+            base_url,
+            target_info(cfg).served_name,
+            list(layer_ids),
+            dtype,
+            cfg.capture.concurrency,
+            topk=cfg.capture.topk,
+        )
     raise ValueError(f"capture.source '{src}': expected hf or vllm")
 
 
@@ -193,29 +237,63 @@ def source_label(cfg: TrainConfig) -> str:
     return f"hf {cfg.capture.compute_dtype}" if cfg.capture.source == "hf" else cfg.capture.source
 
 
+class _ShardEntry(TypedDict):
+    """One shard in capture/index.json: its file, whose records (train or heldout) and their ids."""
+
+    file: str
+    kind: str
+    ids: list[str]
+
+
+class _CaptureIndex(TypedDict):
+    """capture/index.json, as capture_shards writes it and ShardStore reads it."""
+
+    layer_ids: list[int]
+    topk: int
+    source: str
+    shards: list[_ShardEntry]
+
+
+def _topk(c: Captured) -> tuple[torch.Tensor, torch.Tensor]:
+    """A capture's top-k table, there when the first capture of its batch has one."""
+    assert c.topk is not None, "a capture source takes top-k tables for every sequence or for none"
+    return c.topk
+
+
 def write_shard(path: Path, recs: Sequence[Record], source: CaptureSource, label: str) -> None:
     from safetensors.torch import save
 
     caps = source.capture_many([r.input_ids for r in recs])
     offsets = torch.tensor([0] + [len(r.input_ids) for r in recs]).cumsum(0)
-    tensors = {"feats": torch.cat([c.feats for c in caps]).contiguous(), "offsets": offsets,
-               "input_ids": torch.tensor([t for r in recs for t in r.input_ids], dtype=torch.int32),
-               "loss_mask": torch.tensor([m for r in recs for m in r.loss_mask], dtype=torch.int8)}
+    tensors = {
+        "feats": torch.cat([c.feats for c in caps]).contiguous(),
+        "offsets": offsets,
+        "input_ids": torch.tensor([t for r in recs for t in r.input_ids], dtype=torch.int32),
+        "loss_mask": torch.tensor([m for r in recs for m in r.loss_mask], dtype=torch.int8),
+    }
     if caps and caps[0].topk is not None:
-        tensors["topk_ids"] = torch.cat([c.topk[0] for c in caps]).contiguous()
-        tensors["topk_logp"] = torch.cat([c.topk[1] for c in caps]).contiguous()
+        tables = [_topk(c) for c in caps]
+        tensors["topk_ids"] = torch.cat([t[0] for t in tables]).contiguous()
+        tensors["topk_logp"] = torch.cat([t[1] for t in tables]).contiguous()
     write_bytes_atomic(path, save(tensors, metadata={"ids": json.dumps([r.id for r in recs]), "source": label}))
 
 
-def capture_shards(cfg: TrainConfig, run: Path, log=print) -> int:
+def capture_shards(cfg: TrainConfig, run: Path, log: Callable[[str], None] = print) -> int:
     """Write the shards that are missing (train and held-out records); return the shard count."""
     train, held = training_records(cfg, run)
     folder = run / "capture"
     folder.mkdir(parents=True, exist_ok=True)
     per = cfg.capture.shard_records
-    groups = [train[i:i + per] for i in range(0, len(train), per)] + [held[i:i + per] for i in range(0, len(held), per)]
+    groups = [train[i : i + per] for i in range(0, len(train), per)] + [
+        held[i : i + per] for i in range(0, len(held), per)
+    ]
     label = source_label(cfg)
-    index = {"layer_ids": cfg.capture_layer_ids(), "topk": cfg.capture.topk, "source": label, "shards": []}
+    index: _CaptureIndex = {
+        "layer_ids": cfg.capture_layer_ids(),
+        "topk": cfg.capture.topk,
+        "source": label,
+        "shards": [],
+    }
     todo = []
     for i, g in enumerate(groups):
         kind = "train" if i < (len(train) + per - 1) // per else "heldout"
@@ -225,8 +303,10 @@ def capture_shards(cfg: TrainConfig, run: Path, log=print) -> int:
     done = {"shards": 0, "records": 0, "tokens": 0, "seconds": 0.0}
     if todo:
         torch.set_num_threads(max(1, cfg.train.threads or torch.get_num_threads()))
-        with opened_source(cfg, run, index["layer_ids"]) as source, \
-                bar("capture", len(groups), start=len(groups) - len(todo)) as advance:
+        with (
+            opened_source(cfg, run, index["layer_ids"]) as source,
+            bar("capture", len(groups), start=len(groups) - len(todo)) as advance,
+        ):
             start = time.monotonic()
             for i, g in todo:
                 write_shard(_shard_path(folder, i), g, source, label)
@@ -238,18 +318,35 @@ def capture_shards(cfg: TrainConfig, run: Path, log=print) -> int:
     write_text_atomic(folder / "index.json", json.dumps(index) + "\n")
     Manifest.open(run).note_regen(run / "regen.jsonl", cfg.regen.as_dict())
     # this invocation's work and time (model loading excluded): the capture rate of the machine
-    note_capture(cfg, run, train, held, shards=len(groups), computed=label,
-                 forward_tokens=cfg.capture.forward_tokens, this_invocation=done,
-                 device=device.describe(device.resolve(cfg.train.device)))
+    note_capture(
+        cfg,
+        run,
+        train,
+        held,
+        shards=len(groups),
+        computed=label,
+        forward_tokens=cfg.capture.forward_tokens,
+        this_invocation=done,
+        device=device.describe(device.resolve(cfg.train.device)),
+    )
     return len(groups)
 
 
-def note_capture(cfg: TrainConfig, run: Path, train: Sequence[Record], held: Sequence[Record], **extra) -> None:
+def note_capture(cfg: TrainConfig, run: Path, train: Sequence[Record], held: Sequence[Record], **extra: object) -> None:
     """The data the drafter learns from, in the manifest (the export README quotes it), in every mode."""
-    Manifest.open(run).note("capture", {
-        "source": cfg.capture.source, "mode": cfg.capture.mode, **extra, "train_records": len(train),
-        "heldout_records": len(held), "train_tokens": sum(len(r.input_ids) for r in train),
-        "train_response_tokens": sum(r.n_response for r in train), "heldout_ids": [r.id for r in held]})
+    Manifest.open(run).note(
+        "capture",
+        {
+            "source": cfg.capture.source,
+            "mode": cfg.capture.mode,
+            **extra,
+            "train_records": len(train),
+            "heldout_records": len(held),
+            "train_tokens": sum(len(r.input_ids) for r in train),
+            "train_response_tokens": sum(r.n_response for r in train),
+            "heldout_ids": [r.id for r in held],
+        },
+    )
 
 
 def _stale(path: Path, recs: Sequence[Record], topk: int, label: str) -> bool:
@@ -259,10 +356,9 @@ def _stale(path: Path, recs: Sequence[Record], topk: int, label: str) -> bool:
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as f:
-        have = f.get_slice("topk_ids").get_shape()[1] if "topk_ids" in f.keys() else 0
+        have = f.get_slice("topk_ids").get_shape()[1] if "topk_ids" in f.keys() else 0  # noqa: SIM118 - safe_open has keys() but is no container
         meta = f.metadata()
-        return (json.loads(meta["ids"]) != [r.id for r in recs] or have < topk
-                or meta.get("source", label) != label)
+        return json.loads(meta["ids"]) != [r.id for r in recs] or have < topk or meta.get("source", label) != label
 
 
 class ShardStore:
@@ -273,8 +369,8 @@ class ShardStore:
 
         index = json.loads((folder / "index.json").read_text())
         self.items: list[tuple[int, int]] = []
-        self._files = []
-        self._offsets = []
+        self._files: list[safe_open] = []
+        self._offsets: list[torch.Tensor] = []
         for s in index["shards"]:
             if s["kind"] != kind:
                 continue
@@ -287,7 +383,7 @@ class ShardStore:
     def __len__(self) -> int:
         return len(self.items)
 
-    def _span(self, i: int):
+    def _span(self, i: int) -> tuple[safe_open, int, int]:
         fi, j = self.items[i]
         off = self._offsets[fi]
         return self._files[fi], int(off[j]), int(off[j + 1])
@@ -295,12 +391,11 @@ class ShardStore:
     def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(input_ids [T] long, loss_mask [T] long, feats [T, nH])."""
         f, a, b = self._span(i)
-        return (f.get_slice("input_ids")[a:b].long(), f.get_slice("loss_mask")[a:b].long(),
-                f.get_slice("feats")[a:b])
+        return (f.get_slice("input_ids")[a:b].long(), f.get_slice("loss_mask")[a:b].long(), f.get_slice("feats")[a:b])
 
     @property
     def has_topk(self) -> bool:
-        return bool(self._files) and all("topk_ids" in f.keys() for f in self._files)
+        return bool(self._files) and all("topk_ids" in f.keys() for f in self._files)  # noqa: SIM118 - safe_open: keys() only
 
     def topk(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The target's top-k table of sequence i (distill.py): ids [T, k], log-probs [T, k]."""
@@ -324,7 +419,9 @@ class StreamStore:
         """get() for several sequences, their features from one capture_many() call."""
         recs = [self.records[i] for i in idx]
         caps = self.source.capture_many([r.input_ids for r in recs])
-        return [(torch.tensor(r.input_ids), torch.tensor(r.loss_mask), c.feats) for r, c in zip(recs, caps)]
+        return [
+            (torch.tensor(r.input_ids), torch.tensor(r.loss_mask), c.feats) for r, c in zip(recs, caps, strict=False)
+        ]
 
 
 def free_bytes(device: torch.device) -> int:
@@ -342,15 +439,17 @@ class MemoryStore:
     32 on an H100, benchmarks/drafter/gpu-h100-1/). Refused up front, naming the
     sizes, when the features would not fit in 90% of the device's free memory."""
 
-    def __init__(self, records: Sequence[Record], source: HFCapture, batch: int, log=print):
+    def __init__(self, records: Sequence[Record], source: HFCapture, batch: int, log: Callable[[str], None] = print):
         width = len(source.layer_ids) * source.model.config.hidden_size
         tokens = sum(len(r.input_ids) for r in records)
         need = tokens * width * torch.empty((), dtype=source.dtype).element_size()
         free = free_bytes(source.device)
         if need > 0.9 * free:
-            raise TrainConfigError(f"capture.mode=memory: {len(records)} records' features need "
-                                   f"{need / 2**30:.1f} GiB, {source.device} has {free / 2**30:.1f} GiB free; "
-                                   "use capture.mode=cache or stream, or fewer train.records")
+            raise TrainConfigError(
+                f"capture.mode=memory: {len(records)} records' features need "
+                f"{need / 2**30:.1f} GiB, {source.device} has {free / 2**30:.1f} GiB free; "
+                "use capture.mode=cache or stream, or fewer train.records"
+            )
         self.records = list(records)
         self.offsets = [0]
         for r in self.records:
@@ -359,9 +458,9 @@ class MemoryStore:
         log(f"capture: {len(records)} records ({tokens} tokens, {need / 2**30:.1f} GiB) into {source.device} memory")
         with bar("capture", len(self.records)) as advance:
             for i in range(0, len(self.records), batch):
-                group = self.records[i:i + batch]
+                group = self.records[i : i + batch]
                 for j, c in enumerate(source.capture_many([r.input_ids for r in group], on_device=True)):
-                    self.feats[self.offsets[i + j]:self.offsets[i + j + 1]] = c.feats
+                    self.feats[self.offsets[i + j] : self.offsets[i + j + 1]] = c.feats
                 advance(len(group))
 
     def __len__(self) -> int:
@@ -369,4 +468,4 @@ class MemoryStore:
 
     def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         r = self.records[i]
-        return torch.tensor(r.input_ids), torch.tensor(r.loss_mask), self.feats[self.offsets[i]:self.offsets[i + 1]]
+        return torch.tensor(r.input_ids), torch.tensor(r.loss_mask), self.feats[self.offsets[i] : self.offsets[i + 1]]

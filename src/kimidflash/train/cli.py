@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..background import sigterm_as_interrupt
 from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, RecipeError
@@ -43,17 +44,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-regen", action="store_true")
     p.add_argument("--resume", action="store_true", help="continue training from the run's last checkpoint")
     p.add_argument("--max-steps", type=int, help="stop training after this global step (a chunk); resume later")
-    p.add_argument("--max-seconds", type=float,
-                   help="stop training at the first step that ends after this many seconds (a wall-clock chunk)")
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        help="stop training at the first step that ends after this many seconds (a wall-clock chunk)",
+    )
     p.add_argument("--regen-limit", type=int, help="answer at most this many new prompts (a chunk)")
-    p.add_argument("--drafter", help="eval: an exported drafter folder to measure on the run's records "
-                                     "instead of the run's checkpoint (written to eval-<folder>.json)")
+    p.add_argument(
+        "--drafter",
+        help="eval: an exported drafter folder to measure on the run's records "
+        "instead of the run's checkpoint (written to eval-<folder>.json)",
+    )
     p.add_argument("--run-dir", help="override the run folder")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. train.steps=50")
-    p.add_argument("--plan", action="store_true",
-                   help="run nothing: print the memory per rank, the disk for captured hidden states and the time "
-                        "for the cluster the config describes (cluster.*), and exit 2 if it cannot fit")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. train.steps=50"
+    )
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="run nothing: print the memory per rank, the disk for captured hidden states and the time "
+        "for the cluster the config describes (cluster.*), and exit 2 if it cannot fit",
+    )
     p.add_argument("--samples", type=int, help="--plan: training samples (default: the run's records, or the prompts)")
     p.add_argument("--tokens-per-sample", type=int, help="--plan: mean tokens per sample (with --samples)")
     return p
@@ -74,8 +85,9 @@ def run(a: argparse.Namespace, argv: list[str]) -> None:
         over["run_dir"] = os.path.abspath(a.run_dir)
     cfg = tcfg.load(a.config, over)
     if a.plan:
-        plan = make_plan(cfg, Path(cfg.run_dir or ""), count_data(cfg, Path(cfg.run_dir or ""), a.samples,
-                                                                   a.tokens_per_sample))
+        plan = make_plan(
+            cfg, Path(cfg.run_dir or ""), count_data(cfg, Path(cfg.run_dir or ""), a.samples, a.tokens_per_sample)
+        )
         print(plan.text())
         if plan.refusals:
             raise TrainConfigError(f"the plan for {Path(cfg.path).name} does not fit: {plan.refusals[0]}")
@@ -89,8 +101,13 @@ def run(a: argparse.Namespace, argv: list[str]) -> None:
     invocation = {"argv": portable_argv(["./train-drafter.sh", *argv]), "phases": phases}
     if a.max_seconds is not None and not a.max_seconds > 0:
         raise TrainConfigError(f"--max-seconds must be positive, got {a.max_seconds}")
-    args = PhaseArgs(resume=a.resume, max_steps=a.max_steps, regen_limit=a.regen_limit, max_seconds=a.max_seconds,
-                     drafter=a.drafter and os.path.abspath(a.drafter))
+    args = PhaseArgs(
+        resume=a.resume,
+        max_steps=a.max_steps,
+        regen_limit=a.regen_limit,
+        max_seconds=a.max_seconds,
+        drafter=a.drafter and os.path.abspath(a.drafter),
+    )
     for name in phases:
         if name != "setup" and name == phases[0]:
             _record_invocation(run_dir, invocation)

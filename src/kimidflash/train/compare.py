@@ -70,24 +70,42 @@ def eval_runs(specs: list[str]) -> dict[str, tcfg.TrainConfig]:
             raise TrainConfigError(f"--eval-run {spec}: expected NAME=CONFIG")
         cfg = tcfg.load(path)
         if cfg.data.heldout_fraction < 1.0:
-            raise TrainConfigError(f"--eval-run {name}: {path} is not evaluation-only (data.heldout_fraction "
-                                   f"{cfg.data.heldout_fraction}, must be 1): its records could be trained on")
+            raise TrainConfigError(
+                f"--eval-run {name}: {path} is not evaluation-only (data.heldout_fraction "
+                f"{cfg.data.heldout_fraction}, must be 1): its records could be trained on"
+            )
+        assert cfg.run_dir is not None, "tcfg.load sets run_dir"
         if not (Path(cfg.run_dir) / "capture").is_dir():
-            raise TrainConfigError(f"--eval-run {name}: {cfg.run_dir} has no capture/ folder; run its setup, "
-                                   "regen and capture phases")
+            raise TrainConfigError(
+                f"--eval-run {name}: {cfg.run_dir} has no capture/ folder; run its setup, regen and capture phases"
+            )
         out[name] = cfg
     return out
 
 
 def _offline(ev: dict[str, Any]) -> dict[str, Any]:
-    return {k: {"mean_acceptance_length": v["mean_acceptance_length"], "per_position": v["per_position"],
-                "drafts": v["drafts"], "walk_mean_acceptance_length": v["walk"]["mean_acceptance_length"]}
-            for k, v in ev["by_k"].items()}
+    return {
+        k: {
+            "mean_acceptance_length": v["mean_acceptance_length"],
+            "per_position": v["per_position"],
+            "drafts": v["drafts"],
+            "walk_mean_acceptance_length": v["walk"]["mean_acceptance_length"],
+        }
+        for k, v in ev["by_k"].items()
+    }
 
 
-def run_variant(config: str, base: Path, name: str, sets: dict[str, Any], seconds: float, work: Path,
-                argv: list[str], started: dict[str, Any],
-                evals: dict[str, tcfg.TrainConfig] | None = None) -> dict[str, Any]:
+def run_variant(
+    config: str,
+    base: Path,
+    name: str,
+    sets: dict[str, Any],
+    seconds: float,
+    work: Path,
+    argv: list[str],
+    started: dict[str, Any],
+    evals: dict[str, tcfg.TrainConfig] | None = None,
+) -> dict[str, Any]:
     """Train and evaluate one variant; `started`: the versions (git commit included) when the command began."""
     run = variant_run(base, work / name)
     cfg = tcfg.load(config, {**sets, "run_dir": str(run)})
@@ -96,41 +114,78 @@ def run_variant(config: str, base: Path, name: str, sets: dict[str, Any], second
     elsewhere = {}
     for other, ecfg in (evals or {}).items():  # scored as this variant was trained: its block, its autocast
         ecfg = tcfg.load(ecfg.path, {"train.block_size": cfg.train.block_size, "train.autocast": cfg.train.autocast})
+        assert ecfg.run_dir is not None, "tcfg.load sets run_dir"
         e = evaluate_run(ecfg, Path(ecfg.run_dir), checkpoint_run=run, result=f"eval-compare-{name}.json")
         elsewhere[other] = {"records": e["records"], "by_k": _offline(e), "config": portable(ecfg.path)}
-    return {"schema": SCHEMA, "variant": name, "overrides": portable_overrides(sets),
-            "budget_seconds": seconds, "train_seconds": round(res["seconds"], 1), "steps": res["step"],
-            "steps_per_second": round(res["step"] / res["seconds"], 4) if res["seconds"] else None,
-            "loss_mean_last50": round(res["loss_mean_last50"], 4),
-            "vocab_per_step": res["history"][-1].get("vocab") if res["history"] else None,
-            "offline": _offline(ev), "heldout_records": ev["records"], "offline_on": elsewhere, "config": portable(config), "base_run": portable(base),
-            "train": portable_train(cfg.train), "versions": started, "utc": utc_now(), "command": portable_argv(argv)}
+    return {
+        "schema": SCHEMA,
+        "variant": name,
+        "overrides": portable_overrides(sets),
+        "budget_seconds": seconds,
+        "train_seconds": round(res["seconds"], 1),
+        "steps": res["step"],
+        "steps_per_second": round(res["step"] / res["seconds"], 4) if res["seconds"] else None,
+        "loss_mean_last50": round(res["loss_mean_last50"], 4),
+        "vocab_per_step": res["history"][-1].get("vocab") if res["history"] else None,
+        "offline": _offline(ev),
+        "heldout_records": ev["records"],
+        "offline_on": elsewhere,
+        "config": portable(config),
+        "base_run": portable(base),
+        "train": portable_train(cfg.train),
+        "versions": started,
+        "utc": utc_now(),
+        "command": portable_argv(argv),
+    }
 
 
 def summary_markdown(results: list[dict[str, Any]]) -> str:
     ks = sorted({k for r in results for k in r["offline"]}, key=int)
     others = [n for n in (results[0].get("offline_on") or {})] if results else []
-    head = ["variant", "overrides", "steps", "steps/s", "loss (last 50)", *[f"offline AL k={k}" for k in ks],
-            *[f"walk AL k={k} on {n}" for n in others for k in ks]]
+    head = [
+        "variant",
+        "overrides",
+        "steps",
+        "steps/s",
+        "loss (last 50)",
+        *[f"offline AL k={k}" for k in ks],
+        *[f"walk AL k={k} on {n}" for n in others for k in ks],
+    ]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         over = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in r["overrides"].items()) or "(the config as is)"
         on = r.get("offline_on") or {}
-        cells = [r["variant"], over, str(r["steps"]), f"{r['steps_per_second']:.3f}", f"{r['loss_mean_last50']:.3f}",
-                 *[f"{r['offline'][k]['mean_acceptance_length']:.4f}" if k in r["offline"] else "-" for k in ks],
-                 *[f"{on[n]['by_k'][k]['walk_mean_acceptance_length']:.4f} ({on[n]['records']} records)"
-                   if k in on.get(n, {}).get("by_k", {}) else "-" for n in others for k in ks]]
+        cells = [
+            r["variant"],
+            over,
+            str(r["steps"]),
+            f"{r['steps_per_second']:.3f}",
+            f"{r['loss_mean_last50']:.3f}",
+            *[f"{r['offline'][k]['mean_acceptance_length']:.4f}" if k in r["offline"] else "-" for k in ks],
+            *[
+                f"{on[n]['by_k'][k]['walk_mean_acceptance_length']:.4f} ({on[n]['records']} records)"
+                if k in on.get(n, {}).get("by_k", {})
+                else "-"
+                for n in others
+                for k in ks
+            ],
+        ]
         rows.append("| " + " | ".join(cells) + " |")
     first = results[0] if results else {}
-    walks = (" The walk columns score the same checkpoint, as a server walks, on each `--eval-run`'s records."
-             if others else "")
-    return (f"# Training changes at equal wall time\n\nEach variant trained a fresh run (from noise, or from what "
-            f"its `train.init_*` names) for {first.get('budget_seconds')} s on the same captured data, then was "
-            f"evaluated offline on the run's held-out split (AL: mean acceptance length, scored with the full LM "
-            f"head as vLLM does).{walks} The loss "
-            f"is over each step's softmax vocabulary, so it is not comparable across `train.vocab_subset` "
-            f"settings. Written by `python -m kimidflash train-compare`; one JSON per variant beside this file "
-            f"holds the command, the versions and the machine.\n\n" + "\n".join(rows) + "\n")
+    walks = (
+        " The walk columns score the same checkpoint, as a server walks, on each `--eval-run`'s records."
+        if others
+        else ""
+    )
+    return (
+        f"# Training changes at equal wall time\n\nEach variant trained a fresh run (from noise, or from what "
+        f"its `train.init_*` names) for {first.get('budget_seconds')} s on the same captured data, then was "
+        f"evaluated offline on the run's held-out split (AL: mean acceptance length, scored with the full LM "
+        f"head as vLLM does).{walks} The loss "
+        f"is over each step's softmax vocabulary, so it is not comparable across `train.vocab_subset` "
+        f"settings. Written by `python -m kimidflash train-compare`; one JSON per variant beside this file "
+        f"holds the command, the versions and the machine.\n\n" + "\n".join(rows) + "\n"
+    )
 
 
 def compare(a: argparse.Namespace, argv: list[str]) -> None:
@@ -154,8 +209,20 @@ def compare(a: argparse.Namespace, argv: list[str]) -> None:
         if out.is_file():
             print(f"train-compare: {out} exists; skipped")
             continue
-        write_json_atomic(out, run_variant(a.config, a.base_run, name, sets, a.seconds, work,
-                                           ["python", "-m", "kimidflash", "train-compare", *argv], started, evals))
+        write_json_atomic(
+            out,
+            run_variant(
+                a.config,
+                a.base_run,
+                name,
+                sets,
+                a.seconds,
+                work,
+                ["python", "-m", "kimidflash", "train-compare", *argv],
+                started,
+                evals,
+            ),
+        )
     results = [json.loads((a.out / f"{n}.json").read_text()) for n in names]
     write_text_atomic(a.out / "summary.md", summary_markdown(results))
     print(summary_markdown(results))
@@ -168,11 +235,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base-run", type=Path, required=True, help="a run folder whose setup and capture phases are done")
     p.add_argument("--seconds", type=float, required=True, help="wall-clock training budget per variant")
     p.add_argument("--out", type=Path, required=True, help="where NAME.json and summary.md go")
-    p.add_argument("--variant", nargs="+", action="append", required=True, metavar=("NAME", "KEY=VALUE"),
-                   help="a variant: its name, then config overrides (repeatable)")
+    p.add_argument(
+        "--variant",
+        nargs="+",
+        action="append",
+        required=True,
+        metavar=("NAME", "KEY=VALUE"),
+        help="a variant: its name, then config overrides (repeatable)",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every variant")
-    p.add_argument("--eval-run", action="append", default=[], metavar="NAME=CONFIG",
-                   help="also score each variant on this evaluation-only run's records (repeatable)")
+    p.add_argument(
+        "--eval-run",
+        action="append",
+        default=[],
+        metavar="NAME=CONFIG",
+        help="also score each variant on this evaluation-only run's records (repeatable)",
+    )
     p.add_argument("--work", type=Path, help="the variants' run folders (default: the cache's train-compare/)")
     a = p.parse_args(argv)
     return guarded(lambda: compare(a, argv), "rerun the same command: finished variants are kept")

@@ -26,8 +26,16 @@ from ..paths import cache_dir
 from .errors import TrainConfigError
 from .shape import DrafterShape, read_json_file
 
-__all__ = ["DEFAULTS", "PATH_KEYS", "TrainConfig", "TrainConfigError", "TrainOptions", "drafter_shape", "load",
-           "parse_set"]
+__all__ = [
+    "DEFAULTS",
+    "PATH_KEYS",
+    "TrainConfig",
+    "TrainConfigError",
+    "TrainOptions",
+    "drafter_shape",
+    "load",
+    "parse_set",
+]
 
 
 class _Section:
@@ -123,7 +131,7 @@ class TrainOptions(_Section):
     anchor_l2: float = 0.0  # eagle3 fine-tune: L2 pull toward train.init_from_drafter's weights, per step
 
     @classmethod
-    def coerce(cls, tc: "TrainOptions | dict[str, Any]") -> "TrainOptions":
+    def coerce(cls, tc: TrainOptions | dict[str, Any]) -> TrainOptions:
         """Options as given, or from a dict of some keys (the rest default), type-checked."""
         if isinstance(tc, TrainOptions):
             return tc
@@ -166,7 +174,9 @@ class ExportOptions(_Section):
     out: str | None = None
     dtype: str = "bfloat16"
     block_size: int | None = None
-    draft_vocab_size: int | None = None  # a head over this many tokens, chosen from the training records (draft_vocab.py)
+    draft_vocab_size: int | None = (
+        None  # a head over this many tokens, chosen from the training records (draft_vocab.py)
+    )
 
 
 @dataclass(frozen=True)
@@ -198,8 +208,10 @@ class TrainConfig(_Section):
     def shape(self) -> DrafterShape:
         """The drafter shape this config names, loaded and checked."""
         if self.train.method != "dflash":
-            raise TrainConfigError(f"{self.path}: train.method {self.train.method}: {self.drafter_config} is an "
-                                   "EAGLE-3 head, and this step reads DFlash drafter shapes only")
+            raise TrainConfigError(
+                f"{self.path}: train.method {self.train.method}: {self.drafter_config} is an "
+                "EAGLE-3 head, and this step reads DFlash drafter shapes only"
+            )
         return DrafterShape.load(self.drafter_config or "")
 
     def head(self) -> Eagle3Head:
@@ -210,8 +222,10 @@ class TrainConfig(_Section):
         except Eagle3Error as exc:
             raise TrainConfigError(f"{self.drafter_config}: {exc}") from None
         if head.aux_ids is None or min(head.aux_ids) < 1:
-            raise TrainConfigError(f"{self.drafter_config}: {AUX_IDS} must name the fused layers, each >= 1, to "
-                                   "train a head (capture reads those layers' inputs)")
+            raise TrainConfigError(
+                f"{self.drafter_config}: {AUX_IDS} must name the fused layers, each >= 1, to "
+                "train a head (capture reads those layers' inputs)"
+            )
         return head
 
     def capture_layer_ids(self) -> list[int]:
@@ -223,16 +237,33 @@ class TrainConfig(_Section):
 
 
 DEFAULTS: dict[str, Any] = {k: v for k, v in asdict(TrainConfig()).items() if k != "path"}
-PATH_KEYS = (("target", "serve_config"), ("target", "model_dir"), ("drafter_config",), ("run_dir",),
-             ("export", "out"), ("train", "init_from_drafter"))
-_SECTION_CLASSES: dict[str, type] = {"target": TargetOptions, "data": DataOptions, "regen": RegenOptions,
-                                     "capture": CaptureOptions, "train": TrainOptions, "eval": EvalOptions,
-                                     "export": ExportOptions, "cluster": ClusterOptions,
-                                     "speculators": SpeculatorsOptions}
+PATH_KEYS = (
+    ("target", "serve_config"),
+    ("target", "model_dir"),
+    ("drafter_config",),
+    ("run_dir",),
+    ("export", "out"),
+    ("train", "init_from_drafter"),
+)
+_SECTION_CLASSES: dict[str, type] = {
+    "target": TargetOptions,
+    "data": DataOptions,
+    "regen": RegenOptions,
+    "capture": CaptureOptions,
+    "train": TrainOptions,
+    "eval": EvalOptions,
+    "export": ExportOptions,
+    "cluster": ClusterOptions,
+    "speculators": SpeculatorsOptions,
+}
 ENGINES = ("ours", "speculators")
 METHODS = ("dflash", "eagle3")
-_TYPES = {"int": ((int,), "an integer"), "float": ((int, float), "a number"), "str": ((str,), "a string"),
-          "bool": ((bool,), "true or false")}
+_TYPES = {
+    "int": ((int,), "an integer"),
+    "float": ((int, float), "a number"),
+    "str": ((str,), "a string"),
+    "bool": ((bool,), "true or false"),
+}
 
 
 def _type_error(ann: str, value: Any) -> str | None:
@@ -281,6 +312,7 @@ def _merge(base: dict, over: dict, where: str) -> dict:
 
 
 def _apply_set(cfg: dict[str, Any], dotted: str, value: Any) -> None:
+    cls: type
     node, cls = cfg, TrainConfig
     *parents, leaf = dotted.split(".")
     for p in parents:

@@ -21,14 +21,15 @@ import hashlib
 import json
 import os
 import random
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from ..bench.prompts import PromptError, load_builtin, load_file
 from ..prompts_real import SPECS, RealPromptsError, training_prompts
 from .errors import DataError
 from .prompt_sets import TIERS
+
 
 def synthetic_combos(seed: int) -> list[tuple[str, str]]:
     """Every (template, subject) pair in id order, tier by tier (`prompt_sets.TIERS`): each
@@ -114,8 +115,9 @@ class Record:
 
 
 def make_record(rid: str, prompt: str, prompt_ids: list[int], response_ids: list[int], finish: str) -> Record:
-    return Record(rid, prompt, list(prompt_ids) + list(response_ids),
-                  [0] * len(prompt_ids) + [1] * len(response_ids), finish)
+    return Record(
+        rid, prompt, list(prompt_ids) + list(response_ids), [0] * len(prompt_ids) + [1] * len(response_ids), finish
+    )
 
 
 def read_records(path: Path) -> list[Record]:
@@ -142,7 +144,7 @@ class RecordWriter:
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(path, "a")
+        self._f = open(path, "a")  # noqa: SIM115 - the writer owns it until close()
 
     def write(self, rec: Record) -> None:
         self.write_many([rec])
@@ -164,7 +166,8 @@ def is_heldout(rid: str, fraction: float) -> bool:
 
 
 def split(records: Iterable[Record], heldout_fraction: float) -> tuple[list[Record], list[Record]]:
-    train, held = [], []
+    train: list[Record] = []
+    held: list[Record] = []
     for r in records:
         (held if is_heldout(r.id, heldout_fraction) else train).append(r)
     return train, held

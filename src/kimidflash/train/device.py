@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -49,8 +49,7 @@ def resolve(name: str) -> torch.device:
         raise TrainConfigError(f"train.device {name!r}: expected one of {', '.join(DEVICES)}")
     gpu = torch.cuda.is_available()
     if name == "cuda" and not gpu:
-        raise TrainConfigError(f"train.device=cuda, but this torch ({torch.__version__}) sees no GPU; "
-                               "use auto or cpu")
+        raise TrainConfigError(f"train.device=cuda, but this torch ({torch.__version__}) sees no GPU; use auto or cpu")
     if name == "cpu" or not gpu:
         return torch.device("cpu")
     return torch.device("cuda", local_rank())
@@ -100,7 +99,7 @@ def autocast(device: torch.device, mode: str) -> torch.autocast:
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast_enabled(device, mode))
 
 
-def load_to_cpu(path) -> dict:
+def load_to_cpu(path: Path) -> dict:
     """A checkpoint, every tensor on the CPU (RNG states must be; the model moves later)."""
     return torch.load(path, map_location="cpu", weights_only=False)
 

@@ -17,8 +17,9 @@ block is the anchor itself).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,7 @@ from .errors import CaptureError
 class Captured:
     """One sequence as a capture source hands it over: the features, and the
     target's top-k table when capture.topk asks for it."""
+
     feats: torch.Tensor  # [T, len(layer_ids) * H]
     topk: tuple[torch.Tensor, torch.Tensor] | None = None  # ids [T, k] int32, log-probs [T, k] float16
 
@@ -56,8 +58,9 @@ def topk_table(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     return ids, lp
 
 
-def table_from_prompt_logprobs(entries: Sequence[dict[str, Any] | None], k: int,
-                               where: str) -> tuple[torch.Tensor, torch.Tensor]:
+def table_from_prompt_logprobs(
+    entries: Sequence[dict[str, Any] | None], k: int, where: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's `prompt_logprobs` (one {token_id: {"logprob": ...}} per position, None
     first) as the stored table, the k most likely tokens of each position."""
     ids = torch.zeros(len(entries), k, dtype=torch.int32)
@@ -76,7 +79,9 @@ def table_from_prompt_logprobs(entries: Sequence[dict[str, Any] | None], k: int,
     return ids, lp
 
 
-def block_targets(table: tuple[torch.Tensor, torch.Tensor], positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def block_targets(
+    table: tuple[torch.Tensor, torch.Tensor], positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The stored rows for block slots at `positions` (clamped into the sequence: rows
     beyond it are never counted)."""
     ids, lp = table

@@ -29,8 +29,9 @@ import argparse
 import json
 import shutil
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -69,12 +70,13 @@ def rule(frequent: float, records: str) -> str:
 def coverage(records: Iterable[Record], ids: torch.Tensor) -> float | None:
     """The share of the records' answer tokens that are in `ids`."""
     keep = set(ids.tolist())
-    labels = [t for r in records for t, m in zip(r.input_ids, r.loss_mask) if m]
+    labels = [t for r in records for t, m in zip(r.input_ids, r.loss_mask, strict=False) if m]
     return round(sum(t in keep for t in labels) / len(labels), 4) if labels else None
 
 
-def attach(drafter_dir: str | Path, model_dir: str | Path, ids: torch.Tensor, out: str | Path,
-           provenance: dict[str, Any]) -> Path:
+def attach(
+    drafter_dir: str | Path, model_dir: str | Path, ids: torch.Tensor, out: str | Path, provenance: dict[str, Any]
+) -> Path:
     """A copy of `drafter_dir` at `out` whose head is the target's rows `ids`, published whole."""
     from safetensors.torch import load_file, save_file
 
@@ -85,15 +87,23 @@ def attach(drafter_dir: str | Path, model_dir: str | Path, ids: torch.Tensor, ou
     layout, weight_map = target_layout(model_dir)
     head = read_tensors(model_dir, weight_map, [layout.head], float32=False)[layout.head]
     if head.shape[0] != cfg["vocab_size"] or head.shape[1] != cfg["hidden_size"]:
-        raise TrainConfigError(f"{model_dir}: head {list(head.shape)} does not fit {src}/config.json "
-                               f"(vocab_size {cfg['vocab_size']}, hidden_size {cfg['hidden_size']})")
+        raise TrainConfigError(
+            f"{model_dir}: head {list(head.shape)} does not fit {src}/config.json "
+            f"(vocab_size {cfg['vocab_size']}, hidden_size {cfg['hidden_size']})"
+        )
     tensors = load_file(str(src / "model.safetensors"))
     tensors[DRAFT_HEAD] = head[ids].contiguous()
     tensors[DRAFT_D2T] = ids - torch.arange(len(ids))
     cfg.update(draft_vocab_size=len(ids), tie_word_embeddings=False)
-    manifest = {"tokens": len(ids), "of": cfg["vocab_size"], "from_drafter": portable(src),
-                "drafter_weights_sha256": sha256_file(src / "model.safetensors"), "target": portable(model_dir),
-                "utc": utc_now(), **provenance}
+    manifest = {
+        "tokens": len(ids),
+        "of": cfg["vocab_size"],
+        "from_drafter": portable(src),
+        "drafter_weights_sha256": sha256_file(src / "model.safetensors"),
+        "target": portable(model_dir),
+        "utc": utc_now(),
+        **provenance,
+    }
     with atomic_dir(Path(out).resolve()) as tmp:
         for p in src.iterdir():
             if p.is_file() and p.name not in ("config.json", "model.safetensors", MANIFEST, "offline-acceptance.json"):
@@ -125,11 +135,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="kimidflash draft-vocab", description=__doc__.splitlines()[0])
     p.add_argument("drafter", type=Path, help="an exported drafter that scores through the target's head")
     p.add_argument("--target", type=Path, required=True, help="the target checkpoint whose head rows it takes")
-    p.add_argument("--records", type=Path, action="append", required=True,
-                   help="regen records the drafter trained on (.jsonl or .jsonl.gz; repeatable)")
+    p.add_argument(
+        "--records",
+        type=Path,
+        action="append",
+        required=True,
+        help="regen records the drafter trained on (.jsonl or .jsonl.gz; repeatable)",
+    )
     p.add_argument("--size", type=int, required=True, help="tokens in the draft vocabulary")
-    p.add_argument("--frequent", type=float, default=FREQUENT,
-                   help="the share chosen by answer-token frequency in --records (the rest: lowest ids)")
+    p.add_argument(
+        "--frequent",
+        type=float,
+        default=FREQUENT,
+        help="the share chosen by answer-token frequency in --records (the rest: lowest ids)",
+    )
     p.add_argument("--out", type=Path, required=True, help="the new drafter folder (replaced whole)")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     for path in (a.drafter / "config.json", a.drafter / "model.safetensors", *a.records):
@@ -141,9 +160,19 @@ def main(argv: list[str] | None = None) -> int:
     vocab_size = json.loads((a.drafter / "config.json").read_text())["vocab_size"]
     ids = choose(records, a.size, vocab_size, a.frequent)
     cov = coverage(records, ids)
-    attach(a.drafter, a.target, ids, a.out, {
-        "rule": rule(a.frequent, "the records"),
-        "records": [{"path": portable(r), "sha256": sha256_file(r)} for r in a.records],
-        "record_count": len(records), "record_answer_coverage": cov})
-    print(f"draft-vocab: {a.out}: {len(ids)} of {vocab_size} tokens; they cover {cov:.2%} of the records' answer tokens")
+    attach(
+        a.drafter,
+        a.target,
+        ids,
+        a.out,
+        {
+            "rule": rule(a.frequent, "the records"),
+            "records": [{"path": portable(r), "sha256": sha256_file(r)} for r in a.records],
+            "record_count": len(records),
+            "record_answer_coverage": cov,
+        },
+    )
+    print(
+        f"draft-vocab: {a.out}: {len(ids)} of {vocab_size} tokens; they cover {cov:.2%} of the records' answer tokens"
+    )
     return 0

@@ -27,7 +27,8 @@ buffer, never exported.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +54,9 @@ class DeepseekRope:
         r = self.rope
         if r.rope_type == "yarn":
             f = r.factor
-            self.magnitude = _yarn_mscale(f, float(r.get("mscale", 1))) / _yarn_mscale(f, float(r.get("mscale_all_dim", 0)))
+            self.magnitude = _yarn_mscale(f, float(r.get("mscale", 1))) / _yarn_mscale(
+                f, float(r.get("mscale_all_dim", 0))
+            )
             self.softmax_factor = _yarn_mscale(f, float(r.get("mscale_all_dim", 0))) ** 2
         else:
             self.magnitude, self.softmax_factor = 1.0, 1.0
@@ -84,8 +87,9 @@ class MLAAttention(nn.Module):
         super().__init__()
         self.nh = _cfg_int(c, "num_attention_heads")
         self.q_lora, self.kv_lora = _cfg_int(c, "q_lora_rank"), _cfg_int(c, "kv_lora_rank")
-        self.rope_d, self.nope_d, self.v_d = (_cfg_int(c, k) for k in ("qk_rope_head_dim", "qk_nope_head_dim",
-                                                                        "v_head_dim"))
+        self.rope_d, self.nope_d, self.v_d = (
+            _cfg_int(c, k) for k in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+        )
         eps = float(c.get("rms_norm_eps", 1e-6))
         qk = self.nope_d + self.rope_d
         self.q_a_proj = nn.Linear(width, self.q_lora, bias=False)
@@ -96,7 +100,7 @@ class MLAAttention(nn.Module):
         self.kv_b_proj = nn.Linear(self.kv_lora, self.nh * (self.nope_d + self.v_d), bias=False)
         self.o_proj = nn.Linear(self.nh * self.v_d, hidden, bias=False)
         self.rotary = DeepseekRope(c, self.rope_d, source)
-        self.scale = qk ** -0.5 * self.rotary.softmax_factor
+        self.scale = qk**-0.5 * self.rotary.softmax_factor
 
     def qkv(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [N, L, 2H], pos [N, L] -> q, k [N, heads, L, qk], v [N, heads, L, v]."""
@@ -132,12 +136,14 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(width, self.nkv * self.hd, bias=bias)
         self.o_proj = nn.Linear(self.nh * self.hd, hidden, bias=bias)
         self.rope = Rope.from_raw(dict(c), source)
-        self.scale = self.hd ** -0.5
+        self.scale = self.hd**-0.5
 
     def qkv(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         N, L, _ = x.shape
-        q, k, v = (p(x).view(N, L, n, self.hd).transpose(1, 2)
-                   for p, n in ((self.q_proj, self.nh), (self.k_proj, self.nkv), (self.v_proj, self.nkv)))
+        q, k, v = (
+            p(x).view(N, L, n, self.hd).transpose(1, 2)
+            for p, n in ((self.q_proj, self.nh), (self.k_proj, self.nkv), (self.v_proj, self.nkv))
+        )
         cos, sin = rope_cos_sin(pos, self.hd, self.rope)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         rep = self.nh // self.nkv
@@ -176,8 +182,11 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("embed_tokens", embed, persistent=False)  # the target's, shared, frozen
         if draft_ids is None:
             if head.draft_vocab_size != head.vocab_size:
-                raise Eagle3Error("draft_vocab_size", f"{head.draft_vocab_size} < vocab_size {head.vocab_size}: "
-                                                      "the head needs its draft vocabulary (target ids)")
+                raise Eagle3Error(
+                    "draft_vocab_size",
+                    f"{head.draft_vocab_size} < vocab_size {head.vocab_size}: "
+                    "the head needs its draft vocabulary (target ids)",
+                )
             draft_ids = torch.arange(head.vocab_size)
         self.register_buffer("draft_ids", draft_ids.long(), persistent=False)  # draft id -> target id
         if head.draft_vocab_size != head.vocab_size:  # the exported offsets, as vLLM reads them

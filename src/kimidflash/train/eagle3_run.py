@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -59,8 +60,9 @@ def _stores(cfg: TrainConfig, run: Path) -> tuple[ShardStore, ShardStore | None]
     want = cfg.capture_layer_ids()
     have = json.loads((folder / "index.json").read_text())["layer_ids"]
     if have != want:
-        raise TrainConfigError(f"{folder}: shards hold layers {have}, the head fuses {want} (aux ids - 1): "
-                               "capture again")
+        raise TrainConfigError(
+            f"{folder}: shards hold layers {have}, the head fuses {want} (aux ids - 1): capture again"
+        )
     train, held = ShardStore(folder, "train"), ShardStore(folder, "heldout")
     if not len(train):
         raise TrainConfigError(f"{run}: no captured training records; run the capture phase")
@@ -74,7 +76,7 @@ def pad(seqs: list[Seq]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torc
     masks = torch.zeros(len(seqs), T, dtype=torch.long)
     feats = torch.zeros(len(seqs), T, seqs[0][2].shape[-1], dtype=torch.float32)
     for n, (ids, lm, f) in enumerate(seqs):
-        tokens[n, :len(ids)], masks[n, :len(ids)], feats[n, :len(ids)] = ids, lm, f.float()
+        tokens[n, : len(ids)], masks[n, : len(ids)], feats[n, : len(ids)] = ids, lm, f.float()
     return tokens, masks, torch.tensor([len(s[0]) for s in seqs]), feats
 
 
@@ -112,8 +114,10 @@ def build(cfg: TrainConfig, run: Path) -> tuple[Eagle3Drafter, dict[str, torch.T
         missing = sorted(set(model.state_dict()) - set(init))
         extra = sorted(set(init) - set(model.state_dict()))
         if missing or extra:
-            raise TrainConfigError(f"train.init_from_drafter {tc.init_from_drafter}: "
-                                   + (f"has no {missing[0]}" if missing else f"has {extra[0]}, which this head lacks"))
+            raise TrainConfigError(
+                f"train.init_from_drafter {tc.init_from_drafter}: "
+                + (f"has no {missing[0]}" if missing else f"has {extra[0]}, which this head lacks")
+            )
         model.load_state_dict(init, strict=True)
     anchor = {n: p.detach().clone() for n, p in model.named_parameters()} if init is not None and tc.anchor_l2 else None
     return model, anchor
@@ -133,13 +137,15 @@ class _Objective(torch.nn.Module):
         self.model, self.steps, self.gamma = model, steps, gamma
         self.register_buffer("t2d", t2d, persistent=False)
 
-    def forward(self, tokens: torch.Tensor, masks: torch.Tensor, lengths: torch.Tensor,
-                feats: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    def forward(
+        self, tokens: torch.Tensor, masks: torch.Tensor, lengths: torch.Tensor, feats: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         return ttt_loss(self.model, tokens, masks, lengths, feats, self.steps, self.gamma, self.t2d)
 
 
-def _loss(objective: torch.nn.Module, seqs: list[Seq], cfg: TrainConfig,
-          device: torch.device) -> tuple[torch.Tensor, dict[str, float]]:
+def _loss(
+    objective: torch.nn.Module, seqs: list[Seq], cfg: TrainConfig, device: torch.device
+) -> tuple[torch.Tensor, dict[str, float]]:
     tokens, masks, lengths, feats = (t.to(device) for t in pad(seqs))
     with dev.autocast(device, cfg.train.autocast):
         return objective(tokens, masks, lengths, feats)
@@ -147,13 +153,21 @@ def _loss(objective: torch.nn.Module, seqs: list[Seq], cfg: TrainConfig,
 
 @torch.no_grad()
 def heldout_loss(objective: _Objective, store: ShardStore, cfg: TrainConfig, device: torch.device) -> float:
-    losses = [_loss(objective, [store.get(i) for i in range(s, min(s + 4, len(store)))], cfg, device)[0].item()
-              for s in range(0, len(store), 4)]
+    losses = [
+        _loss(objective, [store.get(i) for i in range(s, min(s + 4, len(store)))], cfg, device)[0].item()
+        for s in range(0, len(store), 4)
+    ]
     return sum(losses) / len(losses)
 
 
-def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None, log: Log = print,
-          max_seconds: float | None = None) -> dict[str, Any]:
+def train(
+    cfg: TrainConfig,
+    run: Path,
+    resume: bool,
+    stop_at: int | None = None,
+    log: Log = print,
+    max_seconds: float | None = None,
+) -> dict[str, Any]:
     tc = cfg.train
     store, held = _stores(cfg, run)
     ckpt = run / "checkpoints"
@@ -195,16 +209,22 @@ def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None,
             idx = torch.randint(len(store), (tc.batch_size,), generator=gen).tolist()
             loss, info = _loss(fwd, [store.get(i) for i in idx], cfg, device)
             if anchor is not None:
-                loss = loss + tc.anchor_l2 * sum(((p - anchor[n].to(device)) ** 2).sum()
-                                                 for n, p in model.named_parameters())
+                loss = loss + tc.anchor_l2 * sum(
+                    ((p - anchor[n].to(device)) ** 2).sum() for n, p in model.named_parameters()
+                )
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gn = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip) if tc.grad_clip else torch.tensor(0.0)
             opt.step()
             sched.step()
             step += 1
-            row = {"step": step, "loss": round(loss.item(), 5), "acc1": round(info.get("acc0", float("nan")), 4),
-                   "lr": sched.get_last_lr()[0], "grad_norm": round(float(gn), 4)}
+            row = {
+                "step": step,
+                "loss": round(loss.item(), 5),
+                "acc1": round(info.get("acc0", float("nan")), 4),
+                "lr": sched.get_last_lr()[0],
+                "grad_norm": round(float(gn), 4),
+            }
             advance(loss=f"{loss.item():.3f}", acc1=f"{row['acc1']:.2f}")
             out_of_time = max_seconds is not None and time.monotonic() - t0 >= max_seconds
             if world > 1:  # every rank stops at the same step, or the next all-reduce waits forever
@@ -224,11 +244,19 @@ def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None,
                     gens = [None] * world
                     torch.distributed.all_gather_object(gens, gen.get_state())
                 if rank == 0:
-                    atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                 "scheduler": sched.state_dict(), "step": step, "history": history,
-                                 "best_heldout_loss": best, "head": dict(model.head.raw),
-                                 "rng": {"data": gens, "torch": torch.get_rng_state(), "python": random.getstate()}},
-                                last)
+                    atomic_save(
+                        {
+                            "model": model.state_dict(),
+                            "optimizer": opt.state_dict(),
+                            "scheduler": sched.state_dict(),
+                            "step": step,
+                            "history": history,
+                            "best_heldout_loss": best,
+                            "head": dict(model.head.raw),
+                            "rng": {"data": gens, "torch": torch.get_rng_state(), "python": random.getstate()},
+                        },
+                        last,
+                    )
             if out_of_time:
                 break
     if world > 1:
@@ -236,15 +264,27 @@ def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None,
     tail = history[-50:]
     mean = sum(h["loss"] for h in tail) / max(1, len(tail))
     if rank == 0:
-        Manifest.open(run).note("train", {
-            "method": "eagle3", "steps_done": step, "steps_planned": tc.steps, "records": len(store),
-            "final_loss_mean_last50": mean, "best_heldout_loss": None if best == float("inf") else best,
-            "config": portable_train(tc), "device": dev.describe(device), "world_size": world,
-            "chunk_seconds": round(time.monotonic() - t0, 1),
-            "draft_vocab_answer_coverage": coverage(training_records(cfg, run)[0], model.draft_ids.cpu())})
+        Manifest.open(run).note(
+            "train",
+            {
+                "method": "eagle3",
+                "steps_done": step,
+                "steps_planned": tc.steps,
+                "records": len(store),
+                "final_loss_mean_last50": mean,
+                "best_heldout_loss": None if best == float("inf") else best,
+                "config": portable_train(tc),
+                "device": dev.describe(device),
+                "world_size": world,
+                "chunk_seconds": round(time.monotonic() - t0, 1),
+                "draft_vocab_answer_coverage": coverage(training_records(cfg, run)[0], model.draft_ids.cpu()),
+            },
+        )
         write_text_atomic(run / "loss-history.json", json.dumps(history) + "\n")
-    log(f"train: step {step}/{tc.steps}, mean loss of the last {len(tail)} steps {mean:.3f}"
-        + ("" if best == float("inf") else f"; best held-out loss {best:.4f}"))
+    log(
+        f"train: step {step}/{tc.steps}, mean loss of the last {len(tail)} steps {mean:.3f}"
+        + ("" if best == float("inf") else f"; best held-out loss {best:.4f}")
+    )
     return {"model": model, "step": step, "history": history, "rank": rank, "world": world}
 
 
@@ -278,8 +318,10 @@ def offline_acceptance(model: Eagle3Drafter, store: ShardStore, k: int, max_reco
         lengths.append(acceptance_lengths(chains[anchors - 1], truth))
         walked.append(walk(anchors, lengths[-1]))
     empty = torch.zeros(0, dtype=torch.long)
-    return {**summarize(torch.cat(lengths) if lengths else empty, k),
-            "walk": summarize(torch.cat(walked) if walked else empty, k)}
+    return {
+        **summarize(torch.cat(lengths) if lengths else empty, k),
+        "walk": summarize(torch.cat(walked) if walked else empty, k),
+    }
 
 
 def evaluate(cfg: TrainConfig, run: Path, log: Log = print) -> dict[str, Any]:
@@ -287,16 +329,22 @@ def evaluate(cfg: TrainConfig, run: Path, log: Log = print) -> dict[str, Any]:
     store = ShardStore(run / "capture", "train" if cfg.eval.split == "train" else "heldout")
     if not len(store):
         raise TrainConfigError(f"{run}: no {cfg.eval.split} records captured")
-    res: dict[str, Any] = {"step": st["step"], "checkpoint": which, "split": cfg.eval.split,
-                           "records": min(len(store), cfg.eval.max_records),
-                           "definition": "teacher-forced against the target's greedy continuation, ttt steps "
-                                         "as a server drafts them; walk: only the anchors a server would draft at",
-                           "by_k": {}}
+    res: dict[str, Any] = {
+        "step": st["step"],
+        "checkpoint": which,
+        "split": cfg.eval.split,
+        "records": min(len(store), cfg.eval.max_records),
+        "definition": "teacher-forced against the target's greedy continuation, ttt steps "
+        "as a server drafts them; walk: only the anchors a server would draft at",
+        "by_k": {},
+    }
     for k in cfg.eval.k:
         r = offline_acceptance(model, store, k, cfg.eval.max_records)
         res["by_k"][str(k)] = r
-        log(f"eval: k={k} offline mean acceptance length {r['mean_acceptance_length']} over {r['drafts']} drafts; "
-            f"per position {r['per_position']}; as a server walks {r['walk']['mean_acceptance_length']}")
+        log(
+            f"eval: k={k} offline mean acceptance length {r['mean_acceptance_length']} over {r['drafts']} drafts; "
+            f"per position {r['per_position']}; as a server walks {r['walk']['mean_acceptance_length']}"
+        )
     write_json_atomic(run / "eval.json", res)
     return res
 
@@ -313,13 +361,17 @@ def export(cfg: TrainConfig, run: Path, log: Log = print) -> Path:
         extras["offline-acceptance.json"] = ev.read_bytes()
     if (run / "loss-history.json").is_file():
         extras["loss-history.json"] = (run / "loss-history.json").read_bytes()
-    png = loss_curve_png(json.loads((run / "loss-history.json").read_text()), run / "loss-curve.png", cfg.name) \
-        if (run / "loss-history.json").is_file() else None
+    png = (
+        loss_curve_png(json.loads((run / "loss-history.json").read_text()), run / "loss-curve.png", cfg.name)
+        if (run / "loss-history.json").is_file()
+        else None
+    )
     if png is not None:
         extras["loss-curve.png"] = png.read_bytes()
     has_eval = "offline-acceptance.json" in extras
-    extras["README.md"] = drafter_readme(cfg, json.loads(extras["manifest.json"]), st,
-                                         json.loads(ev.read_text()) if has_eval else None).encode()
+    extras["README.md"] = drafter_readme(
+        cfg, json.loads(extras["manifest.json"]), st, json.loads(ev.read_text()) if has_eval else None
+    ).encode()
     out = export_head(model.state_dict(), config, Path(cfg.export.out), cfg.export.dtype, extras)
     log(f"export: {which} (step {st['step']}) as an EAGLE-3 head")
     return out

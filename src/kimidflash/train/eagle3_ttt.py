@@ -63,15 +63,17 @@ def ttt_forward(model: Eagle3Drafter, tokens: torch.Tensor, feats: torch.Tensor,
         q, k, v = attn.qkv(x, pos + j)
         keys.append(k)
         values.append(v)
-        o = F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2),
-                                           attn_mask=step_mask(T, j, tokens.device), scale=attn.scale)
+        o = F.scaled_dot_product_attention(
+            q, torch.cat(keys, 2), torch.cat(values, 2), attn_mask=step_mask(T, j, tokens.device), scale=attn.scale
+        )
         final, g = model.finish(attn.out(o), residual)
         out.append(final)
     return out
 
 
-def step_labels(tokens: torch.Tensor, loss_mask: torch.Tensor, lengths: torch.Tensor, steps: int,
-                t2d: torch.Tensor | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def step_labels(
+    tokens: torch.Tensor, loss_mask: torch.Tensor, lengths: torch.Tensor, steps: int, t2d: torch.Tensor | None
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per step: [N, T] draft-vocabulary labels and [N, T] bool, where the row counts (docstring).
     `t2d`: target id -> draft column or -1 (None: the draft vocabulary is the target's)."""
     N, T = tokens.shape
@@ -94,9 +96,16 @@ def step_weights(steps: int, gamma: float) -> list[float]:
     return [math.exp(-j / gamma) for j in range(steps)]
 
 
-def ttt_loss(model: Eagle3Drafter, tokens: torch.Tensor, loss_mask: torch.Tensor, lengths: torch.Tensor,
-             feats: torch.Tensor, steps: int, gamma: float,
-             t2d: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+def ttt_loss(
+    model: Eagle3Drafter,
+    tokens: torch.Tensor,
+    loss_mask: torch.Tensor,
+    lengths: torch.Tensor,
+    feats: torch.Tensor,
+    steps: int,
+    gamma: float,
+    t2d: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Weighted cross-entropy over every counted (row, step), averaged by weight; acc per step."""
     hidden = ttt_forward(model, tokens, feats, steps)
     labels, ok = step_labels(tokens, loss_mask, lengths, steps, t2d)
@@ -104,7 +113,7 @@ def ttt_loss(model: Eagle3Drafter, tokens: torch.Tensor, loss_mask: torch.Tensor
     weight = 0.0
     info: dict[str, float] = {"tokens": 0.0}
     weights = step_weights(steps, gamma)
-    for j, (h, lab, sel) in enumerate(zip(hidden, labels, ok)):
+    for j, (h, lab, sel) in enumerate(zip(hidden, labels, ok, strict=False)):
         if not sel.any():
             info[f"acc{j}"] = float("nan")
             continue

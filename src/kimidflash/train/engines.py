@@ -16,15 +16,17 @@ Both read the run folder's records and export a drafter serve.sh accepts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from ..checkpoint_layout import text_field
 from ..eagle3 import Eagle3Error
 from . import eagle3_run
 from .capture import capture_shards, check_mode
-from .config import ENGINES, METHODS as CONFIG_METHODS, TrainConfig
+from .config import ENGINES, TrainConfig
+from .config import METHODS as CONFIG_METHODS
 from .errors import TrainConfigError
 from .evaluate import evaluate_run
 from .export_run import export_run
@@ -72,8 +74,10 @@ def _dflash_drafter(cfg: TrainConfig, tconf: dict, tok: Any) -> tuple[dict, dict
     if not 0 <= mask < vocab:
         raise TrainConfigError(f"{cfg.drafter_config}: mask_token_id {mask} outside the target's vocab")
     if shape.vocab_size != vocab or shape.hidden_size != hidden:
-        raise TrainConfigError(f"{cfg.drafter_config}: vocab/hidden {shape.vocab_size}/{shape.hidden_size}"
-                               f" differ from the target's {vocab}/{hidden}")
+        raise TrainConfigError(
+            f"{cfg.drafter_config}: vocab/hidden {shape.vocab_size}/{shape.hidden_size}"
+            f" differ from the target's {vocab}/{hidden}"
+        )
     shape.check_target(layers)
     if cfg.train.anchor_l2:
         raise TrainConfigError(f"{cfg.path}: train.anchor_l2 is for EAGLE-3 fine-tunes (train.method eagle3)")
@@ -87,8 +91,9 @@ def _eagle3_drafter(cfg: TrainConfig, tconf: dict, tok: Any) -> tuple[dict, dict
     except Eagle3Error as exc:
         raise TrainConfigError(f"{cfg.drafter_config}: {exc}") from None
     if cfg.train.anchor_l2 and not cfg.train.init_from_drafter:
-        raise TrainConfigError(f"{cfg.path}: train.anchor_l2 pulls toward train.init_from_drafter's weights: "
-                               "set it, or anchor_l2 0")
+        raise TrainConfigError(
+            f"{cfg.path}: train.anchor_l2 pulls toward train.init_from_drafter's weights: set it, or anchor_l2 0"
+        )
     if cfg.train.ttt_steps < 1:
         raise TrainConfigError(f"{cfg.path}: train.ttt_steps {cfg.train.ttt_steps}: expected >= 1")
     return dict(head.raw), None
@@ -98,7 +103,7 @@ def _eagle3_drafter(cfg: TrainConfig, tconf: dict, tok: Any) -> tuple[dict, dict
 class Method:
     """How our engine trains one drafter family (`train.method`)."""
 
-    check_drafter: Callable[[TrainConfig, dict, Any], tuple[dict, "dict | None"]]  # -> (its JSON, mask token)
+    check_drafter: Callable[[TrainConfig, dict, Any], tuple[dict, dict | None]]  # -> (its JSON, mask token)
     train: Callable[[TrainConfig, Path, PhaseArgs, Log], Any]
     evaluate: Callable[[TrainConfig, Path, PhaseArgs, Log], dict]
     export: Callable[[TrainConfig, Path, Log], Path]
@@ -110,20 +115,27 @@ def _dflash_eval(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log) -> dict
 
 def _eagle3_eval(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log) -> dict:
     if args.drafter is not None:
-        raise TrainConfigError("eval --drafter measures exported DFlash drafters; an EAGLE-3 run measures its "
-                               "own checkpoint")
+        raise TrainConfigError(
+            "eval --drafter measures exported DFlash drafters; an EAGLE-3 run measures its own checkpoint"
+        )
     return eagle3_run.evaluate(cfg, run, log=log)
 
 
 METHODS: dict[str, Method] = {
-    "dflash": Method(_dflash_drafter,
-                     lambda cfg, run, a, log: train(cfg, run, resume=a.resume, stop_at=a.max_steps, log=log,
-                                                    max_seconds=a.max_seconds),
-                     _dflash_eval, lambda cfg, run, log: export_run(cfg, run, log=log)),
-    "eagle3": Method(_eagle3_drafter,
-                     lambda cfg, run, a, log: eagle3_run.train(cfg, run, a.resume, a.max_steps, log=log,
-                                                               max_seconds=a.max_seconds),
-                     _eagle3_eval, lambda cfg, run, log: eagle3_run.export(cfg, run, log=log)),
+    "dflash": Method(
+        _dflash_drafter,
+        lambda cfg, run, a, log: train(
+            cfg, run, resume=a.resume, stop_at=a.max_steps, log=log, max_seconds=a.max_seconds
+        ),
+        _dflash_eval,
+        lambda cfg, run, log: export_run(cfg, run, log=log),
+    ),
+    "eagle3": Method(
+        _eagle3_drafter,
+        lambda cfg, run, a, log: eagle3_run.train(cfg, run, a.resume, a.max_steps, log=log, max_seconds=a.max_seconds),
+        _eagle3_eval,
+        lambda cfg, run, log: eagle3_run.export(cfg, run, log=log),
+    ),
 }
 assert tuple(METHODS) == CONFIG_METHODS, "config.METHODS names the families this table holds, in its order"
 
@@ -141,8 +153,10 @@ class Ours:
     def capture(self, cfg: TrainConfig, run: Path, log: Log) -> str:
         mode = check_mode(cfg)
         if mode != "cache":
-            return (f"mode={mode}, hidden states are computed when training starts "
-                    f"({'every batch' if mode == 'stream' else 'once, into memory'}; nothing cached on disk)")
+            return (
+                f"mode={mode}, hidden states are computed when training starts "
+                f"({'every batch' if mode == 'stream' else 'once, into memory'}; nothing cached on disk)"
+            )
         return f"{capture_shards(cfg, run, log=log)} shards in {run / 'capture'}"
 
     def train(self, cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log) -> None:
@@ -165,9 +179,11 @@ class Speculators:
     def check(self, cfg: TrainConfig) -> None:
         """The config's own checks, and DFlash only: the train phase refuses a run with no GPU and no dry run."""
         if cfg.train.method != "dflash":
-            raise TrainConfigError(f"{cfg.path}: train.engine speculators trains DFlash drafters here; "
-                                   f"train.method {cfg.train.method} runs on train.engine ours (speculators 0.9.0 "
-                                   "trains EAGLE-3 heads with Llama and Qwen3 layers only, not MLA)")
+            raise TrainConfigError(
+                f"{cfg.path}: train.engine speculators trains DFlash drafters here; "
+                f"train.method {cfg.train.method} runs on train.engine ours (speculators 0.9.0 "
+                "trains EAGLE-3 heads with Llama and Qwen3 layers only, not MLA)"
+            )
 
     def capture(self, cfg: TrainConfig, run: Path, log: Log) -> str:
         return str(capture_offline(cfg, run, log=log))
@@ -190,5 +206,6 @@ def engine_for(cfg: TrainConfig) -> Engine:
     try:
         return TABLE[cfg.train.engine]
     except KeyError:  # config.py refuses it on load; a TrainConfig built by hand may not have been
-        raise TrainConfigError(f"{cfg.path}: train.engine {cfg.train.engine!r}: expected one of "
-                               f"{', '.join(TABLE)}") from None
+        raise TrainConfigError(
+            f"{cfg.path}: train.engine {cfg.train.engine!r}: expected one of {', '.join(TABLE)}"
+        ) from None

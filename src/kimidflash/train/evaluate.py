@@ -20,6 +20,7 @@ a server would report on the same text, the figure to compare with /metrics.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from ..fsio import write_json_atomic
 from ..paths import portable
 from . import device as dev
 from .batch import collate
-from .capture import ShardStore, StreamStore, check_mode, opened_source, training_records
+from .capture import SequenceStore, ShardStore, StreamStore, check_mode, opened_source, training_records
 from .config import TrainConfig
 from .draft_vocab import draft_vocab_ids
 from .errors import TrainConfigError
@@ -52,16 +53,20 @@ def summarize(lengths: torch.Tensor, k: int) -> dict[str, Any]:
     if n == 0:
         return {"k": k, "drafts": 0, "mean_acceptance_length": None, "per_position": [None] * k}
     acc = lengths - 1
-    return {"k": k, "drafts": n, "mean_acceptance_length": round(float(lengths.float().mean()), 4),
-            "acceptance_rate": round(float(acc.float().mean() / k), 4),
-            "per_position": [round(float((acc >= i + 1).float().mean()), 4) for i in range(k)]}
+    return {
+        "k": k,
+        "drafts": n,
+        "mean_acceptance_length": round(float(lengths.float().mean()), 4),
+        "acceptance_rate": round(float(acc.float().mean() / k), 4),
+        "per_position": [round(float((acc >= i + 1).float().mean()), 4) for i in range(k)],
+    }
 
 
 def walk(anchors: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """The lengths a server would see: from the first anchor, each draft of length L
     moves the next draft L tokens on (L - 1 accepted plus the bonus), until an
     anchor without k response tokens after it."""
-    at = {int(a): int(n) for a, n in zip(anchors, lengths)}
+    at = {int(a): int(n) for a, n in zip(anchors, lengths, strict=False)}
     out: list[int] = []
     a = int(anchors[0]) if len(anchors) else 0
     while a in at:
@@ -73,13 +78,19 @@ def walk(anchors: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 def eval_anchors(loss_mask: torch.Tensor, k: int) -> torch.Tensor:
     """Anchors whose next k positions exist and are all response tokens."""
     T = len(loss_mask)
-    out = [a for a in range(T - k) if loss_mask[a] and bool(loss_mask[a + 1:a + k + 1].all())]
+    out = [a for a in range(T - k) if loss_mask[a] and bool(loss_mask[a + 1 : a + k + 1].all())]
     return torch.tensor(out, dtype=torch.long)
 
 
 @torch.no_grad()
-def offline_acceptance(model, store, k: int, max_records: int | None = None, chunk: int = 48,
-                       autocast: str = "none") -> dict[str, Any]:
+def offline_acceptance(
+    model: DFlashDrafter,
+    store: SequenceStore,
+    k: int,
+    max_records: int | None = None,
+    chunk: int = 48,
+    autocast: str = "none",
+) -> dict[str, Any]:
     """Teacher-forced acceptance of `model` over `store` at k speculative tokens (block = 1 + k),
     on the model's device; `autocast` as train.autocast."""
     mask_id = model.shape.mask_token_id
@@ -93,7 +104,7 @@ def offline_acceptance(model, store, k: int, max_records: int | None = None, chu
             anchors = eval_anchors(lm, k)
             record = []
             for s in range(0, len(anchors), chunk):
-                a = anchors[s:s + chunk]
+                a = anchors[s : s + chunk]
                 valid = torch.ones(len(a), dtype=torch.bool)
                 b = collate([(ids, lm, f, a, valid)], B, mask_id).to(device)
                 with dev.autocast(device, autocast):
@@ -106,8 +117,10 @@ def offline_acceptance(model, store, k: int, max_records: int | None = None, chu
                 walked.append(walk(anchors, lengths[-1]))
             advance()
     empty = torch.zeros(0, dtype=torch.long)
-    return {**summarize(torch.cat(lengths) if lengths else empty, k),
-            "walk": summarize(torch.cat(walked) if walked else empty, k)}
+    return {
+        **summarize(torch.cat(lengths) if lengths else empty, k),
+        "walk": summarize(torch.cat(walked) if walked else empty, k),
+    }
 
 
 def load_checkpoint_model(run: Path, model_dir: str | Path) -> tuple[DFlashDrafter, dict[str, Any]]:
@@ -131,8 +144,14 @@ def load_exported_model(drafter_dir: str | Path, model_dir: str | Path) -> DFlas
     return model.eval()
 
 
-def evaluate_run(cfg: TrainConfig, run: Path, log=print, drafter: str | Path | None = None,
-                 result: str | None = None, checkpoint_run: Path | None = None) -> dict[str, Any]:
+def evaluate_run(
+    cfg: TrainConfig,
+    run: Path,
+    log: Callable[[str], None] = print,
+    drafter: str | Path | None = None,
+    result: str | None = None,
+    checkpoint_run: Path | None = None,
+) -> dict[str, Any]:
     """Offline acceptance of the run's last checkpoint (or `checkpoint_run`'s: another run's drafter on
     this run's records), or of an exported `drafter`, on the run's records.
 
@@ -146,13 +165,16 @@ def evaluate_run(cfg: TrainConfig, run: Path, log=print, drafter: str | Path | N
     block = cfg.train.block_size if drafter is None else model.shape.block_size  # what it was trained (exported) for
     too_long = [k for k in cfg.eval.k if k + 1 > block]
     if too_long:  # before any record is scored, so no k's result is computed and then lost
-        raise TrainConfigError(f"eval.k {too_long[0]}: needs a block of {too_long[0] + 1} > the drafter's block size "
-                               f"{block} ({drafter if drafter is not None else (checkpoint_run or run) / 'checkpoints' / 'last.pt'})")
+        raise TrainConfigError(
+            f"eval.k {too_long[0]}: needs a block of {too_long[0] + 1} > the drafter's block size "
+            f"{block} ({drafter if drafter is not None else (checkpoint_run or run) / 'checkpoints' / 'last.pt'})"
+        )
     model.to(dev.resolve(cfg.train.device))
     split = cfg.eval.split
     if check_mode(cfg) == "cache":  # memory mode evaluates like stream: the held-out records are few
-        res = _score(cfg, model, st, drafter, ShardStore(run / "capture", "train" if split == "train" else "heldout"),
-                     run, log)
+        res = _score(
+            cfg, model, st, drafter, ShardStore(run / "capture", "train" if split == "train" else "heldout"), run, log
+        )
     else:  # a served target (source=vllm without base_url) runs for the eval alone
         tr, held = training_records(cfg, run)
         with opened_source(cfg, run, model.shape.target_layer_ids) as source:
@@ -162,18 +184,32 @@ def evaluate_run(cfg: TrainConfig, run: Path, log=print, drafter: str | Path | N
     return res
 
 
-def _score(cfg: TrainConfig, model: DFlashDrafter, st: dict, drafter: str | Path | None, store, run: Path,
-           log) -> dict[str, Any]:
+def _score(
+    cfg: TrainConfig,
+    model: DFlashDrafter,
+    st: dict,
+    drafter: str | Path | None,
+    store: SequenceStore,
+    run: Path,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     split = cfg.eval.split
     if not len(store):
         raise TrainConfigError(f"{run}: no {split} records captured")
-    res = {"step": st["step"], **({"drafter": portable(drafter)} if drafter is not None else {}), "split": split,
-           "records": min(len(store), cfg.eval.max_records),
-           "definition": "teacher-forced against the target's greedy continuation; block = 1 + k; "
-                         "walk: only the anchors a server would draft at", "by_k": {}}
+    res = {
+        "step": st["step"],
+        **({"drafter": portable(drafter)} if drafter is not None else {}),
+        "split": split,
+        "records": min(len(store), cfg.eval.max_records),
+        "definition": "teacher-forced against the target's greedy continuation; block = 1 + k; "
+        "walk: only the anchors a server would draft at",
+        "by_k": {},
+    }
     for k in cfg.eval.k:
         r = offline_acceptance(model, store, k, cfg.eval.max_records, autocast=cfg.train.autocast)
         res["by_k"][str(k)] = r
-        log(f"eval: k={k} offline mean acceptance length {r['mean_acceptance_length']} over {r['drafts']} drafts; "
-            f"per position {r['per_position']}; as a server walks {r['walk']['mean_acceptance_length']}")
+        log(
+            f"eval: k={k} offline mean acceptance length {r['mean_acceptance_length']} over {r['drafts']} drafts; "
+            f"per position {r['per_position']}; as a server walks {r['walk']['mean_acceptance_length']}"
+        )
     return res

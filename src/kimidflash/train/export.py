@@ -39,11 +39,11 @@ def expected_tensors(shape: DrafterShape | dict[str, Any]) -> dict[str, tuple[in
     return DrafterShape.coerce(shape).expected_tensors()
 
 
-def check_state(state: "dict[str, torch.Tensor]", shape: DrafterShape) -> None:
+def check_state(state: dict[str, torch.Tensor], shape: DrafterShape) -> None:
     check_names(state, shape.expected_tensors(), "drafter state does not match its shape")
 
 
-def check_names(state: "dict[str, torch.Tensor]", want: dict[str, tuple[int, ...]], what: str) -> None:
+def check_names(state: dict[str, torch.Tensor], want: dict[str, tuple[int, ...]], what: str) -> None:
     """Refuse a state whose names and shapes are not exactly `want`, naming the first few that differ
     (the one check both writers, DFlash and EAGLE-3, make before they write)."""
     got = {k: tuple(v.shape) for k, v in state.items()}
@@ -54,8 +54,13 @@ def check_names(state: "dict[str, torch.Tensor]", want: dict[str, tuple[int, ...
         raise TrainConfigError(f"{what}: missing {missing[:3]}, extra {extra[:3]}, wrong shape {wrong[:3]}")
 
 
-def export_model(state: "dict[str, torch.Tensor]", shape: DrafterShape | dict[str, Any], out: Path,
-                 dtype: str = "bfloat16", extra_files: dict[str, bytes] | None = None) -> Path:
+def export_model(
+    state: dict[str, torch.Tensor],
+    shape: DrafterShape | dict[str, Any],
+    out: Path,
+    dtype: str = "bfloat16",
+    extra_files: dict[str, bytes] | None = None,
+) -> Path:
     """Write config.json + model.safetensors (+ extras) to `out`, published whole (atomically)."""
     import torch
     from safetensors.torch import save_file

@@ -13,8 +13,9 @@ Light on purpose (torch only inside the function), as train/export.py.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..eagle3 import D2T, Eagle3Head
 from ..fsio import atomic_dir, make_readable
@@ -24,15 +25,24 @@ if TYPE_CHECKING:
     import torch
 
 
-def export_head(state: "dict[str, torch.Tensor]", config: Mapping[str, Any], out: Path, dtype: str = "bfloat16",
-                extra_files: dict[str, bytes] | None = None) -> Path:
+def export_head(
+    state: dict[str, torch.Tensor],
+    config: Mapping[str, Any],
+    out: Path,
+    dtype: str = "bfloat16",
+    extra_files: dict[str, bytes] | None = None,
+) -> Path:
     """Write the head's config.json + model.safetensors (+ extras) to `out`; `d2t` stays int64."""
     import torch
     from safetensors.torch import save_file
 
-    check_names(state, Eagle3Head.from_config(config).expected_tensors(), "EAGLE-3 head state does not match its config")
+    check_names(
+        state, Eagle3Head.from_config(config).expected_tensors(), "EAGLE-3 head state does not match its config"
+    )
     td = getattr(torch, dtype)
-    tensors = {k: (v.detach().to(torch.int64) if k == D2T else v.detach().to(td)).contiguous() for k, v in state.items()}
+    tensors = {
+        k: (v.detach().to(torch.int64) if k == D2T else v.detach().to(td)).contiguous() for k, v in state.items()
+    }
     out = Path(out).resolve()
     with atomic_dir(out) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})

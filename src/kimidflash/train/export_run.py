@@ -9,6 +9,7 @@ from those files only).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ def loss_curve_png(history: list[dict[str, float]], path: Path, title: str) -> P
     steps = [h["step"] for h in history]
     loss = [h["loss"] for h in history]
     w = max(1, len(loss) // 50)
-    smooth = [sum(loss[max(0, i - w + 1):i + 1]) / len(loss[max(0, i - w + 1):i + 1]) for i in range(len(loss))]
+    smooth = [sum(loss[max(0, i - w + 1) : i + 1]) / len(loss[max(0, i - w + 1) : i + 1]) for i in range(len(loss))]
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=90)
     ax.plot(steps, loss, lw=0.5, alpha=0.35, label="loss")
     ax.plot(steps, smooth, lw=1.5, label=f"moving mean ({w})")
@@ -64,41 +65,62 @@ def drafter_readme(cfg: TrainConfig, manifest: dict[str, Any], st: dict[str, Any
     prompts = (manifest.get("prompts") or {}).get("source", cfg.data.prompts)  # setup's, not this phase's config
     eagle3 = cfg.train.method == "eagle3"
     family = "an EAGLE-3 head" if eagle3 else "a DFlash drafter"
-    lines = [f"# {cfg.name}: {family} trained by `./train-drafter.sh`", "",
-             f"Target: `{(manifest.get('target') or {}).get('dir')}`" + (f" ({origin.get('note')})" if origin else ""),
-             "", f"- {'head config' if eagle3 else 'drafter shape'}: `{Path(cfg.drafter_config or '').name}`, exported "
-                 f"in vLLM's {'EAGLE-3' if eagle3 else 'DFlash'} format",
-             f"- data: {cap.get('train_records')} regenerated training records ({cap.get('train_response_tokens')} "
-             f"response tokens), {cap.get('heldout_records')} held out; prompts `{prompts}` "
-             f"(seed {cfg.seed}), regen sampling {manifest.get('regen', {}).get('sampling')}",
-             f"- training: {st['step']} steps of batch {tc['batch_size']} x "
-             + (f"{tc['ttt_steps']} TTT steps (the checkpoint with the lowest held-out loss kept)" if eagle3 else
-                f"{tc['anchors_per_seq']} anchors, block {tc['block_size']}")
-             + f", gamma {tc['gamma']}, lr {tc['lr']}, autocast {tc['autocast']}{autocast_meant(tr)}; "
-               "loss curve `loss-curve.png`, history `loss-history.json`",
-             f"- final mean loss over the last 50 steps: {loss if loss is None else round(loss, 6)}"]
+    lines = [
+        f"# {cfg.name}: {family} trained by `./train-drafter.sh`",
+        "",
+        f"Target: `{(manifest.get('target') or {}).get('dir')}`" + (f" ({origin.get('note')})" if origin else ""),
+        "",
+        f"- {'head config' if eagle3 else 'drafter shape'}: `{Path(cfg.drafter_config or '').name}`, exported "
+        f"in vLLM's {'EAGLE-3' if eagle3 else 'DFlash'} format",
+        f"- data: {cap.get('train_records')} regenerated training records ({cap.get('train_response_tokens')} "
+        f"response tokens), {cap.get('heldout_records')} held out; prompts `{prompts}` "
+        f"(seed {cfg.seed}), regen sampling {manifest.get('regen', {}).get('sampling')}",
+        f"- training: {st['step']} steps of batch {tc['batch_size']} x "
+        + (
+            f"{tc['ttt_steps']} TTT steps (the checkpoint with the lowest held-out loss kept)"
+            if eagle3
+            else f"{tc['anchors_per_seq']} anchors, block {tc['block_size']}"
+        )
+        + f", gamma {tc['gamma']}, lr {tc['lr']}, autocast {tc['autocast']}{autocast_meant(tr)}; "
+        "loss curve `loss-curve.png`, history `loss-history.json`",
+        f"- final mean loss over the last 50 steps: {loss if loss is None else round(loss, 6)}",
+    ]
     start = tc.get("init_from_drafter")
     if start:  # its earlier training is that drafter's own (its README), not in these figures
-        lines.append(f"- started from the drafter in `{start}` (`train.init_from_drafter`), which brought its own "
-                     "training: the data and steps above are this run's only")
+        lines.append(
+            f"- started from the drafter in `{start}` (`train.init_from_drafter`), which brought its own "
+            "training: the data and steps above are this run's only"
+        )
     if ev:
         for k, r in ev["by_k"].items():
             walk = (r.get("walk") or {}).get("mean_acceptance_length")
-            lines.append(f"- offline acceptance at k={k} ({ev.get('split', 'heldout')} split, {r['drafts']} drafts): "
-                         f"mean length {r['mean_acceptance_length']}, per position {r['per_position']}"
-                         + (f"; {walk} as a server walks (the figure to compare with vLLM's)" if walk else ""))
+            lines.append(
+                f"- offline acceptance at k={k} ({ev.get('split', 'heldout')} split, {r['drafts']} drafts): "
+                f"mean length {r['mean_acceptance_length']}, per position {r['per_position']}"
+                + (f"; {walk} as a server walks (the figure to compare with vLLM's)" if walk else "")
+            )
     argvs = [i["argv"] for i in manifest.get("invocations", [])]
-    lines += ["", "Reproduce (every command run on the run folder, in order, is in `manifest.json` "
-              "under `invocations`):", "", "```bash", *(" ".join(a) for a in argvs), "```", ""]
+    lines += [
+        "",
+        "Reproduce (every command run on the run folder, in order, is in `manifest.json` under `invocations`):",
+        "",
+        "```bash",
+        *(" ".join(a) for a in argvs),
+        "```",
+        "",
+    ]
     folders = list(dict.fromkeys(a[a.index("--run-dir") + 1] for a in argvs if "--run-dir" in a[:-1]))
     if len(folders) > 1:
-        lines += [f"The run folder was copied between commands: the commands on `{folders[0]}` made it, and "
-                  f"those on {', '.join(f'`{f}`' for f in folders[1:])} continued a copy (the manifest, "
-                  "checkpoint, data and captured shards came with it).", ""]
+        lines += [
+            f"The run folder was copied between commands: the commands on `{folders[0]}` made it, and "
+            f"those on {', '.join(f'`{f}`' for f in folders[1:])} continued a copy (the manifest, "
+            "checkpoint, data and captured shards came with it).",
+            "",
+        ]
     return "\n".join(lines)
 
 
-def export_run(cfg: TrainConfig, run: Path, log=print) -> Path:
+def export_run(cfg: TrainConfig, run: Path, log: Callable[[str], None] = print) -> Path:
     if not cfg.export.out:
         raise TrainConfigError(f"{cfg.path}: export.out is not set")
     model, st = load_checkpoint_model(run, target_info(cfg).model_dir)
@@ -118,8 +140,11 @@ def export_run(cfg: TrainConfig, run: Path, log=print) -> Path:
     held = training_records(cfg, run)[1]
     if held:  # the traffic to A/B the drafter on: prompts it never trained on
         extras["heldout-prompts.jsonl"] = "".join(
-            json.dumps({"id": r.id, "prompt": r.prompt}) + "\n" for r in held).encode()
-    extras["README.md"] = drafter_readme(cfg, manifest, st, json.loads(ev.read_text()) if "offline-acceptance.json" in extras else None).encode()
+            json.dumps({"id": r.id, "prompt": r.prompt}) + "\n" for r in held
+        ).encode()
+    extras["README.md"] = drafter_readme(
+        cfg, manifest, st, json.loads(ev.read_text()) if "offline-acceptance.json" in extras else None
+    ).encode()
     shape = DrafterShape.coerce(st["shape"])
     if cfg.export.block_size:
         shape = shape.with_block_size(cfg.export.block_size)  # queries per draft step: serves k <= block_size - 1
@@ -128,9 +153,16 @@ def export_run(cfg: TrainConfig, run: Path, log=print) -> Path:
     if n:  # the head over the tokens these records' answers use most (draft_vocab.py); replaces the folder whole
         train = training_records(cfg, run)[0]
         ids = choose(train, n, shape.vocab_size)
-        attach(out, target_info(cfg).model_dir, ids, out,
-               {"rule": "export.draft_vocab_size: " + rule(FREQUENT, "the run's training records"),
+        attach(
+            out,
+            target_info(cfg).model_dir,
+            ids,
+            out,
+            {
+                "rule": "export.draft_vocab_size: " + rule(FREQUENT, "the run's training records"),
                 "record_count": len(train),
-                "record_answer_coverage": coverage(train, ids)})
+                "record_answer_coverage": coverage(train, ids),
+            },
+        )
         log(f"export: {out} drafts from {n} of {shape.vocab_size} tokens (export.draft_vocab_size)")
     return out

@@ -25,8 +25,12 @@ from .data import read_records
 
 
 def versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"python": platform.python_version(), "platform": platform.platform(),
-                                  "cpu_count": str(os.cpu_count()), "git_commit": git_info(REPO_ROOT)["revision"]}
+    out: dict[str, str | None] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": str(os.cpu_count()),
+        "git_commit": git_info(REPO_ROOT)["revision"],
+    }
     for mod in ("torch", "transformers", "safetensors"):
         try:
             out[mod] = __import__(mod).__version__
@@ -39,7 +43,7 @@ def portable_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """The training config as the manifest records it: no `_` keys, path keys portable."""
     out = copy.deepcopy({k: v for k, v in cfg.items() if not k.startswith("_")})
     for keys in (*PATH_KEYS, ("data", "prompts")):
-        node = out
+        node: dict[str, Any] | None = out
         for k in keys[:-1]:
             node = node.get(k) if isinstance(node, dict) else None
         if isinstance(node, dict) and isinstance(node.get(keys[-1]), str):
@@ -57,7 +61,7 @@ class Manifest:
         self.path, self.data = path, data
 
     @classmethod
-    def open(cls, run: Path) -> "Manifest":
+    def open(cls, run: Path) -> Manifest:
         p = run / "manifest.json"
         return cls(p, json.loads(p.read_text()) if p.is_file() else {})
 
@@ -65,8 +69,9 @@ class Manifest:
         self.data["updated"] = utc_now()
         write_json_atomic(self.path, self.data)
 
-    def set_setup(self, cfg: dict[str, Any], drafter: dict[str, Any], target: Path, mask: dict[str, Any] | None,
-                  n_prompts: int) -> None:
+    def set_setup(
+        self, cfg: dict[str, Any], drafter: dict[str, Any], target: Path, mask: dict[str, Any] | None, n_prompts: int
+    ) -> None:
         """`cfg`: the training config's JSON form (TrainConfig.as_dict()); `drafter`: the drafter config's
         JSON; `mask`: a DFlash drafter's mask token ({id, token}), None for an EAGLE-3 head."""
         stamp = target / ".kimidflash-smollm2.json"
@@ -75,9 +80,11 @@ class Manifest:
         self.data["config_file"] = portable(cfg["_path"])
         self.data["drafter_shape"] = drafter
         self.data["seed"] = cfg["seed"]
-        self.data["target"] = {"dir": portable(target),
-                               "config_sha256": sha256_file(target / "config.json"),
-                               "origin": json.loads(stamp.read_text()) if stamp.is_file() else None}
+        self.data["target"] = {
+            "dir": portable(target),
+            "config_sha256": sha256_file(target / "config.json"),
+            "origin": json.loads(stamp.read_text()) if stamp.is_file() else None,
+        }
         if mask is not None:
             self.data["mask_token"] = mask
         self.data["prompts"] = {"source": portable(cfg["data"]["prompts"]), "count": n_prompts}
@@ -86,9 +93,13 @@ class Manifest:
 
     def note_regen(self, out: Path, regen_cfg: dict[str, Any]) -> None:
         recs = read_records(out)
-        self.data["regen"] = {"records": len(recs), "tokens": sum(len(r.input_ids) for r in recs),
-                              "response_tokens": sum(r.n_response for r in recs), "sampling": regen_cfg,
-                              "finished": utc_now()}
+        self.data["regen"] = {
+            "records": len(recs),
+            "tokens": sum(len(r.input_ids) for r in recs),
+            "response_tokens": sum(r.n_response for r in recs),
+            "sampling": regen_cfg,
+            "finished": utc_now(),
+        }
         self.save()
 
     def note(self, key: str, value: Any) -> None:

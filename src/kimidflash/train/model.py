@@ -34,7 +34,6 @@ from torch import nn
 
 from .shape import DrafterShape, Rope
 
-
 # With a tied-embedding target (SmolLM2) a fresh drafter's residual stream is
 # mostly its input embedding, so a unit final norm makes every slot predict
 # its own input token with a logit of ~|h||e| (measured: first-step loss 68
@@ -119,7 +118,9 @@ class Attention(nn.Module):
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:  # [N, L, n*hd] -> [N, n, L, hd]
         return x.view(*x.shape[:-1], n, self.hd).transpose(-3, -2)
 
-    def forward(self, x: torch.Tensor, ctx: torch.Tensor, rope_q: tuple, rope_c: tuple, mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, ctx: torch.Tensor, rope_q: tuple, rope_c: tuple, mask: torch.Tensor
+    ) -> torch.Tensor:
         """x: [N, Q, H] block inputs (normed); ctx: [N, T, H] context features; mask: [N, Q, T+Q] bool."""
         q = self.q_norm(self._heads(self.q_proj(x), self.nh))
         kb = self.k_norm(self._heads(self.k_proj(x), self.nkv))
@@ -142,11 +143,11 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SiLU-gated, no bias (DFlash's Qwen3 layers and EAGLE-3's dense MLP alike)."""
 
-    def __init__(self, H: int, I: int):
+    def __init__(self, H: int, inter: int):
         super().__init__()
-        self.gate_proj = nn.Linear(H, I, bias=False)
-        self.up_proj = nn.Linear(H, I, bias=False)
-        self.down_proj = nn.Linear(I, H, bias=False)
+        self.gate_proj = nn.Linear(H, inter, bias=False)
+        self.up_proj = nn.Linear(H, inter, bias=False)
+        self.down_proj = nn.Linear(inter, H, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -161,7 +162,14 @@ class Layer(nn.Module):
         self.input_layernorm = RMSNorm(shape.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, eps)
 
-    def forward(self, x, ctx, rope_q, rope_c, mask):
+    def forward(
+        self,
+        x: torch.Tensor,
+        ctx: torch.Tensor,
+        rope_q: tuple[torch.Tensor, torch.Tensor],
+        rope_c: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_c, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -200,8 +208,9 @@ class DFlashDrafter(nn.Module):
     def context(self, feats: torch.Tensor) -> torch.Tensor:
         return self.hidden_norm(self.fc(feats))
 
-    def hidden(self, feats: torch.Tensor, block_ids: torch.Tensor, block_pos: torch.Tensor,
-               mask: torch.Tensor) -> torch.Tensor:
+    def hidden(
+        self, feats: torch.Tensor, block_ids: torch.Tensor, block_pos: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         """feats [N, T, n*H]; block_ids/pos [N, Q]; mask [N, Q, T+Q] -> final-normed hidden [N, Q, H]."""
         ctx = self.context(feats.to(self.fc.weight.dtype))  # captured in bf16; autocast decides compute
         T = feats.shape[1]

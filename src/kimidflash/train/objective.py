@@ -64,8 +64,9 @@ def block_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
     return anchors[:, None] + torch.arange(block_size)[None, :]
 
 
-def block_labels(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor,
-                 block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def block_labels(
+    input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """[A, B] label ids (x_{a+k}) and [A, B] bool: counts in the loss (k >= 1, in range, mask 1, anchor valid)."""
     T = len(input_ids)
     pos = block_positions(anchors, block_size)
@@ -77,8 +78,13 @@ def block_labels(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torc
     return labels, ok
 
 
-def attention_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, context_len: int, block_size: int,
-                   context_valid: torch.Tensor | None = None) -> torch.Tensor:
+def attention_mask(
+    anchors: torch.Tensor,
+    anchor_valid: torch.Tensor,
+    context_len: int,
+    block_size: int,
+    context_valid: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Bool [A*B, T + A*B]: True where a block query may attend.
 
     Keys are the T context positions followed by the A*B block slots (block-major).
@@ -95,8 +101,13 @@ def attention_mask(anchors: torch.Tensor, anchor_valid: torch.Tensor, context_le
     return torch.cat([ctx, own], dim=1)
 
 
-def brute_force_mask(anchors: list[int], anchor_valid: list[bool], context_len: int, block_size: int,
-                     context_valid: list[bool] | None = None) -> list[list[bool]]:
+def brute_force_mask(
+    anchors: list[int],
+    anchor_valid: list[bool],
+    context_len: int,
+    block_size: int,
+    context_valid: list[bool] | None = None,
+) -> list[list[bool]]:
     """The same mask written as loops straight from the definition (for tests)."""
     rows = []
     for a_i, a in enumerate(anchors):

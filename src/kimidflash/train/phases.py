@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import TypedDict
 
 from ..background import served
 from ..checkpoint_layout import text_field
@@ -49,8 +50,10 @@ def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
     tconf = json.loads((target / "config.json").read_text())
     vocab, hidden, layers = (text_field(tconf, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers"))
     if not all(isinstance(v, int) for v in (vocab, hidden, layers)):
-        raise TrainConfigError(f"{target}/config.json: no vocab_size, hidden_size and num_hidden_layers at the top "
-                               "level or under text_config")
+        raise TrainConfigError(
+            f"{target}/config.json: no vocab_size, hidden_size and num_hidden_layers at the top "
+            "level or under text_config"
+        )
     tok = load_tokenizer(info)
     drafter, mask = method_for(cfg).check_drafter(cfg, tconf, tok)
     engine_for(cfg).check(cfg)  # refused before hours of regen, not at the first step
@@ -61,20 +64,37 @@ def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
         raise TrainConfigError(f"{run}: {free:.1f} GiB free, config asks for {cfg.data.min_free_disk_gb}")
     write_text_atomic(run / "prompts.jsonl", "".join(json.dumps(p) + "\n" for p in prompts))
     Manifest.open(run).set_setup(cfg.as_dict(), drafter, target, mask, len(prompts))
-    log(f"setup: run folder {run}; {len(prompts)} prompts; target {target}; "
+    log(
+        f"setup: run folder {run}; {len(prompts)} prompts; target {target}; "
         + (f"mask token {mask['id']} ({mask['token']!r}); " if mask else f"{cfg.train.method} drafter; ")
-        + f"{free:.0f} GiB free")
+        + f"{free:.0f} GiB free"
+    )
+
+
+class _RegenOptions(TypedDict):
+    """regen()'s keyword options, as phase_regen passes them."""
+
+    concurrency: int
+    max_tokens: int
+    temperature: float
+    seed: int
+    limit: int | None
 
 
 def phase_regen(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
     """The target's own answers to the prompts (served by the recipe or at regen.base_url, or regen.source=hf)."""
-    prompts = [json.loads(l) for l in (run / "prompts.jsonl").read_text().splitlines() if l.strip()]
+    prompts = [json.loads(line) for line in (run / "prompts.jsonl").read_text().splitlines() if line.strip()]
     r = cfg.regen
     if r.records:
         prompts = prompts[: r.records]
     info = target_info(cfg)
-    kw = dict(concurrency=r.concurrency, max_tokens=r.max_tokens, temperature=r.temperature, seed=cfg.seed,
-              limit=args.regen_limit)
+    kw = _RegenOptions(
+        concurrency=r.concurrency,
+        max_tokens=r.max_tokens,
+        temperature=r.temperature,
+        seed=cfg.seed,
+        limit=args.regen_limit,
+    )
     out = run / "regen.jsonl"
     have = {x.id for x in read_records(out)}
     if len(have & {p["id"] for p in prompts}) == len(prompts):
@@ -89,11 +109,21 @@ def phase_regen(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
             dev = device.resolve(cfg.train.device)
             where = {"device": device.describe(dev)}
             log(f"regen: {len(todo)} prompts through a Hugging Face generate() on {dev}, {r.concurrency} per batch")
-            n = regen_hf(info.model_dir, todo, out, batch=r.concurrency, max_tokens=r.max_tokens,
-                         temperature=r.temperature, device=dev, trust_remote_code=info.trust_remote_code)
+            n = regen_hf(
+                info.model_dir,
+                todo,
+                out,
+                batch=r.concurrency,
+                max_tokens=r.max_tokens,
+                temperature=r.temperature,
+                device=dev,
+                trust_remote_code=info.trust_remote_code,
+            )
         elif r.base_url:
             n = regen(r.base_url.rstrip("/").removesuffix("/v1"), info.served_name, prompts, out, **kw)
         else:
+            if not cfg.target.serve_config:
+                raise TrainConfigError(f"{cfg.path}: regen.source=server needs target.serve_config or regen.base_url")
             log(f"regen: starting the target with {cfg.target.serve_config} {cfg.target.serve_overrides}")
             with served(cfg.target.serve_config, cfg.target.serve_overrides, run / "regen-server.log") as base:
                 n = regen(base, info.served_name, prompts, out, **kw)
@@ -113,8 +143,10 @@ def evaluation_only(cfg: TrainConfig) -> bool:
 
 def phase_train(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
     if evaluation_only(cfg):
-        raise TrainConfigError(f"{cfg.path}: data.heldout_fraction is 1, an evaluation-only run: nothing to "
-                               "train on (measure a drafter with `eval --drafter DIR`)")
+        raise TrainConfigError(
+            f"{cfg.path}: data.heldout_fraction is 1, an evaluation-only run: nothing to "
+            "train on (measure a drafter with `eval --drafter DIR`)"
+        )
     engine_for(cfg).train(cfg, run, args, log)
 
 
@@ -128,5 +160,11 @@ def phase_export(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print)
 
 
 PhaseFn = Callable[[TrainConfig, Path, PhaseArgs, Log], None]
-PHASES: dict[str, PhaseFn] = {"setup": phase_setup, "regen": phase_regen, "capture": phase_capture,
-                              "train": phase_train, "eval": phase_eval, "export": phase_export}
+PHASES: dict[str, PhaseFn] = {
+    "setup": phase_setup,
+    "regen": phase_regen,
+    "capture": phase_capture,
+    "train": phase_train,
+    "eval": phase_eval,
+    "export": phase_export,
+}

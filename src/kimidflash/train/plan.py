@@ -104,16 +104,26 @@ def ours_memory(shape: DrafterShape, cfg: TrainConfig, seq_len: int) -> list[Lin
     Q = tc.batch_size * tc.anchors_per_seq * tc.block_size
     H, n = shape.hidden_size, len(shape.target_layer_ids)
     return [
-        Line("drafter, gradients, AdamW", 16 * P, f"{P / 1e9:.2f}B trainable parameters x (4 weight + 4 gradient "
-                                                  "+ 8 moments) bytes, fp32, one replica per device"),
+        Line(
+            "drafter, gradients, AdamW",
+            16 * P,
+            f"{P / 1e9:.2f}B trainable parameters x (4 weight + 4 gradient "
+            "+ 8 moments) bytes, fp32, one replica per device",
+        ),
         Line("frozen embedding and LM head", 4 * (VH + head_rows * H), "fp32 copies of the target's"),
-        Line("logits", 3 * 4 * Q * head_rows, f"{Q} query positions (batch x anchors x block) x {head_rows} "
-                                              "vocabulary, fp32: logits, softmax and gradient"),
-        Line("attention masks", Q * (seq_len + Q // tc.batch_size), "dense boolean masks, one byte per "
-                                                                   "query and key"),
+        Line(
+            "logits",
+            3 * 4 * Q * head_rows,
+            f"{Q} query positions (batch x anchors x block) x {head_rows} "
+            "vocabulary, fp32: logits, softmax and gradient",
+        ),
+        Line("attention masks", Q * (seq_len + Q // tc.batch_size), "dense boolean masks, one byte per query and key"),
         Line("target features", 4 * tc.batch_size * seq_len * n * H, f"{n} layers x hidden, fp32, per sequence"),
-        Line("activations", 2 * 34 * shape.num_hidden_layers * Q * H, "about 34 values per hidden unit per "
-                                                                      "query per layer, kept for backward"),
+        Line(
+            "activations",
+            2 * 34 * shape.num_hidden_layers * Q * H,
+            "about 34 values per hidden unit per query per layer, kept for backward",
+        ),
     ]
 
 
@@ -121,21 +131,40 @@ def speculators_memory(shape: DrafterShape, cfg: TrainConfig) -> list[Line]:
     P, VH = drafter_params(shape)
     world = max(1, cfg.cluster.nodes * cfg.cluster.gpus_per_node)
     T, Q = packed(cfg)
-    H, fc = shape.hidden_size, len(shape.target_layer_ids) * shape.hidden_size ** 2
+    H, fc = shape.hidden_size, len(shape.target_layer_ids) * shape.hidden_size**2
     return [
-        Line("drafter, gradients, AdamW (sharded)", 16 * P / world,
-             f"{P / 1e9:.2f}B parameters x 16 bytes fp32 over {world} ranks (FSDP2 full shard)"),
-        Line("frozen vocabulary matrices (sharded)", 3 * 4 * VH / world,
-             "embedding, draft LM head, verifier LM head: fp32, sharded"),
-        Line("gathered root weights", 2 * (3 * VH + fc),
-             "bf16 copies of the root module's weights (the vocabulary matrices and fc) while it computes"),
+        Line(
+            "drafter, gradients, AdamW (sharded)",
+            16 * P / world,
+            f"{P / 1e9:.2f}B parameters x 16 bytes fp32 over {world} ranks (FSDP2 full shard)",
+        ),
+        Line(
+            "frozen vocabulary matrices (sharded)",
+            3 * 4 * VH / world,
+            "embedding, draft LM head, verifier LM head: fp32, sharded",
+        ),
+        Line(
+            "gathered root weights",
+            2 * (3 * VH + fc),
+            "bf16 copies of the root module's weights (the vocabulary matrices and fc) while it computes",
+        ),
         Line("gathered layer weights", 2 * 2 * _layer_params(shape), "bf16, the current layer and the prefetched one"),
-        Line("target hidden states", 2 * T * captured_layer_count(shape) * H,
-             f"one packed row of {T} tokens x {captured_layer_count(shape)} layers, bf16"),
-        Line("logits", 3 * 2 * Q * shape.vocab_size, f"{Q} queries (anchors x block) x vocabulary, bf16: draft "
-                                                     "and target logits and the gradient (the fused loss keeps no more)"),
-        Line("activations", 34 * 2 * shape.num_hidden_layers * Q * H,
-             "about 34 bf16 values per hidden unit per query per layer"),
+        Line(
+            "target hidden states",
+            2 * T * captured_layer_count(shape) * H,
+            f"one packed row of {T} tokens x {captured_layer_count(shape)} layers, bf16",
+        ),
+        Line(
+            "logits",
+            3 * 2 * Q * shape.vocab_size,
+            f"{Q} queries (anchors x block) x vocabulary, bf16: draft "
+            "and target logits and the gradient (the fused loss keeps no more)",
+        ),
+        Line(
+            "activations",
+            34 * 2 * shape.num_hidden_layers * Q * H,
+            "about 34 bf16 values per hidden unit per query per layer",
+        ),
     ]
 
 
@@ -150,7 +179,7 @@ def training_flops_per_step(shape: DrafterShape, cfg: TrainConfig) -> float:
     """One rank's step of the speculators engine: a packed sequence, its anchors' blocks."""
     P, VH = drafter_params(shape)
     T, Q = packed(cfg)
-    fc = len(shape.target_layer_ids) * shape.hidden_size ** 2
+    fc = len(shape.target_layer_ids) * shape.hidden_size**2
     layers = P - fc
     attn = 4 * Q * (T / 2) * shape.num_attention_heads * shape.head_dim * shape.num_hidden_layers * 3
     return 6 * layers * Q + 6 * fc * T + attn + 4 * VH * Q + 2 * VH * Q
@@ -173,14 +202,20 @@ def count_data(cfg: TrainConfig, run: Path, samples: int | None = None, tokens_p
         with open(prompts) as f:
             n = sum(1 for line in f if line.strip())
     else:
-        raise TrainConfigError(f"--plan: no records in {run} and the prompts file {prompts} is not here; "
-                               "give --samples and --tokens-per-sample")
+        raise TrainConfigError(
+            f"--plan: no records in {run} and the prompts file {prompts} is not here; "
+            "give --samples and --tokens-per-sample"
+        )
     if cfg.regen.records:  # regen answers only the first regen.records prompts
         n = min(n, cfg.regen.records)
     per = tokens_per_sample or PROMPT_TOKENS + cfg.regen.max_tokens
     n = int(n * (1 - cfg.data.heldout_fraction))
-    return Data(n, n * per, f"{cfg.data.prompts}: {n} training prompts x {per} tokens ({PROMPT_TOKENS} for the "
-                            "prompt + regen.max_tokens: an upper bound until regen has run)")
+    return Data(
+        n,
+        n * per,
+        f"{cfg.data.prompts}: {n} training prompts x {per} tokens ({PROMPT_TOKENS} for the "
+        "prompt + regen.max_tokens: an upper bound until regen has run)",
+    )
 
 
 def free_disk(path: Path) -> float:
@@ -211,16 +246,28 @@ class Plan:
         return sum(x.bytes for x in self.memory)
 
     def text(self) -> str:
-        out = [f"plan: train.engine={self.engine}; data: {self.data.samples} samples, {self.data.tokens} tokens "
-               f"({self.data.source})", "memory per rank:"]
+        out = [
+            f"plan: train.engine={self.engine}; data: {self.data.samples} samples, {self.data.tokens} tokens "
+            f"({self.data.source})",
+            "memory per rank:",
+        ]
         out += [f"  {x.bytes / GiB:10.1f} GiB  {x.what}: {x.why}" for x in self.memory]
-        out.append(f"  {self.per_rank / GiB:10.1f} GiB  total, against {self.per_rank_budget / GiB:.1f} GiB "
-                   f"({self.budget_source})")
+        out.append(
+            f"  {self.per_rank / GiB:10.1f} GiB  total, against {self.per_rank_budget / GiB:.1f} GiB "
+            f"({self.budget_source})"
+        )
         if self.engine == "speculators" or self.method == "eagle3":
-            out.append(f"disk for captured hidden states: {self.disk_need / GiB:.1f} GiB, "
-                       f"{self.disk_have / GiB:.1f} GiB available ({self.disk_source})")
-            when = "no estimate" if self.seconds is None else \
-                f"{self.seconds / 3600:.1f} h" if self.seconds >= 3600 else f"{self.seconds / 60:.1f} min"
+            out.append(
+                f"disk for captured hidden states: {self.disk_need / GiB:.1f} GiB, "
+                f"{self.disk_have / GiB:.1f} GiB available ({self.disk_source})"
+            )
+            when = (
+                "no estimate"
+                if self.seconds is None
+                else f"{self.seconds / 3600:.1f} h"
+                if self.seconds >= 3600
+                else f"{self.seconds / 60:.1f} min"
+            )
             out.append(f"training: {self.steps} steps, {when} ({self.time_source})")
         out += [f"REFUSED: {r}" for r in self.refusals] or ["fits"]
         return "\n".join(out)
@@ -230,16 +277,19 @@ def make_plan(cfg: TrainConfig, run: Path, data: Data) -> Plan:
     cl, engine = cfg.cluster, cfg.train.engine
     refusals: list[str] = []
     if cl.gpus_per_node:
-        budget, bsrc = HEADROOM * cl.gpu_memory_gb * GiB, (f"{HEADROOM:.0%} of cluster.gpu_memory_gb="
-                                                           f"{cl.gpu_memory_gb:g}")
+        budget, bsrc = (
+            HEADROOM * cl.gpu_memory_gb * GiB,
+            (f"{HEADROOM:.0%} of cluster.gpu_memory_gb={cl.gpu_memory_gb:g}"),
+        )
         if not cl.gpu_memory_gb:
             refusals.append("cluster.gpus_per_node is set but cluster.gpu_memory_gb is 0")
     else:
         budget = HEADROOM * memory_bytes(torch.device("cpu"))
         bsrc = f"{HEADROOM:.0%} of this host's available memory (no GPU)"
     disk_have = (cl.disk_gb * GiB if cl.disk_gb is not None else free_disk(run)) - cfg.data.min_free_disk_gb * GiB
-    dsrc = ("cluster.disk_gb" if cl.disk_gb is not None else f"free at {run}") + \
-        f", less data.min_free_disk_gb={cfg.data.min_free_disk_gb:g}"
+    dsrc = (
+        "cluster.disk_gb" if cl.disk_gb is not None else f"free at {run}"
+    ) + f", less data.min_free_disk_gb={cfg.data.min_free_disk_gb:g}"
     if cfg.train.method == "eagle3":
         return eagle3_plan(cfg, data, budget, bsrc, disk_have, dsrc, refusals)
     shape = cfg.shape()
@@ -251,63 +301,95 @@ def make_plan(cfg: TrainConfig, run: Path, data: Data) -> Plan:
         disk_need = float(data.tokens * per_token)
         if cl.gpu_tflops and cl.gpus_per_node:
             seconds = steps * training_flops_per_step(shape, cfg) / (cl.gpu_tflops * 1e12 * cl.mfu)
-            tsrc = (f"{training_flops_per_step(shape, cfg) / 1e12:.0f} TFLOP per rank-step at {cl.mfu:.0%} of "
-                    f"{cl.gpu_tflops:g} TFLOPS; {cfg.speculators.epochs} epochs of packed {T}-token rows "
-                    f"over {world} ranks")
+            tsrc = (
+                f"{training_flops_per_step(shape, cfg) / 1e12:.0f} TFLOP per rank-step at {cl.mfu:.0%} of "
+                f"{cl.gpu_tflops:g} TFLOPS; {cfg.speculators.epochs} epochs of packed {T}-token rows "
+                f"over {world} ranks"
+            )
         else:
             seconds, tsrc = None, "cluster.gpu_tflops unset"
         if not cl.gpus_per_node and not cfg.speculators.dry_run:
-            refusals.append("speculators trains on GPUs (torchrun); cluster.gpus_per_node is 0. Set it, or "
-                            "speculators.dry_run=true to build and save the drafter without training")
+            refusals.append(
+                "speculators trains on GPUs (torchrun); cluster.gpus_per_node is 0. Set it, or "
+                "speculators.dry_run=true to build and save the drafter without training"
+            )
         if disk_need > disk_have:
             fit = int(max(disk_have, 0) // per_token)
-            refusals.append(f"captured hidden states need {disk_need / GiB:.0f} GiB, {disk_have / GiB:.0f} GiB "
-                            f"available: about {fit} tokens fit ({per_token} bytes each); "
-                            "cap regen.records or use a larger disk")
+            refusals.append(
+                f"captured hidden states need {disk_need / GiB:.0f} GiB, {disk_have / GiB:.0f} GiB "
+                f"available: about {fit} tokens fit ({per_token} bytes each); "
+                "cap regen.records or use a larger disk"
+            )
     else:
         memory = ours_memory(shape, cfg, PROMPT_TOKENS + cfg.regen.max_tokens)
         steps, seconds, tsrc, disk_need = cfg.train.steps, None, "our trainer: measured, not estimated", 0.0
     total = sum(x.bytes for x in memory)
     if total > budget:
-        hint = " Set train.engine=speculators (FSDP2 over GPUs)." if engine == "ours" else \
-            " Add GPUs (cluster.nodes, cluster.gpus_per_node) or shorten speculators.max_length."
+        hint = (
+            " Set train.engine=speculators (FSDP2 over GPUs)."
+            if engine == "ours"
+            else " Add GPUs (cluster.nodes, cluster.gpus_per_node) or shorten speculators.max_length."
+        )
         refusals.append(f"{total / GiB:.1f} GiB per rank does not fit {budget / GiB:.1f} GiB ({bsrc}).{hint}")
     return Plan(engine, memory, budget, bsrc, data, disk_need, disk_have, dsrc, steps, seconds, tsrc, refusals)
 
 
-def eagle3_plan(cfg: TrainConfig, data: Data, budget: float, bsrc: str, disk_have: float, dsrc: str,
-                refusals: list[str]) -> Plan:
+def eagle3_plan(
+    cfg: TrainConfig, data: Data, budget: float, bsrc: str, disk_have: float, dsrc: str, refusals: list[str]
+) -> Plan:
     """train.method eagle3: our engine, a whole replica per rank, data-parallel (plan_eagle3.py says why)."""
     head, cl, tc = plan_eagle3.head_of(cfg), cfg.cluster, cfg.train
     seq_len = PROMPT_TOKENS + cfg.regen.max_tokens
     memory = [Line(*x) for x in plan_eagle3.memory(head, cfg, seq_len)]
     if tc.engine != "ours":
-        refusals.append("train.engine=speculators: speculators 0.9.0 builds EAGLE-3 heads with Llama and Qwen3 "
-                        "layers only; this recipe trains EAGLE-3 heads on its own engine (train.engine=ours)")
+        refusals.append(
+            "train.engine=speculators: speculators 0.9.0 builds EAGLE-3 heads with Llama and Qwen3 "
+            "layers only; this recipe trains EAGLE-3 heads on its own engine (train.engine=ours)"
+        )
     if cfg.capture.mode != "cache":
-        refusals.append(f"capture.mode={cfg.capture.mode}: train.method eagle3 trains on captured shards "
-                        "(capture.mode=cache)")
+        refusals.append(
+            f"capture.mode={cfg.capture.mode}: train.method eagle3 trains on captured shards (capture.mode=cache)"
+        )
     world = max(1, cl.nodes * cl.gpus_per_node)
     per_token = plan_eagle3.disk_bytes_per_token(head, cfg)
     disk_need = float(data.tokens * per_token)
     if disk_need > disk_have:
-        refusals.append(f"captured hidden states need {disk_need / GiB:.0f} GiB, {disk_have / GiB:.0f} GiB "
-                        f"available: about {int(max(disk_have, 0) // per_token)} tokens fit ({per_token} bytes "
-                        "each); cap regen.records or use a larger disk")
+        refusals.append(
+            f"captured hidden states need {disk_need / GiB:.0f} GiB, {disk_have / GiB:.0f} GiB "
+            f"available: about {int(max(disk_have, 0) // per_token)} tokens fit ({per_token} bytes "
+            "each); cap regen.records or use a larger disk"
+        )
     flops = plan_eagle3.flops_per_step(head, cfg, seq_len)
     epochs = tc.steps * world * tc.batch_size / max(1, data.samples)
     if cl.gpu_tflops and cl.gpus_per_node:
         seconds: float | None = tc.steps * flops / (cl.gpu_tflops * 1e12 * cl.mfu)
-        tsrc = (f"{flops / 1e12:.0f} TFLOP per rank-step at {cl.mfu:.0%} of {cl.gpu_tflops:g} TFLOPS; "
-                f"{world} ranks x {tc.batch_size} x {seq_len} tokens a step: {epochs:.2f} epochs of the data")
+        tsrc = (
+            f"{flops / 1e12:.0f} TFLOP per rank-step at {cl.mfu:.0%} of {cl.gpu_tflops:g} TFLOPS; "
+            f"{world} ranks x {tc.batch_size} x {seq_len} tokens a step: {epochs:.2f} epochs of the data"
+        )
     else:
         seconds, tsrc = None, "cluster.gpu_tflops unset"
     total = sum(x.bytes for x in memory)
     if total > budget:
-        refusals.append(f"{total / GiB:.1f} GiB per rank does not fit {budget / GiB:.1f} GiB ({bsrc}). Lower "
-                        "train.batch_size or regen.max_tokens, or a draft vocabulary (draft_vocab_size)")
-    return Plan("ours", memory, budget, bsrc, data, disk_need, disk_have, dsrc, tc.steps, seconds, tsrc, refusals,
-                method="eagle3")
+        refusals.append(
+            f"{total / GiB:.1f} GiB per rank does not fit {budget / GiB:.1f} GiB ({bsrc}). Lower "
+            "train.batch_size or regen.max_tokens, or a draft vocabulary (draft_vocab_size)"
+        )
+    return Plan(
+        "ours",
+        memory,
+        budget,
+        bsrc,
+        data,
+        disk_need,
+        disk_have,
+        dsrc,
+        tc.steps,
+        seconds,
+        tsrc,
+        refusals,
+        method="eagle3",
+    )
 
 
 def check_ours(cfg: TrainConfig, device: torch.device | None = None, where: str | None = None) -> None:
@@ -325,4 +407,5 @@ def check_ours(cfg: TrainConfig, device: torch.device | None = None, where: str 
         raise TrainConfigError(
             f"{cfg.path}: our trainer would need about {need / GiB:.0f} GiB on {where}, which has "
             f"{device_memory / GiB:.0f} GiB (largest: {top.what}, {top.bytes / GiB:.0f} GiB). Train this shape with "
-            "train.engine=speculators (FSDP2 across GPUs); ./train-drafter.sh CONFIG --plan sizes it first")
+            "train.engine=speculators (FSDP2 across GPUs); ./train-drafter.sh CONFIG --plan sizes it first"
+        )

@@ -77,22 +77,37 @@ def memory(head: Eagle3Head, cfg: TrainConfig, seq_len: int) -> list[tuple[str, 
     size, (nh, _) = head_size(head), _dims(head)
     B, T, H = tc.batch_size, seq_len, head.hidden_size
     rows = B * T * s
-    lines = [
-        ("head, gradients, AdamW", 16 * size.trainable,
-         f"{size.trainable / 1e9:.2f}B trainable parameters x (4 weight + 4 gradient + 8 moments) bytes, fp32, "
-         "a whole replica per rank"),
+    lines: list[tuple[str, float, str]] = [
+        (
+            "head, gradients, AdamW",
+            16 * size.trainable,
+            f"{size.trainable / 1e9:.2f}B trainable parameters x (4 weight + 4 gradient + 8 moments) bytes, fp32, "
+            "a whole replica per rank",
+        ),
         ("frozen embedding", 4 * size.embed, "the target's, fp32"),
-        ("target features", 4 * B * T * size.n_aux * head.target_hidden_size,
-         f"{size.n_aux} auxiliary layers x {head.target_hidden_size}, fp32, {B} x {T} tokens"),
-        ("activations", 2 * ACT_VALUES * rows * H,
-         f"{rows} rows ({B} x {T} tokens x {s} TTT steps) x {ACT_VALUES} bf16 values per hidden unit, kept for "
-         "backward"),
-        ("attention scores", 2 * 2 * B * nh * T * T * s * (s + 1) // 2,
-         f"bf16 scores and probabilities, {nh} heads, T x T(j+1) keys at step j: the explicit mask leaves SDPA "
-         "its math kernel at worst"),
-        ("logits", 3 * 4 * rows * head.draft_vocab_size,
-         f"{rows} rows x {head.draft_vocab_size} draft tokens, fp32: logits, softmax and gradient (every row "
-         "counted: an upper bound)"),
+        (
+            "target features",
+            4 * B * T * size.n_aux * head.target_hidden_size,
+            f"{size.n_aux} auxiliary layers x {head.target_hidden_size}, fp32, {B} x {T} tokens",
+        ),
+        (
+            "activations",
+            2 * ACT_VALUES * rows * H,
+            f"{rows} rows ({B} x {T} tokens x {s} TTT steps) x {ACT_VALUES} bf16 values per hidden unit, kept for "
+            "backward",
+        ),
+        (
+            "attention scores",
+            2 * 2 * B * nh * T * T * s * (s + 1) // 2,
+            f"bf16 scores and probabilities, {nh} heads, T x T(j+1) keys at step j: the explicit mask leaves SDPA "
+            "its math kernel at worst",
+        ),
+        (
+            "logits",
+            3 * 4 * rows * head.draft_vocab_size,
+            f"{rows} rows x {head.draft_vocab_size} draft tokens, fp32: logits, softmax and gradient (every row "
+            "counted: an upper bound)",
+        ),
     ]
     if tc.init_from_drafter and tc.anchor_l2:
         lines.insert(1, ("anchor weights", 4 * size.trainable, "fp32 copy of the start the L2 anchor pulls toward"))

@@ -15,8 +15,8 @@ On the MI300X host the same command regenerates with Kimi K2.6 (point
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import httpx
 
@@ -25,19 +25,34 @@ from .errors import RegenError
 from .progress import bar
 
 
-async def _regen(base_url: str, model: str, todo: Sequence[dict], out: Path, concurrency: int, max_tokens: int,
-                 temperature: float, seed: int, timeout: float) -> int:
+async def _regen(
+    base_url: str,
+    model: str | None,
+    todo: Sequence[dict],
+    out: Path,
+    concurrency: int,
+    max_tokens: int,
+    temperature: float,
+    seed: int,
+    timeout: float,
+) -> int:
     writer = RecordWriter(out)
     sem = asyncio.Semaphore(concurrency)
     done = 0
     failures: list[str] = []
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as client:
         with bar("regen", len(todo)) as advance:
+
             async def one(p: dict) -> None:
                 nonlocal done
-                body = {"model": model, "messages": [{"role": "user", "content": p["prompt"]}],
-                        "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
-                        "return_token_ids": True}
+                body = {
+                    "model": model,
+                    "messages": [{"role": "user", "content": p["prompt"]}],
+                    "max_tokens": max_tokens,
+                    "temperature": temperature,
+                    "seed": seed,
+                    "return_token_ids": True,
+                }
                 async with sem:
                     try:
                         r = await client.post("/v1/chat/completions", json=body)
@@ -50,8 +65,11 @@ async def _regen(base_url: str, model: str, todo: Sequence[dict], out: Path, con
                 ch = js["choices"][0]
                 if "prompt_token_ids" not in js or "token_ids" not in ch:
                     raise RegenError(f"{base_url}: response has no token ids (server ignores return_token_ids)")
-                writer.write(make_record(p["id"], p["prompt"], js["prompt_token_ids"], ch["token_ids"],
-                                         ch.get("finish_reason") or ""))
+                writer.write(
+                    make_record(
+                        p["id"], p["prompt"], js["prompt_token_ids"], ch["token_ids"], ch.get("finish_reason") or ""
+                    )
+                )
                 done += 1
                 advance()
 
@@ -62,9 +80,21 @@ async def _regen(base_url: str, model: str, todo: Sequence[dict], out: Path, con
     return done
 
 
-def regen(base_url: str, model: str, prompts: Sequence[dict], out: Path, *, concurrency: int, max_tokens: int,
-          temperature: float, seed: int = 0, timeout: float = 600.0, limit: int | None = None) -> int:
-    """Answer the prompts not yet in `out`; returns how many records were added."""
+def regen(
+    base_url: str,
+    model: str | None,
+    prompts: Sequence[dict],
+    out: Path,
+    *,
+    concurrency: int,
+    max_tokens: int,
+    temperature: float,
+    seed: int = 0,
+    timeout: float = 600.0,
+    limit: int | None = None,
+) -> int:
+    """Answer the prompts not yet in `out`; returns how many records were added. `model`: the served
+    model name (target.TargetInfo.served_name), sent as null when None."""
     have = {r.id for r in read_records(out)}
     todo = [p for p in prompts if p["id"] not in have]
     if limit is not None:

@@ -19,8 +19,9 @@ path wrote on this CPU to come back token for token).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,14 +30,17 @@ from .device import float32_matmul
 from .errors import RegenError
 from .progress import bar
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-def prompt_ids(tok, prompt: str) -> list[int]:
+
+def prompt_ids(tok: PreTrainedTokenizerBase, prompt: str) -> list[int]:
     """The ids the served path sees: the chat template with the generation prompt, no extra BOS."""
     text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
     return list(tok(text, add_special_tokens=False)["input_ids"])
 
 
-def stop_ids(model, tok) -> set[int]:
+def stop_ids(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> set[int]:
     eos = model.generation_config.eos_token_id
     ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     if tok.eos_token_id is not None:
@@ -57,17 +61,29 @@ def split_response(row: Sequence[int], stops: set[int], max_tokens: int) -> tupl
 
 
 @torch.no_grad()
-def generate_batch(model, pad_id: int, prompts: Sequence[list[int]], max_tokens: int, stops: set[int],
-                   device: torch.device) -> list[tuple[list[int], str]]:
+def generate_batch(
+    model: PreTrainedModel,
+    pad_id: int,
+    prompts: Sequence[list[int]],
+    max_tokens: int,
+    stops: set[int],
+    device: torch.device,
+) -> list[tuple[list[int], str]]:
     """Greedy answers to token-id prompts, left-padded into one batch."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     att = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        att[i, width - len(p):] = 1
-    out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device), max_new_tokens=max_tokens,
-                         do_sample=False, eos_token_id=sorted(stops), pad_token_id=pad_id)
+        ids[i, width - len(p) :] = torch.tensor(p)
+        att[i, width - len(p) :] = 1
+    out = model.generate(
+        input_ids=ids.to(device),
+        attention_mask=att.to(device),
+        max_new_tokens=max_tokens,
+        do_sample=False,
+        eos_token_id=sorted(stops),
+        pad_token_id=pad_id,
+    )
     return [split_response(row[width:].tolist(), stops, max_tokens) for row in out.cpu()]
 
 
@@ -89,12 +105,18 @@ def batches(lengths: Sequence[int], batch: int, window: int = WINDOW_BATCHES) ->
     span = batch * window
     for start in range(0, len(lengths), span):
         order = sorted(range(start, min(start + span, len(lengths))), key=lambda i: (lengths[i], i))
-        out += [order[i:i + batch] for i in range(0, len(order), batch)]
+        out += [order[i : i + batch] for i in range(0, len(order), batch)]
     return out
 
 
-def answer(model, pad_id: int, prompts: Sequence[list[int]], max_tokens: int, stops: set[int],
-           device: torch.device) -> list[tuple[list[int], str]]:
+def answer(
+    model: PreTrainedModel,
+    pad_id: int,
+    prompts: Sequence[list[int]],
+    max_tokens: int,
+    stops: set[int],
+    device: torch.device,
+) -> list[tuple[list[int], str]]:
     """`generate_batch`, halving a batch the device has no memory for (the prefill's attention
     grows with the batch times its longest prompt squared: 1,024 BIG-bench prompts of up to 2,000
     characters ran out of an H100's 80 GB) until it fits; one prompt that does not fit is the error."""
@@ -106,12 +128,22 @@ def answer(model, pad_id: int, prompts: Sequence[list[int]], max_tokens: int, st
     if device.type == "cuda":
         torch.cuda.empty_cache()
     half = len(prompts) // 2
-    return (answer(model, pad_id, prompts[:half], max_tokens, stops, device)
-            + answer(model, pad_id, prompts[half:], max_tokens, stops, device))
+    return answer(model, pad_id, prompts[:half], max_tokens, stops, device) + answer(
+        model, pad_id, prompts[half:], max_tokens, stops, device
+    )
 
 
-def regen_hf(model_dir: str | Path, prompts: Sequence[dict], out: Path, *, batch: int, max_tokens: int,
-             temperature: float, device: torch.device, trust_remote_code: bool = False) -> int:
+def regen_hf(
+    model_dir: str | Path,
+    prompts: Sequence[dict],
+    out: Path,
+    *,
+    batch: int,
+    max_tokens: int,
+    temperature: float,
+    device: torch.device,
+    trust_remote_code: bool = False,
+) -> int:
     """Answer `prompts`, `batch` at a time, appending to `out`; returns how many were written.
 
     Batches come in the order of `batches`: by length within windows that follow the prompts'
@@ -122,15 +154,20 @@ def regen_hf(model_dir: str | Path, prompts: Sequence[dict], out: Path, *, batch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if temperature != 0:
-        raise RegenError(f"regen.source=hf generates greedily; regen.temperature is {temperature} (set 0, "
-                         "or regenerate through the server for sampled answers)")
+        raise RegenError(
+            f"regen.source=hf generates greedily; regen.temperature is {temperature} (set 0, "
+            "or regenerate through the server for sampled answers)"
+        )
     if batch < 1:
         raise RegenError(f"regen.concurrency must be at least 1 (the batch size of regen.source=hf), got {batch}")
     if not prompts:
         return 0
     tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                 trust_remote_code=trust_remote_code).eval().to(device)
+    model = (
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, trust_remote_code=trust_remote_code)
+        .eval()
+        .to(device)
+    )
     stops = stop_ids(model, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(stops)
     encoded = [(p, prompt_ids(tok, p["prompt"])) for p in prompts]
@@ -141,8 +178,10 @@ def regen_hf(model_dir: str | Path, prompts: Sequence[dict], out: Path, *, batch
             for idx in batches([len(ids) for _, ids in encoded], batch):
                 group = [encoded[i] for i in idx]
                 answers = answer(model, pad, [ids for _, ids in group], max_tokens, stops, device)
-                recs: list[Record] = [make_record(p["id"], p["prompt"], ids, resp, why)
-                                      for (p, ids), (resp, why) in zip(group, answers)]
+                recs: list[Record] = [
+                    make_record(p["id"], p["prompt"], ids, resp, why)
+                    for (p, ids), (resp, why) in zip(group, answers, strict=False)
+                ]
                 writer.write_many(recs)
                 done += len(recs)
                 advance(len(recs))

@@ -33,15 +33,32 @@ from typing import Any
 from .errors import TrainConfigError
 
 DEFAULT_ROPE_THETA = 1000000.0
-REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-            "intermediate_size", "vocab_size", "block_size", "dflash_config")
+REQUIRED = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "block_size",
+    "dflash_config",
+)
 # Keys of the drafter JSON that describe training, or that vLLM 0.32's DFlash loader
 # would misread (`layer_types` as per-layer attention types): never exported.
 NOT_EXPORTED = ("training", "layer_types")
-LAYER_TENSORS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-                 "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-                 "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-                 "input_layernorm.weight", "post_attention_layernorm.weight")
+LAYER_TENSORS = (
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+)
 
 
 def read_json_file(path: Path, what: str) -> Any:
@@ -58,16 +75,25 @@ def _rope_theta(raw: dict[str, Any], source: str) -> float:
     top = raw.get("rope_theta")
     nested = (raw.get("rope_parameters") or {}).get("rope_theta")
     if top is not None and nested is not None and float(top) != float(nested):
-        raise TrainConfigError(f"{source}: rope_theta {top} and rope_parameters.rope_theta {nested} differ; "
-                               "keep one, or make them equal")
+        raise TrainConfigError(
+            f"{source}: rope_theta {top} and rope_parameters.rope_theta {nested} differ; keep one, or make them equal"
+        )
     value = nested if nested is not None else top
     return float(value) if value is not None else DEFAULT_ROPE_THETA
 
 
 ROPE_TYPES = ("default", "yarn")
 # Every key vLLM's YaRN reads (get_rope), and the keys that name the type and theta.
-YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale",
-             "mscale_all_dim", "truncate")
+YARN_KEYS = (
+    "factor",
+    "original_max_position_embeddings",
+    "beta_fast",
+    "beta_slow",
+    "attention_factor",
+    "mscale",
+    "mscale_all_dim",
+    "truncate",
+)
 _NAMING_KEYS = ("rope_type", "type", "rope_theta")
 
 
@@ -110,7 +136,7 @@ class Rope:
         return {"rope_type": self.rope_type, **dict(self.scaling), "rope_theta": self.theta}
 
     @classmethod
-    def from_raw(cls, raw: dict[str, Any], source: str) -> "Rope":
+    def from_raw(cls, raw: dict[str, Any], source: str) -> Rope:
         """The rope of a drafter JSON; refuses what the trainer cannot reproduce, naming `source`."""
         given = {}
         for key in ("rope_scaling", "rope_parameters"):
@@ -123,26 +149,34 @@ class Rope:
         if len(given) == 2:
             old, new = given["rope_scaling"], given["rope_parameters"]
             if _without_theta(old) != _without_theta(new):
-                raise TrainConfigError(f"{source}: rope_scaling {raw['rope_scaling']} and rope_parameters "
-                                       f"{raw['rope_parameters']} disagree (transformers would serve rope_scaling); "
-                                       "keep one, or make them say the same")
+                raise TrainConfigError(
+                    f"{source}: rope_scaling {raw['rope_scaling']} and rope_parameters "
+                    f"{raw['rope_parameters']} disagree (transformers would serve rope_scaling); "
+                    "keep one, or make them say the same"
+                )
             if "rope_theta" in old and float(old["rope_theta"]) != theta:
-                raise TrainConfigError(f"{source}: rope_scaling.rope_theta {old['rope_theta']} differs from "
-                                       f"rope_theta {theta}")
+                raise TrainConfigError(
+                    f"{source}: rope_scaling.rope_theta {old['rope_theta']} differs from rope_theta {theta}"
+                )
         spec = given.get("rope_parameters") or given.get("rope_scaling") or {"rope_type": "default"}
         field_ = "rope_parameters" if "rope_parameters" in given else "rope_scaling"
         kind = spec["rope_type"]
         if kind not in ROPE_TYPES:
-            raise TrainConfigError(f"{source}: {field_} rope type {kind!r} is not one the trainer reproduces "
-                                   f"({', '.join(ROPE_TYPES)}); it would learn other positions than vLLM serves")
+            raise TrainConfigError(
+                f"{source}: {field_} rope type {kind!r} is not one the trainer reproduces "
+                f"({', '.join(ROPE_TYPES)}); it would learn other positions than vLLM serves"
+            )
         allowed = YARN_KEYS if kind == "yarn" else ()
         extra = sorted(k for k in spec if k not in allowed and k not in _NAMING_KEYS)
         if extra:
-            raise TrainConfigError(f"{source}: {field_}.{extra[0]} is not reproduced by the trainer for rope type "
-                                   f"{kind}; remove it")
+            raise TrainConfigError(
+                f"{source}: {field_}.{extra[0]} is not reproduced by the trainer for rope type {kind}; remove it"
+            )
         if raw.get("is_neox_style", True) is not True or raw.get("partial_rotary_factor", 1.0) != 1.0:
-            raise TrainConfigError(f"{source}: the trainer applies neox-style RoPE to the whole head; is_neox_style "
-                                   "and partial_rotary_factor must be left out (or true and 1.0)")
+            raise TrainConfigError(
+                f"{source}: the trainer applies neox-style RoPE to the whole head; is_neox_style "
+                "and partial_rotary_factor must be left out (or true and 1.0)"
+            )
         for key in ("factor", "original_max_position_embeddings") if kind == "yarn" else ():
             value = spec.get(key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -164,13 +198,15 @@ def _standard(spec: dict[str, Any], key: str, source: str) -> dict[str, Any]:
     return out
 
 
-def check_layer_ids(ids: "list[int] | tuple[int, ...]", num_hidden_layers: int, source: str) -> None:
+def check_layer_ids(ids: list[int] | tuple[int, ...], num_hidden_layers: int, source: str) -> None:
     """Layer ids must lie in 0..n-2: HF's last hidden state is after the final norm, vLLM's is not,
     so a drafter trained on the last layer would be served other features than it learned from."""
     if min(ids) < 0 or max(ids) >= num_hidden_layers - 1:
-        raise TrainConfigError(f"{source}: target_layer_ids {list(ids)} must lie in 0..{num_hidden_layers - 2} "
-                               f"(never the last layer, {num_hidden_layers - 1}: its HF hidden state is after "
-                               "the final norm, vLLM's is not)")
+        raise TrainConfigError(
+            f"{source}: target_layer_ids {list(ids)} must lie in 0..{num_hidden_layers - 2} "
+            f"(never the last layer, {num_hidden_layers - 1}: its HF hidden state is after "
+            "the final norm, vLLM's is not)"
+        )
 
 
 @dataclass(frozen=True)
@@ -201,12 +237,12 @@ class DrafterShape:
     num_target_layers: int | None
 
     @classmethod
-    def load(cls, path: str | Path) -> "DrafterShape":
+    def load(cls, path: str | Path) -> DrafterShape:
         p = Path(path)
         return cls.from_dict(read_json_file(p, "drafter_config"), str(p))
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], source: str = "drafter shape") -> "DrafterShape":
+    def from_dict(cls, raw: dict[str, Any], source: str = "drafter shape") -> DrafterShape:
         for key in REQUIRED:
             if key not in raw:
                 raise TrainConfigError(f"{source}: missing '{key}'")
@@ -217,20 +253,31 @@ class DrafterShape:
         if "mask_token_id" not in dc:
             raise TrainConfigError(f"{source}: missing 'dflash_config.mask_token_id'")
         H, nh = raw["hidden_size"], raw["num_attention_heads"]
-        shape = cls(raw=copy.deepcopy(raw), source=source, hidden_size=H, num_hidden_layers=raw["num_hidden_layers"],
-                    num_attention_heads=nh, num_key_value_heads=raw["num_key_value_heads"],
-                    intermediate_size=raw["intermediate_size"], vocab_size=raw["vocab_size"],
-                    block_size=raw["block_size"], head_dim=raw.get("head_dim") or H // nh,
-                    rope_theta=_rope_theta(raw, source), rope=Rope.from_raw(raw, source),
-                    rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-                    attention_bias=raw.get("attention_bias", False), mask_token_id=dc["mask_token_id"],
-                    target_layer_ids=tuple(ids), num_target_layers=raw.get("num_target_layers"))
+        shape = cls(
+            raw=copy.deepcopy(raw),
+            source=source,
+            hidden_size=H,
+            num_hidden_layers=raw["num_hidden_layers"],
+            num_attention_heads=nh,
+            num_key_value_heads=raw["num_key_value_heads"],
+            intermediate_size=raw["intermediate_size"],
+            vocab_size=raw["vocab_size"],
+            block_size=raw["block_size"],
+            head_dim=raw.get("head_dim") or H // nh,
+            rope_theta=_rope_theta(raw, source),
+            rope=Rope.from_raw(raw, source),
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            attention_bias=raw.get("attention_bias", False),
+            mask_token_id=dc["mask_token_id"],
+            target_layer_ids=tuple(ids),
+            num_target_layers=raw.get("num_target_layers"),
+        )
         if shape.num_target_layers is not None:
             shape.check_target(shape.num_target_layers)
         return shape
 
     @classmethod
-    def coerce(cls, shape: "DrafterShape | dict[str, Any]") -> "DrafterShape":
+    def coerce(cls, shape: DrafterShape | dict[str, Any]) -> DrafterShape:
         """A shape as given, or made from its JSON dict (a checkpoint records the dict)."""
         return shape if isinstance(shape, DrafterShape) else cls.from_dict(shape)
 
@@ -245,18 +292,35 @@ class DrafterShape:
         """Refuse layer ids the target lacks, and its last layer (see check_layer_ids)."""
         check_layer_ids(self.target_layer_ids, num_hidden_layers, self.source)
 
-    def with_block_size(self, block_size: int) -> "DrafterShape":
+    def with_block_size(self, block_size: int) -> DrafterShape:
         """The same drafter served with another number of queries per draft step."""
         return DrafterShape.from_dict({**self.raw, "block_size": block_size}, self.source)
 
     def expected_tensors(self) -> dict[str, tuple[int, ...]]:
         """Every tensor vLLM's DFlash loader reads and its shape: unprefixed, no embeddings or LM head
         (the target's are shared)."""
-        H, hd, I = self.hidden_size, self.head_dim, self.intermediate_size
+        H, hd, inter = self.hidden_size, self.head_dim, self.intermediate_size
         nh, nkv, n = self.num_attention_heads, self.num_key_value_heads, len(self.target_layer_ids)
         out: dict[str, tuple[int, ...]] = {"fc.weight": (H, n * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
-        per = dict(zip(LAYER_TENSORS, ((nh * hd, H), (nkv * hd, H), (nkv * hd, H), (H, nh * hd), (hd,), (hd,),
-                                       (I, H), (I, H), (H, I), (H,), (H,))))
+        per = dict(
+            zip(
+                LAYER_TENSORS,
+                (
+                    (nh * hd, H),
+                    (nkv * hd, H),
+                    (nkv * hd, H),
+                    (H, nh * hd),
+                    (hd,),
+                    (hd,),
+                    (inter, H),
+                    (inter, H),
+                    (H, inter),
+                    (H,),
+                    (H,),
+                ),
+                strict=False,
+            )
+        )
         for i in range(self.num_hidden_layers):
             for k, s in per.items():
                 out[f"layers.{i}.{k}"] = s

@@ -42,15 +42,16 @@ def target_info(cfg: TrainConfig) -> TargetInfo:
     dtype, max_len = "auto", None
     if cfg.target.serve_config:
         env = load_config(cfg.target.serve_config, parse_overrides(cfg.target.serve_overrides))
-        model_dir = model_dir or str(env["MODEL_DIR"])
-        served_name = served_name or env["SERVED_MODEL_NAME"]
-        prepare = env["PREPARE_MODELS"]
-        trust = bool(env["TRUST_REMOTE_CODE"])
-        dtype, max_len = str(env["DTYPE"]), env["MAX_MODEL_LEN"]
+        model_dir = model_dir or str(env.model_dir)
+        served_name = served_name or env.served_model_name
+        prepare = env.prepare_models
+        trust = bool(env.trust_remote_code)
+        dtype, max_len = str(env.dtype), env.max_model_len
     if not model_dir:
         raise TrainConfigError(f"{cfg.path}: set target.serve_config or target.model_dir")
-    return TargetInfo(model_dir, served_name, prepare, declares_remote_code(model_dir) if trust is None else trust,
-                      dtype, max_len)
+    return TargetInfo(
+        model_dir, served_name, prepare, declares_remote_code(model_dir) if trust is None else trust, dtype, max_len
+    )
 
 
 def remote_code(cfg: TrainConfig, model_dir: str) -> bool:
@@ -72,5 +73,9 @@ def load_tokenizer(info: TargetInfo) -> Any:
 def capture_overrides(cfg: TrainConfig, layer_ids: list[int], states_dir: str) -> list[str]:
     """The serve overrides under which the recipe's target writes the hidden states
     the drafter learns from (capture.source=vllm): vLLM's extract_hidden_states."""
-    return [*cfg.target.serve_overrides, "SPECULATIVE_METHOD=extract_hidden_states",
-            f"HIDDEN_STATES_DIR={states_dir}", "HIDDEN_STATES_LAYERS=" + ",".join(map(str, layer_ids))]
+    return [
+        *cfg.target.serve_overrides,
+        "SPECULATIVE_METHOD=extract_hidden_states",
+        f"HIDDEN_STATES_DIR={states_dir}",
+        "HIDDEN_STATES_LAYERS=" + ",".join(map(str, layer_ids)),
+    ]

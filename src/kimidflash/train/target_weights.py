@@ -11,8 +11,8 @@ predict through the wrong matrix.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import torch
 
@@ -28,8 +28,9 @@ def target_layout(model_dir: str | Path) -> tuple[TextLayout, dict[str, str]]:
         raise TrainConfigError(f"target checkpoint: {exc}") from None
 
 
-def read_tensors(model_dir: str | Path, weight_map: dict[str, str], names: Iterable[str],
-                 float32: bool = True) -> dict[str, torch.Tensor]:
+def read_tensors(
+    model_dir: str | Path, weight_map: dict[str, str], names: Iterable[str], float32: bool = True
+) -> dict[str, torch.Tensor]:
     """The named tensors, each read from the shard the weight map gives it: as float32, or with
     `float32=False` as stored (what a bit-for-bit comparison or a dtype-keeping export needs)."""
     from safetensors import safe_open

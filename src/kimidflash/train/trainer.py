@@ -22,9 +22,10 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,10 +35,19 @@ from . import device as dev
 from . import objective as obj
 from . import vocab
 from .batch import Batch, collate
-from .capture import (HFCapture, MemoryStore, ShardStore, StreamStore, check_mode, make_source, note_capture,
-                      training_records)
-from .distill import soft_cross_entropy
+from .capture import (
+    HFCapture,
+    MemoryStore,
+    SequenceStore,
+    ShardStore,
+    StreamStore,
+    check_mode,
+    make_source,
+    note_capture,
+    training_records,
+)
 from .config import TrainConfig, TrainOptions
+from .distill import soft_cross_entropy
 from .errors import TrainConfigError
 from .manifest import Manifest, portable_train
 from .model import DFlashDrafter
@@ -48,22 +58,32 @@ from .target_weights import load_target_head
 from .warmstart import drafter_tensors, target_layer_tensors
 
 
-def build_model(shape: DrafterShape | dict[str, Any], embed: torch.Tensor, head: torch.Tensor, seed: int, std: float) -> DFlashDrafter:
+def build_model(
+    shape: DrafterShape | dict[str, Any], embed: torch.Tensor, head: torch.Tensor, seed: int, std: float
+) -> DFlashDrafter:
     model = DFlashDrafter(shape, embed, head)
     model.init_weights(std, torch.Generator().manual_seed(seed))
     return model
 
 
-def batch_loss(model: DFlashDrafter, b: Batch, weights: torch.Tensor, fwd: torch.nn.Module | None = None,
-               frequent: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def batch_loss(
+    model: DFlashDrafter,
+    b: Batch,
+    weights: torch.Tensor,
+    fwd: torch.nn.Module | None = None,
+    frequent: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Weighted CE over counted slots; the LM head runs only on those rows (it dominates the cost).
 
     `fwd`: the DDP-wrapped forward when data-parallel (gradients are then averaged across ranks).
     `frequent`: train.vocab_subset's token ids; the softmax then runs over them and the batch's labels
     (and, when the batch carries the target's top-k, those tokens too).
     A batch with soft targets (train.distill) is scored against them instead of the greedy label."""
-    h = fwd(b.feats, b.block_ids, b.block_pos, b.mask) if fwd is not None else \
-        model.hidden(b.feats, b.block_ids, b.block_pos, b.mask)
+    h = (
+        fwd(b.feats, b.block_ids, b.block_pos, b.mask)
+        if fwd is not None
+        else model.hidden(b.feats, b.block_ids, b.block_pos, b.mask)
+    )
     sel = b.label_ok
     if not sel.any():
         return h.sum() * 0.0, {"tokens": 0.0, "acc1": float("nan")}
@@ -79,6 +99,7 @@ def batch_loss(model: DFlashDrafter, b: Batch, weights: torch.Tensor, fwd: torch
     if soft is None:
         ce = F.cross_entropy(logits, target, reduction="none")
     else:
+        assert b.soft_logp is not None, "collate sets soft_logp with soft_ids"
         cols = soft if ids is None else vocab.subset_targets(ids, soft.flatten()).view_as(soft)
         ce = soft_cross_entropy(logits, cols, b.soft_logp[sel])
     loss = (ce * w).sum() / w.sum()
@@ -96,7 +117,7 @@ class _Forward(torch.nn.Module):
         super().__init__()
         self.m = m
 
-    def forward(self, feats, ids, pos, mask):
+    def forward(self, feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.m.hidden(feats, ids, pos, mask)
 
 
@@ -107,8 +128,15 @@ def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
 
 
-def sample_batch(store, n: int, gen: torch.Generator, anchors_per_seq: int, block_size: int, mask_id: int,
-                 distill: bool = False) -> Batch:
+def sample_batch(
+    store: SequenceStore,
+    n: int,
+    gen: torch.Generator,
+    anchors_per_seq: int,
+    block_size: int,
+    mask_id: int,
+    distill: bool = False,
+) -> Batch:
     idx = torch.randint(len(store), (n,), generator=gen).tolist()
     many = getattr(store, "get_many", None)
     seqs = many(idx) if many else [store.get(i) for i in idx]
@@ -116,7 +144,10 @@ def sample_batch(store, n: int, gen: torch.Generator, anchors_per_seq: int, bloc
     for ids, lm, f in seqs:
         a, v = obj.sample_anchors(lm, anchors_per_seq, gen)
         items.append((ids, lm, f, a, v))
-    return collate(items, block_size, mask_id, [store.topk(i) for i in idx] if distill else None)
+    if not distill:
+        return collate(items, block_size, mask_id, None)
+    assert isinstance(store, ShardStore), "train.distill reads the top-k tables of cached shards (_train_store)"
+    return collate(items, block_size, mask_id, [store.topk(i) for i in idx])
 
 
 def atomic_save(obj_: Any, path: Path) -> None:
@@ -140,11 +171,17 @@ class _Run:
     world: int
     device: torch.device
     step: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)
+    history: list[dict[str, float | None]] = field(default_factory=list)  # vocab: None on a step with no tokens
 
 
-def _start(shape: DrafterShape, tc: TrainOptions, embed: torch.Tensor, head: torch.Tensor, seed: int,
-           init: dict[str, torch.Tensor] | None = None) -> _Run:
+def _start(
+    shape: DrafterShape,
+    tc: TrainOptions,
+    embed: torch.Tensor,
+    head: torch.Tensor,
+    seed: int,
+    init: dict[str, torch.Tensor] | None = None,
+) -> _Run:
     """A fresh model (its layers seeded from `init` when given: warmstart.py), optimizer,
     schedule and this rank's data generator."""
     device = dev.resolve(tc.device)
@@ -189,17 +226,31 @@ def _save(r: _Run, last: Path) -> None:
         gens = allg
     if r.rank != 0:
         return
-    atomic_save({"model": r.model.state_dict(), "optimizer": r.opt.state_dict(), "scheduler": r.sched.state_dict(),
-                 "step": r.step, "history": r.history, "shape": r.shape.as_dict(), "train_config": r.tc.as_dict(),
-                 "rng": {"data": gens, "torch": torch.get_rng_state(), "python": random.getstate()}}, last)
+    atomic_save(
+        {
+            "model": r.model.state_dict(),
+            "optimizer": r.opt.state_dict(),
+            "scheduler": r.sched.state_dict(),
+            "step": r.step,
+            "history": r.history,
+            "shape": r.shape.as_dict(),
+            "train_config": r.tc.as_dict(),
+            "rng": {"data": gens, "torch": torch.get_rng_state(), "python": random.getstate()},
+        },
+        last,
+    )
 
 
-def _step(r: _Run, store, weights: torch.Tensor, fwd: torch.nn.Module | None,
-          frequent: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+def _step(
+    r: _Run,
+    store: SequenceStore,
+    weights: torch.Tensor,
+    fwd: torch.nn.Module | None,
+    frequent: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """One optimizer step on a fresh batch; appends to the history."""
     tc = r.tc
-    b = sample_batch(store, tc.batch_size, r.gen, tc.anchors_per_seq, tc.block_size, r.shape.mask_token_id,
-                     tc.distill)
+    b = sample_batch(store, tc.batch_size, r.gen, tc.anchors_per_seq, tc.block_size, r.shape.mask_token_id, tc.distill)
     with dev.autocast(r.device, tc.autocast):
         loss, info = batch_loss(r.model, b.to(r.device), weights, fwd, frequent)
     r.opt.zero_grad(set_to_none=True)
@@ -208,15 +259,35 @@ def _step(r: _Run, store, weights: torch.Tensor, fwd: torch.nn.Module | None,
     r.opt.step()
     r.sched.step()
     r.step += 1
-    r.history.append({"step": r.step, "loss": round(loss.item(), 5), "acc1": round(info["acc1"], 4),
-                      "lr": r.sched.get_last_lr()[0], "grad_norm": round(float(gn), 4), "vocab": info.get("vocab")})
+    r.history.append(
+        {
+            "step": r.step,
+            "loss": round(loss.item(), 5),
+            "acc1": round(info["acc1"], 4),
+            "lr": r.sched.get_last_lr()[0],
+            "grad_norm": round(float(gn), 4),
+            "vocab": info.get("vocab"),
+        }
+    )
     return loss, info
 
 
-def train_loop(shape: DrafterShape | dict[str, Any], tc: TrainOptions | dict[str, Any], store, embed: torch.Tensor,
-               head: torch.Tensor, ckpt_dir: Path, seed: int, resume: bool, stop_at: int | None = None, log=print,
-               progress: bool = True, frequent: torch.Tensor | None = None,
-               init: dict[str, torch.Tensor] | None = None, max_seconds: float | None = None) -> dict[str, Any]:
+def train_loop(
+    shape: DrafterShape | dict[str, Any],
+    tc: TrainOptions | dict[str, Any],
+    store: SequenceStore,
+    embed: torch.Tensor,
+    head: torch.Tensor,
+    ckpt_dir: Path,
+    seed: int,
+    resume: bool,
+    stop_at: int | None = None,
+    log: Callable[[str], None] = print,
+    progress: bool = True,
+    frequent: torch.Tensor | None = None,
+    init: dict[str, torch.Tensor] | None = None,
+    max_seconds: float | None = None,
+) -> dict[str, Any]:
     """Train to tc.steps (or stop at `stop_at`, or at the first step that ends after
     `max_seconds`, a wall-clock chunk); returns the final state summary."""
     shape, tc = DrafterShape.coerce(shape), TrainOptions.coerce(tc)
@@ -248,7 +319,9 @@ def train_loop(shape: DrafterShape | dict[str, Any], tc: TrainOptions | dict[str
     return {"model": r.model, "step": r.step, "history": r.history, "seconds": time.monotonic() - t0}
 
 
-def _train_store(cfg: TrainConfig, run: Path, shape: DrafterShape, model_dir: str, log=print):
+def _train_store(
+    cfg: TrainConfig, run: Path, shape: DrafterShape, model_dir: str, log: Callable[[str], None] = print
+) -> ShardStore | StreamStore | MemoryStore:
     """Captured shards (cache mode), features computed per batch (stream mode) or captured once
     into the train device's memory (memory mode)."""
     mode = check_mode(cfg)
@@ -261,25 +334,37 @@ def _train_store(cfg: TrainConfig, run: Path, shape: DrafterShape, model_dir: st
         if mode == "stream":
             store = StreamStore(train_recs, source)
         elif not isinstance(source, HFCapture):
-            raise TrainConfigError(f"{cfg.path}: capture.mode=memory needs capture.source=hf (the target on the "
-                                   "train device); with a served target use stream or cache")
+            raise TrainConfigError(
+                f"{cfg.path}: capture.mode=memory needs capture.source=hf (the target on the "
+                "train device); with a served target use stream or cache"
+            )
         else:
             store = MemoryStore(train_recs, source, cfg.capture.shard_records, log=log)
     if not len(store):
         raise TrainConfigError(f"{run}: no captured training records; run the capture phase")
     if cfg.train.distill and not (isinstance(store, ShardStore) and store.has_topk):
-        raise TrainConfigError(f"{cfg.path}: train.distill needs the target's top-k captured in cache mode: set "
-                               "capture.topk (e.g. 8) and capture.mode=cache, then run the capture phase")
+        raise TrainConfigError(
+            f"{cfg.path}: train.distill needs the target's top-k captured in cache mode: set "
+            "capture.topk (e.g. 8) and capture.mode=cache, then run the capture phase"
+        )
     return store
 
 
-def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None, log=print,
-          max_seconds: float | None = None) -> dict[str, Any]:
+def train(
+    cfg: TrainConfig,
+    run: Path,
+    resume: bool,
+    stop_at: int | None = None,
+    log: Callable[[str], None] = print,
+    max_seconds: float | None = None,
+) -> dict[str, Any]:
     shape, tc = cfg.shape(), cfg.train
     infer_block = cfg.export.block_size or shape.block_size
     if tc.block_size < infer_block:
-        raise TrainConfigError(f"train.block_size {tc.block_size} < the served block size {infer_block} "
-                               "(set export.block_size to serve smaller blocks)")
+        raise TrainConfigError(
+            f"train.block_size {tc.block_size} < the served block size {infer_block} "
+            "(set export.block_size to serve smaller blocks)"
+        )
     model_dir = target_info(cfg).model_dir
     store = _train_store(cfg, run, shape, model_dir, log=log)
     embed, head = load_target_head(model_dir)
@@ -293,19 +378,41 @@ def train(cfg: TrainConfig, run: Path, resume: bool, stop_at: int | None = None,
     if tc.init_from_drafter and not resume:
         init.update(drafter_tensors(tc.init_from_drafter, shape))  # over the target's layers where both give one
         log(f"train: starts from the drafter in {tc.init_from_drafter}")
-    res = train_loop(shape, tc, store, embed, head, run / "checkpoints", cfg.seed, resume, stop_at, log=log,
-                     frequent=frequent, init=init, max_seconds=max_seconds)
+    res = train_loop(
+        shape,
+        tc,
+        store,
+        embed,
+        head,
+        run / "checkpoints",
+        cfg.seed,
+        resume,
+        stop_at,
+        log=log,
+        frequent=frequent,
+        init=init,
+        max_seconds=max_seconds,
+    )
     hist = res["history"]
     tail = hist[-50:]
     res["loss_mean_last50"] = sum(h["loss"] for h in tail) / max(1, len(tail))
     where = dev.resolve(tc.device)
     m = Manifest.open(run)
-    m.note("train", {"steps_done": res["step"], "steps_planned": tc.steps, "records": len(store),
-                     "examples_seen": res["step"] * tc.batch_size,
-                     "final_loss_mean_last50": res["loss_mean_last50"], "config": portable_train(tc),
-                     # what train.autocast "auto" meant on this machine (device.native_bf16)
-                     "bf16_autocast": dev.autocast_enabled(where, tc.autocast),
-                     "device": dev.describe(where), "chunk_seconds": round(res["seconds"], 1)})
+    m.note(
+        "train",
+        {
+            "steps_done": res["step"],
+            "steps_planned": tc.steps,
+            "records": len(store),
+            "examples_seen": res["step"] * tc.batch_size,
+            "final_loss_mean_last50": res["loss_mean_last50"],
+            "config": portable_train(tc),
+            # what train.autocast "auto" meant on this machine (device.native_bf16)
+            "bf16_autocast": dev.autocast_enabled(where, tc.autocast),
+            "device": dev.describe(where),
+            "chunk_seconds": round(res["seconds"], 1),
+        },
+    )
     write_text_atomic(run / "loss-history.json", json.dumps(hist) + "\n")
     log(f"train: step {res['step']}/{tc.steps}, mean loss of the last {len(tail)} steps {res['loss_mean_last50']:.3f}")
     return res

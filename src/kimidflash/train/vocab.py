@@ -15,7 +15,7 @@ negatives would show.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -26,7 +26,7 @@ def frequent_tokens(records: Iterable[Record], n: int) -> torch.Tensor:
     """The `n` most frequent response-token ids (ties broken by the smaller id), sorted by id."""
     if n < 1:
         raise ValueError(f"train.vocab_subset must be at least 1, got {n}")
-    counts = Counter(t for r in records for t, m in zip(r.input_ids, r.loss_mask) if m)
+    counts = Counter(t for r in records for t, m in zip(r.input_ids, r.loss_mask, strict=False) if m)
     top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
     return torch.tensor(sorted(t for t, _ in top), dtype=torch.long)
 

@@ -35,9 +35,17 @@ from .shape import DrafterShape, read_json_file
 from .target_weights import read_tensors, target_layout
 
 # Drafter parameter (after "layers.N.") -> the target's name (after its "<prefix>layers.L.").
-COPIED = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-          "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-          "input_layernorm.weight", "post_attention_layernorm.weight")
+COPIED = (
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+)
 
 
 def target_layer_tensors(model_dir: str | Path, layer_ids: list[int], shape: DrafterShape) -> dict[str, torch.Tensor]:
@@ -46,21 +54,27 @@ def target_layer_tensors(model_dir: str | Path, layer_ids: list[int], shape: Dra
     The target's layers are found where checkpoint_layout puts its text model (`model.layers.L.` for
     Llama, `language_model.model.layers.L.` for Kimi K2.6)."""
     if len(layer_ids) != shape.num_hidden_layers:
-        raise TrainConfigError(f"train.init_from_target lists {len(layer_ids)} target layers; the drafter has "
-                               f"{shape.num_hidden_layers} (one target layer per draft layer)")
+        raise TrainConfigError(
+            f"train.init_from_target lists {len(layer_ids)} target layers; the drafter has "
+            f"{shape.num_hidden_layers} (one target layer per draft layer)"
+        )
     lay, wm = target_layout(model_dir)
     wanted = {f"{lay.layer(L)}{name}": f"layers.{i}.{name}" for i, L in enumerate(layer_ids) for name in COPIED}
     missing = [k for k in wanted if k not in wm]
     if missing:
-        raise TrainConfigError(f"train.init_from_target: the target at {model_dir} has no {missing[0]} "
-                               "(only a target whose layers have the drafter's shape can seed it)")
+        raise TrainConfigError(
+            f"train.init_from_target: the target at {model_dir} has no {missing[0]} "
+            "(only a target whose layers have the drafter's shape can seed it)"
+        )
     out = {wanted[k]: t for k, t in read_tensors(model_dir, wm, wanted).items()}
     expected = shape.expected_tensors()
     for name in wanted.values():  # in layer, then COPIED order: the first misfit is named
         t = out[name]
         if tuple(t.shape) != expected[name]:
-            raise TrainConfigError(f"train.init_from_target: target tensor for {name} is {list(t.shape)}, the "
-                                   f"drafter's is {list(expected[name])}")
+            raise TrainConfigError(
+                f"train.init_from_target: target tensor for {name} is {list(t.shape)}, the "
+                f"drafter's is {list(expected[name])}"
+            )
     return out
 
 
@@ -80,21 +94,30 @@ def drafter_tensors(drafter_dir: str | Path, shape: DrafterShape) -> dict[str, t
     d = Path(drafter_dir)
     weights = d / "model.safetensors"
     if not weights.is_file():
-        raise TrainConfigError(f"train.init_from_drafter: {d} has no model.safetensors (a drafter exported by "
-                               "the export phase is expected)")
-    src = DrafterShape.from_dict(read_json_file(d / "config.json", "train.init_from_drafter config"),
-                                 str(d / "config.json"))
+        raise TrainConfigError(
+            f"train.init_from_drafter: {d} has no model.safetensors (a drafter exported by "
+            "the export phase is expected)"
+        )
+    src = DrafterShape.from_dict(
+        read_json_file(d / "config.json", "train.init_from_drafter config"), str(d / "config.json")
+    )
     for key in SAME_AS_SOURCE:
         if getattr(src, key) != getattr(shape, key):
-            raise TrainConfigError(f"train.init_from_drafter: {key} is {getattr(src, key)} in {src.source}, "
-                                   f"{getattr(shape, key)} in {shape.source}")
+            raise TrainConfigError(
+                f"train.init_from_drafter: {key} is {getattr(src, key)} in {src.source}, "
+                f"{getattr(shape, key)} in {shape.source}"
+            )
     for key in ("target_layer_ids", "mask_token_id"):
         if getattr(src, key) != getattr(shape, key):
-            raise TrainConfigError(f"train.init_from_drafter: dflash_config.{key} is {getattr(src, key)} in "
-                                   f"{src.source}, {getattr(shape, key)} in {shape.source}")
+            raise TrainConfigError(
+                f"train.init_from_drafter: dflash_config.{key} is {getattr(src, key)} in "
+                f"{src.source}, {getattr(shape, key)} in {shape.source}"
+            )
     if src.num_hidden_layers > shape.num_hidden_layers:
-        raise TrainConfigError(f"train.init_from_drafter: {src.source} has {src.num_hidden_layers} layers, the "
-                               f"drafter {shape.num_hidden_layers}; a drafter can grow from its source, not shrink")
+        raise TrainConfigError(
+            f"train.init_from_drafter: {src.source} has {src.num_hidden_layers} layers, the "
+            f"drafter {shape.num_hidden_layers}; a drafter can grow from its source, not shrink"
+        )
     # A draft vocabulary's head is the target's rows (draft_vocab.py), not something the drafter learned.
     out = {k: v.float() for k, v in load_file(str(weights)).items() if k not in (DRAFT_HEAD, DRAFT_D2T)}
     want = src.expected_tensors()
@@ -102,12 +125,15 @@ def drafter_tensors(drafter_dir: str | Path, shape: DrafterShape) -> dict[str, t
         if name not in out:
             raise TrainConfigError(f"train.init_from_drafter: {weights} has no {name}")
         if tuple(out[name].shape) != size:
-            raise TrainConfigError(f"train.init_from_drafter: {weights}: {name} is {list(out[name].shape)}, "
-                                   f"expected {list(size)}")
+            raise TrainConfigError(
+                f"train.init_from_drafter: {weights}: {name} is {list(out[name].shape)}, expected {list(size)}"
+            )
     extra = sorted(set(out) - set(want))
     if extra:
-        raise TrainConfigError(f"train.init_from_drafter: {weights} holds {extra[0]}, which a drafter of "
-                               f"{src.source}'s shape does not have")
+        raise TrainConfigError(
+            f"train.init_from_drafter: {weights} holds {extra[0]}, which a drafter of "
+            f"{src.source}'s shape does not have"
+        )
     sizes = shape.expected_tensors()
     for i in range(src.num_hidden_layers, shape.num_hidden_layers):
         for name in SILENT_AT_START:

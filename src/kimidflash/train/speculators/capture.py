@@ -27,8 +27,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ...background import served
 from ...checkpoint_layout import text_field
@@ -52,13 +52,16 @@ def captured_layers(cfg: TrainConfig, num_hidden_layers: int) -> list[int]:
     shape.check_target(num_hidden_layers)
     ids = list(shape.target_layer_ids)
     if ids != sorted(set(ids)):
-        raise TrainConfigError(f"{shape.source}: target_layer_ids {ids} must ascend: vLLM writes the layers "
-                               "by depth, so the features would reach the drafter in another order")
+        raise TrainConfigError(
+            f"{shape.source}: target_layer_ids {ids} must ascend: vLLM writes the layers "
+            "by depth, so the features would reach the drafter in another order"
+        )
     return ids + [num_hidden_layers - 1]
 
 
-def check_disk(run: Path, folder: Path, tokens: int, per_token: int, min_free_gb: float,
-               free: float | None = None) -> float:
+def check_disk(
+    run: Path, folder: Path, tokens: int, per_token: int, min_free_gb: float, free: float | None = None
+) -> float:
     """Bytes still to write (what the files there already hold is counted as written);
     refused when that does not fit the free disk less `min_free_gb`."""
     have = sum(p.stat().st_size for p in folder.glob("hs_*.safetensors")) if folder.is_dir() else 0
@@ -66,9 +69,11 @@ def check_disk(run: Path, folder: Path, tokens: int, per_token: int, min_free_gb
     free = free_disk(folder) if free is None else free
     room = free - min_free_gb * GiB
     if need > room:
-        raise TrainConfigError(f"{run}: capturing hidden states needs {need / GiB:.1f} GiB ({tokens} tokens x "
-                               f"{per_token} bytes), {free / GiB:.1f} GiB free less data.min_free_disk_gb="
-                               f"{min_free_gb:g}; free disk, cap regen.records or use a larger disk")
+        raise TrainConfigError(
+            f"{run}: capturing hidden states needs {need / GiB:.1f} GiB ({tokens} tokens x "
+            f"{per_token} bytes), {free / GiB:.1f} GiB free less data.min_free_disk_gb="
+            f"{min_free_gb:g}; free disk, cap regen.records or use a larger disk"
+        )
     return need
 
 
@@ -93,8 +98,7 @@ def refresh(spec: Path, stamp: str, log: Log) -> None:
     write_text_atomic(stamp_file, stamp)
 
 
-PROCESSOR_FILES = ("config.json", "preprocessor_config.json", "processor_config.json",
-                   "video_preprocessor_config.json")
+PROCESSOR_FILES = ("config.json", "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
 
 
 def tokenizer_dir(model_dir: Path, spec: Path) -> Path:
@@ -137,21 +141,38 @@ def capture_offline(cfg: TrainConfig, run: Path, log: Log = print) -> Path:
         log(f"capture: {out} is complete for these rows (no server started)")
         return out
 
-    prepare = prepare_data_args(tokenizer_dir(Path(info.model_dir), spec), rows, spec / "data", seq_length,
-                                trust_remote_code=info.trust_remote_code, seed=cfg.seed)
+    prepare = prepare_data_args(
+        tokenizer_dir(Path(info.model_dir), spec),
+        rows,
+        spec / "data",
+        seq_length,
+        trust_remote_code=info.trust_remote_code,
+        seed=cfg.seed,
+    )
     run_logged(speculators_argv(*prepare), spec / "prepare-data.log", "prepare-data", env=WIDE, echo=log)
 
     tokens = row_tokens(rows, seq_length)
     per = capture_bytes_per_token(cfg.shape(), info.dtype)  # the layers above, at the served dtype
     need = check_disk(run, out, tokens, per, cfg.data.min_free_disk_gb)
-    log(f"capture: {n_rows} rows, {tokens} tokens x {len(layers)} layers {layers} x {hidden} "
-        f"({per} bytes a token): {need / GiB:.2f} GiB still to write into {out}")
+    log(
+        f"capture: {n_rows} rows, {tokens} tokens x {len(layers)} layers {layers} x {hidden} "
+        f"({per} bytes a token): {need / GiB:.2f} GiB still to write into {out}"
+    )
 
     def generate(base: str) -> None:
-        argv = speculators_argv("generate-offline-data", "--endpoint", base.rstrip("/").removesuffix("/v1") + "/v1",
-                                "--preprocessed-data", str(spec / "data"), "--output", str(out),
-                                "--concurrency", str(cfg.capture.concurrency), "--validate-outputs",
-                                "--fail-on-error")
+        argv = speculators_argv(
+            "generate-offline-data",
+            "--endpoint",
+            base.rstrip("/").removesuffix("/v1") + "/v1",
+            "--preprocessed-data",
+            str(spec / "data"),
+            "--output",
+            str(out),
+            "--concurrency",
+            str(cfg.capture.concurrency),
+            "--validate-outputs",
+            "--fail-on-error",
+        )
         run_logged(argv, spec / "generate-offline-data.log", "generate-offline-data", env=WIDE, echo=log)
 
     if cfg.capture.base_url:
@@ -161,8 +182,9 @@ def capture_offline(cfg: TrainConfig, run: Path, log: Log = print) -> Path:
     else:
         states = spec / "vllm-states"
         states.mkdir(parents=True, exist_ok=True)
-        with served(cfg.target.serve_config, capture_overrides(cfg, layers, str(states)),
-                    spec / "capture-server.log") as base:
+        with served(
+            cfg.target.serve_config, capture_overrides(cfg, layers, str(states)), spec / "capture-server.log"
+        ) as base:
             generate(base)
     check_files(out, len(layers), hidden)
     write_text_atomic(done, stamp)  # only now: a failed or interrupted run resumes instead
@@ -180,5 +202,7 @@ def check_files(out: Path, n_layers: int, hidden: int) -> None:
     with safe_open(files[0], framework="pt") as f:
         shape = tuple(f.get_slice("hidden_states").get_shape())
     if shape[1:] != (n_layers, hidden):
-        raise SpeculatorsError(f"{files[0]}: hidden_states {shape}, expected [T, {n_layers}, {hidden}]: the server "
-                               "captures other layers than HIDDEN_STATES_LAYERS asks (capture.base_url's own?)")
+        raise SpeculatorsError(
+            f"{files[0]}: hidden_states {shape}, expected [T, {n_layers}, {hidden}]: the server "
+            "captures other layers than HIDDEN_STATES_LAYERS asks (capture.base_url's own?)"
+        )

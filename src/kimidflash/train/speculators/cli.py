@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ..errors import SpeculatorsError
 from .venv import ensure_speculators
@@ -29,20 +29,40 @@ def torchrun_argv(nproc_per_node: int, nnodes: int, *args: str, rdzv_endpoint: s
     (across nodes, every node runs it with the first node's `rdzv_endpoint`, host:port)."""
     venv_bin = ensure_speculators().parent
     rdzv = ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"] if rdzv_endpoint else []
-    return [str(venv_bin / "torchrun"), *rdzv, f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
-            "-m", "speculators.train", *args]
+    return [
+        str(venv_bin / "torchrun"),
+        *rdzv,
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        "-m",
+        "speculators.train",
+        *args,
+    ]
 
 
-def run_logged(argv: Sequence[str], log_path: Path, what: str, env: dict[str, str] | None = None,
-               cwd: Path | None = None, echo=print) -> None:
+def run_logged(
+    argv: Sequence[str],
+    log_path: Path,
+    what: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    echo: Callable[[str], None] = print,
+) -> None:
     """Run `argv`, every line appended to `log_path` and echoed; a failure raises with the log's last lines."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     tail: deque[str] = deque(maxlen=TAIL)
     with open(log_path, "a") as log:
         log.write(f"$ {' '.join(argv)}\n")
         log.flush()
-        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, **(env or {})}, cwd=cwd, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            list(argv),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+        )
         assert proc.stdout is not None
         try:
             for line in proc.stdout:

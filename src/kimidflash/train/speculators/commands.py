@@ -42,8 +42,17 @@ from ..shape import DrafterShape
 
 SPECULATOR_TYPE = "dflash"
 # Qwen3Config fields written into --draft-config, from the shape.
-_DECODER_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-                 "intermediate_size", "vocab_size", "rms_norm_eps", "attention_bias")
+_DECODER_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "rms_norm_eps",
+    "attention_bias",
+)
 
 
 def aux_layer_ids(shape: DrafterShape) -> list[int]:
@@ -66,8 +75,12 @@ def draft_config(shape: DrafterShape) -> dict[str, Any]:
     it with the verifier's anyway and refuses a hidden size unlike the verifier's."""
     cfg: dict[str, Any] = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}
     cfg.update({k: getattr(shape, k) for k in _DECODER_KEYS})
-    cfg.update(hidden_act=shape.raw.get("hidden_act", "silu"), tie_word_embeddings=False,
-               use_sliding_window=False, rope_parameters=shape.rope.parameters())
+    cfg.update(
+        hidden_act=shape.raw.get("hidden_act", "silu"),
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+        rope_parameters=shape.rope.parameters(),
+    )
     if "max_position_embeddings" in shape.raw:
         cfg["max_position_embeddings"] = shape.raw["max_position_embeddings"]
     return cfg
@@ -111,20 +124,43 @@ class SpecTrainOptions:
         return asdict(self)
 
 
-def options_from(train: Any, seed: int, max_length: int, epochs: int = 1, fsdp_shard: bool = False,
-                 **overrides: Any) -> SpecTrainOptions:
+def options_from(
+    train: Any, seed: int, max_length: int, epochs: int = 1, fsdp_shard: bool = False, **overrides: Any
+) -> SpecTrainOptions:
     """SpecTrainOptions from our TrainOptions (train.*), the config's seed and the drafter's max_length."""
-    return SpecTrainOptions(**{
-        "lr": train.lr, "block_size": train.block_size, "max_anchors": train.batch_size * train.anchors_per_seq,
-        "gamma": train.gamma, "max_steps": train.steps, "epochs": epochs, "seed": seed,
-        "total_seq_len": train.batch_size * max_length, "weight_decay": train.weight_decay,
-        "warmup_steps": train.warmup_steps, "fsdp_shard": fsdp_shard, **overrides})
+    return SpecTrainOptions(
+        **{
+            "lr": train.lr,
+            "block_size": train.block_size,
+            "max_anchors": train.batch_size * train.anchors_per_seq,
+            "gamma": train.gamma,
+            "max_steps": train.steps,
+            "epochs": epochs,
+            "seed": seed,
+            "total_seq_len": train.batch_size * max_length,
+            "weight_decay": train.weight_decay,
+            "warmup_steps": train.warmup_steps,
+            "fsdp_shard": fsdp_shard,
+            **overrides,
+        }
+    )
 
 
-def train_args(shape: DrafterShape, target_dir: str | Path, data_dir: str | Path, hidden_states_dir: str | Path,
-               save_path: str | Path, opts: SpecTrainOptions, *, draft_config_path: str | Path | None = None,
-               from_pretrained: str | Path | None = None, dry_run: bool = False, resume: bool = True,
-               log_dir: str | Path | None = None, trust_remote_code: bool = False) -> list[str]:
+def train_args(
+    shape: DrafterShape,
+    target_dir: str | Path,
+    data_dir: str | Path,
+    hidden_states_dir: str | Path,
+    save_path: str | Path,
+    opts: SpecTrainOptions,
+    *,
+    draft_config_path: str | Path | None = None,
+    from_pretrained: str | Path | None = None,
+    dry_run: bool = False,
+    resume: bool = True,
+    log_dir: str | Path | None = None,
+    trust_remote_code: bool = False,
+) -> list[str]:
     """`speculators train` arguments (after `train`, or after torchrun's `-m speculators.train`).
 
     Exactly one of `draft_config_path` (a fresh drafter of `shape`: write it
@@ -141,23 +177,60 @@ def train_args(shape: DrafterShape, target_dir: str | Path, data_dir: str | Path
     if trust_remote_code:
         args.append("--trust-remote-code")
     if draft_config_path is not None:
-        args += ["--draft-config", str(draft_config_path),
-                 "--target-layer-ids", *map(str, aux_layer_ids(shape)),
-                 "--mask-token-id", str(shape.mask_token_id), "--block-size", str(opts.block_size)]
+        args += [
+            "--draft-config",
+            str(draft_config_path),
+            "--target-layer-ids",
+            *map(str, aux_layer_ids(shape)),
+            "--mask-token-id",
+            str(shape.mask_token_id),
+            "--block-size",
+            str(opts.block_size),
+        ]
     else:
         args += ["--from-pretrained", str(from_pretrained)]
-    args += ["--draft-attn-impl", opts.attn_impl, "--seed", str(opts.seed),
-             "--data-path", str(data_dir), "--hidden-states-backend", "file",
-             "--hidden-states-path", str(hidden_states_dir), "--on-missing", "raise",
-             "--total-seq-len", str(opts.total_seq_len), "--hidden-states-dtype", opts.hidden_states_dtype,
-             "--num-workers", str(opts.num_workers),
-             "--max-anchors", str(opts.max_anchors),
-             "--loss-fn", "ce", "--per-position-loss-weight", "fixed-exp-decay",
-             "--dflash-decay-gamma", str(opts.gamma),
-             "--optimizer", opts.optimizer, "--lr", str(opts.lr), "--weight-decay", str(opts.weight_decay),
-             "--scheduler-type", opts.scheduler,
-             "--epochs", str(opts.epochs), "--checkpoint-freq", str(opts.checkpoint_freq),
-             "--save-path", str(save_path)]
+    args += [
+        "--draft-attn-impl",
+        opts.attn_impl,
+        "--seed",
+        str(opts.seed),
+        "--data-path",
+        str(data_dir),
+        "--hidden-states-backend",
+        "file",
+        "--hidden-states-path",
+        str(hidden_states_dir),
+        "--on-missing",
+        "raise",
+        "--total-seq-len",
+        str(opts.total_seq_len),
+        "--hidden-states-dtype",
+        opts.hidden_states_dtype,
+        "--num-workers",
+        str(opts.num_workers),
+        "--max-anchors",
+        str(opts.max_anchors),
+        "--loss-fn",
+        "ce",
+        "--per-position-loss-weight",
+        "fixed-exp-decay",
+        "--dflash-decay-gamma",
+        str(opts.gamma),
+        "--optimizer",
+        opts.optimizer,
+        "--lr",
+        str(opts.lr),
+        "--weight-decay",
+        str(opts.weight_decay),
+        "--scheduler-type",
+        opts.scheduler,
+        "--epochs",
+        str(opts.epochs),
+        "--checkpoint-freq",
+        str(opts.checkpoint_freq),
+        "--save-path",
+        str(save_path),
+    ]
     if opts.warmup_steps is not None:
         args += ["--scheduler-warmup-steps", str(opts.warmup_steps)]
     if opts.max_steps is not None:
@@ -173,8 +246,13 @@ def train_args(shape: DrafterShape, target_dir: str | Path, data_dir: str | Path
     return args
 
 
-def convert_args(drafter_dir: str | Path, target_dir: str | Path, out_dir: str | Path, shape: DrafterShape,
-                 validate_device: str | None = "cpu") -> list[str]:
+def convert_args(
+    drafter_dir: str | Path,
+    target_dir: str | Path,
+    out_dir: str | Path,
+    shape: DrafterShape,
+    validate_device: str | None = "cpu",
+) -> list[str]:
     """`speculators convert` arguments for one of our (z-lab format) drafters of `shape`.
 
     The body is copied as-is; embed_tokens / lm_head / verifier norm come from
@@ -185,23 +263,53 @@ def convert_args(drafter_dir: str | Path, target_dir: str | Path, out_dir: str |
     text_config) lacks, and it fails with KeyError. `validate_device` reloads
     the result with speculators' own class (a NaN or a missing key fails)."""
     kwargs = json.dumps({"aux_hidden_state_layer_ids": aux_layer_ids(shape)}, separators=(",", ":"))
-    args = ["convert", str(drafter_dir), "--algorithm", "dflash", "--verifier", str(target_dir),
-            "--output-path", str(out_dir), "--algorithm-kwargs", kwargs]
+    args = [
+        "convert",
+        str(drafter_dir),
+        "--algorithm",
+        "dflash",
+        "--verifier",
+        str(target_dir),
+        "--output-path",
+        str(out_dir),
+        "--algorithm-kwargs",
+        kwargs,
+    ]
     if validate_device:
         args += ["--validate-device", validate_device]
     return args
 
 
-def prepare_data_args(target_dir: str | Path, rows: str | Path, out_dir: str | Path, seq_length: int,
-                      workers: int = 1, trust_remote_code: bool = False, seed: int = 0) -> list[str]:
+def prepare_data_args(
+    target_dir: str | Path,
+    rows: str | Path,
+    out_dir: str | Path,
+    seq_length: int,
+    workers: int = 1,
+    trust_remote_code: bool = False,
+    seed: int = 0,
+) -> list[str]:
     """`speculators prepare-data` arguments for rows.write_rows' JSONL.
 
     Rows carrying input_ids and loss_mask are passed through unchanged (no
     render endpoint needed, the `id` column is dropped, order is shuffled by
     --seed); the output folder is an arrow dataset (input_ids, loss_mask,
     seq_len). An existing output is kept unless --overwrite."""
-    args = ["prepare-data", "--model", str(target_dir), "--data", str(rows), "--output", str(out_dir),
-            "--seq-length", str(seq_length), "--num-preprocessing-workers", str(workers), "--seed", str(seed)]
+    args = [
+        "prepare-data",
+        "--model",
+        str(target_dir),
+        "--data",
+        str(rows),
+        "--output",
+        str(out_dir),
+        "--seq-length",
+        str(seq_length),
+        "--num-preprocessing-workers",
+        str(workers),
+        "--seed",
+        str(seed),
+    ]
     if trust_remote_code:
         args.append("--trust-remote-code")
     return args

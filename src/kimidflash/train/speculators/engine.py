@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 from ...paths import portable, portable_argv
 from ..config import TrainConfig
@@ -50,42 +50,83 @@ def train_speculators(cfg: TrainConfig, run: Path, resume: bool, max_steps: int 
     spec, shape, info, sp, cl = folder(run), cfg.shape(), target_info(cfg), cfg.speculators, cfg.cluster
     world = cl.nodes * cl.gpus_per_node
     if not sp.dry_run and not world:
-        raise TrainConfigError(f"{cfg.path}: speculators trains on GPUs under torchrun and cluster.gpus_per_node is "
-                               "0; set it (./train-drafter.sh CONFIG --plan sizes the run), or "
-                               "speculators.dry_run=true to build and save the drafter without training")
+        raise TrainConfigError(
+            f"{cfg.path}: speculators trains on GPUs under torchrun and cluster.gpus_per_node is "
+            "0; set it (./train-drafter.sh CONFIG --plan sizes the run), or "
+            "speculators.dry_run=true to build and save the drafter without training"
+        )
     if not sp.dry_run and not (spec / "captured.txt").is_file():
         raise TrainConfigError(f"{run}: no complete capture for the speculators engine; run the capture phase")
     save = spec / ("dry-run" if sp.dry_run else "checkpoints")
     if _has_checkpoints(save) and not resume:
-        raise TrainConfigError(f"{save}: holds checkpoints of an earlier run; --resume continues it, or remove the "
-                               "folder to start over")
-    opts = options_from(cfg.train, cfg.seed, sp.max_length, epochs=sp.epochs, fsdp_shard=sp.fsdp_shard and world > 1,
-                        max_steps=max_steps or cfg.train.steps, num_workers=8 if world else 2)
+        raise TrainConfigError(
+            f"{save}: holds checkpoints of an earlier run; --resume continues it, or remove the folder to start over"
+        )
+    opts = options_from(
+        cfg.train,
+        cfg.seed,
+        sp.max_length,
+        epochs=sp.epochs,
+        fsdp_shard=sp.fsdp_shard and world > 1,
+        max_steps=max_steps or cfg.train.steps,
+        num_workers=8 if world else 2,
+    )
     if cfg.train.init_from_drafter:  # warm start: the served drafter in speculators' format, at the training block
-        start = to_speculators(cfg.train.init_from_drafter, info.model_dir, spec / "warm-start",
-                               spec / "convert.log", block_size=cfg.train.block_size, echo=log)
+        start = to_speculators(
+            cfg.train.init_from_drafter,
+            info.model_dir,
+            spec / "warm-start",
+            spec / "convert.log",
+            block_size=cfg.train.block_size,
+            echo=log,
+        )
         # speculators takes the shape from the checkpoint: one unlike ours would train, then fail export
-        check_config(json.loads((start / "config.json").read_text()), shape,
-                     f"train.init_from_drafter {cfg.train.init_from_drafter}")
+        check_config(
+            json.loads((start / "config.json").read_text()),
+            shape,
+            f"train.init_from_drafter {cfg.train.init_from_drafter}",
+        )
         model = {"from_pretrained": start}
     else:
         model = {"draft_config_path": write_draft_config(shape, spec / "draft-config.json")}
-    tail = [*train_args(shape, info.model_dir, spec / "data", spec / "hidden_states", save, opts, dry_run=sp.dry_run,
-                        resume=resume, log_dir=spec / "logs", trust_remote_code=info.trust_remote_code, **model),
-            *sp.extra_args]
+    tail = [
+        *train_args(
+            shape,
+            info.model_dir,
+            spec / "data",
+            spec / "hidden_states",
+            save,
+            opts,
+            dry_run=sp.dry_run,
+            resume=resume,
+            log_dir=spec / "logs",
+            trust_remote_code=info.trust_remote_code,
+            **model,
+        ),
+        *sp.extra_args,
+    ]
     if sp.dry_run:
         argv = speculators_argv("train", *tail)
     else:
         endpoint = os.environ.get(RDZV_ENV) if cl.nodes > 1 else None
         if cl.nodes > 1 and not endpoint:
-            raise TrainConfigError(f"cluster.nodes={cl.nodes}: set {RDZV_ENV}=HOST:PORT (the first node) and "
-                                   "run the same command on every node")
+            raise TrainConfigError(
+                f"cluster.nodes={cl.nodes}: set {RDZV_ENV}=HOST:PORT (the first node) and "
+                "run the same command on every node"
+            )
         argv = torchrun_argv(cl.gpus_per_node, cl.nodes, *tail, rdzv_endpoint=endpoint)
     log(f"train: speculators {'dry run' if sp.dry_run else f'on {world} GPUs'} into {save}")
-    Manifest.open(run).note("train", {"engine": "speculators", "dry_run": sp.dry_run, "save_path": portable(save),
-                                      "command": portable_argv(argv), "options": opts.as_dict(),
-                                      "warm_start": portable(cfg.train.init_from_drafter)
-                                      if cfg.train.init_from_drafter else None})
+    Manifest.open(run).note(
+        "train",
+        {
+            "engine": "speculators",
+            "dry_run": sp.dry_run,
+            "save_path": portable(save),
+            "command": portable_argv(argv),
+            "options": opts.as_dict(),
+            "warm_start": portable(cfg.train.init_from_drafter) if cfg.train.init_from_drafter else None,
+        },
+    )
     run_logged(argv, spec / "train.log", "speculators train", echo=log)
     return save
 
@@ -103,8 +144,12 @@ def _export(cfg: TrainConfig, run: Path, out: Path) -> Path:
     if cfg.export.block_size:
         shape = shape.with_block_size(cfg.export.block_size)
     m = Manifest.open(run).data
-    provenance = {"name": cfg.name, "engine": "speculators", "config": portable(cfg.path),
-                  "run": {k: m.get(k) for k in ("setup", "regen", "capture", "train", "invocations") if k in m}}
+    provenance = {
+        "name": cfg.name,
+        "engine": "speculators",
+        "config": portable(cfg.path),
+        "run": {k: m.get(k) for k in ("setup", "regen", "capture", "train", "invocations") if k in m},
+    }
     return to_recipe_drafter(latest(cfg, run), shape, out, cfg.export.dtype, provenance)
 
 
@@ -113,8 +158,9 @@ def eval_speculators(cfg: TrainConfig, run: Path, drafter: str | None, log: Log 
     streamed = replace(cfg, capture=replace(cfg.capture, mode="stream"))  # our capture wrote no shards
     if drafter is not None:
         return evaluate_run(streamed, run, log=log, drafter=drafter)
-    res = evaluate_run(streamed, run, log=log, drafter=str(_export(cfg, run, folder(run) / "eval-drafter")),
-                       result="eval.json")
+    res = evaluate_run(
+        streamed, run, log=log, drafter=str(_export(cfg, run, folder(run) / "eval-drafter")), result="eval.json"
+    )
     Manifest.open(run).note_eval(res)
     return res
 

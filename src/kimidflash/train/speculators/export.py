@@ -27,6 +27,7 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,8 +52,15 @@ INDEX_FILE = "model.safetensors.index.json"
 TARGET_OWNED = ("embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight")
 VOCAB_MAPS = ("t2d", "d2t")
 PROVENANCE = "kimidflash-provenance.json"  # written next to a converted (speculators) drafter
-DECODER_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                "intermediate_size", "vocab_size", "attention_bias")
+DECODER_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "attention_bias",
+)
 
 
 class SpeculatorsCheckpointError(TrainConfigError):
@@ -71,12 +79,12 @@ def checkpoint_dir(path: str | Path) -> Path:
     if is_ckpt(p):
         return p
     if p.is_dir():
-        epochs = sorted((int(d.name), d) for d in p.iterdir()
-                        if d.name.isdigit() and not d.is_symlink() and is_ckpt(d))
+        epochs = sorted((int(d.name), d) for d in p.iterdir() if d.name.isdigit() and not d.is_symlink() and is_ckpt(d))
         if epochs:
             return epochs[-1][1]
-    raise SpeculatorsCheckpointError(f"{path}: no speculators checkpoint (config.json and {MODEL_FILE}, "
-                                     "or numbered epoch folders holding them)")
+    raise SpeculatorsCheckpointError(
+        f"{path}: no speculators checkpoint (config.json and {MODEL_FILE}, or numbered epoch folders holding them)"
+    )
 
 
 def tensor_files(ckpt: Path) -> dict[str, str]:
@@ -88,7 +96,7 @@ def tensor_files(ckpt: Path) -> dict[str, str]:
         raise SpeculatorsCheckpointError(str(exc)) from None
 
 
-def _load(ckpt: Path, files: dict[str, str], names: list[str]) -> "dict[str, torch.Tensor]":
+def _load(ckpt: Path, files: dict[str, str], names: list[str]) -> dict[str, torch.Tensor]:
     """The named tensors as stored (dtype kept)."""
     return read_tensors(ckpt, files, names, float32=False)
 
@@ -107,9 +115,11 @@ def check_config(cfg: dict[str, Any], shape: DrafterShape, where: str) -> None:
     block_size is not compared: it is how many slots a step was trained on,
     and our export serves the shape's (export.block_size may differ, as it
     does for the shipped SmolLM2 drafter)."""
+
     def bad(key: str, got: Any, want: Any) -> SpeculatorsCheckpointError:
-        return SpeculatorsCheckpointError(f"{where}: config.json {key} is {got!r}, the drafter shape "
-                                          f"{shape.source} needs {want!r}")
+        return SpeculatorsCheckpointError(
+            f"{where}: config.json {key} is {got!r}, the drafter shape {shape.source} needs {want!r}"
+        )
 
     kind = cfg.get("speculators_model_type")
     if kind != "dflash":
@@ -136,14 +146,18 @@ def check_config(cfg: dict[str, Any], shape: DrafterShape, where: str) -> None:
         raise SpeculatorsCheckpointError(
             f"{where}: draft layers {sliding or 'all'} were trained with sliding-window attention "
             f"(window {tlc.get('sliding_window')}); our export is served with full attention. Train with "
-            "--draft-config (commands.draft_config), not the decoder-shaping flags")
+            "--draft-config (commands.draft_config), not the decoder-shaping flags"
+        )
     rope = Rope.from_raw(tlc, f"{where}: transformer_layer_config")
     if rope != shape.rope:
         raise bad("transformer_layer_config rope", rope.parameters(), shape.rope.parameters())
     aux = cfg.get("aux_hidden_state_layer_ids")
     if aux != aux_layer_ids(shape):
-        raise bad("aux_hidden_state_layer_ids", aux,
-                  f"{aux_layer_ids(shape)} (target_layer_ids {list(shape.target_layer_ids)} + 1)")
+        raise bad(
+            "aux_hidden_state_layer_ids",
+            aux,
+            f"{aux_layer_ids(shape)} (target_layer_ids {list(shape.target_layer_ids)} + 1)",
+        )
     if cfg.get("mask_token_id") != shape.mask_token_id:
         raise bad("mask_token_id", cfg.get("mask_token_id"), shape.mask_token_id)
     if cfg.get("sample_from_anchor"):
@@ -151,7 +165,8 @@ def check_config(cfg: dict[str, Any], shape: DrafterShape, where: str) -> None:
     if cfg.get("draft_vocab_size", shape.vocab_size) != shape.vocab_size:
         raise SpeculatorsCheckpointError(
             f"{where}: draft_vocab_size {cfg.get('draft_vocab_size')} is a reduced draft vocabulary; our "
-            f"format serves the target's full {shape.vocab_size} (train without --draft-vocab-size)")
+            f"format serves the target's full {shape.vocab_size} (train without --draft-vocab-size)"
+        )
     if cfg.get("target_hidden_size") not in (None, shape.hidden_size):
         raise bad("target_hidden_size", cfg.get("target_hidden_size"), shape.hidden_size)
 
@@ -164,7 +179,8 @@ def body_names(ckpt: Path, files: dict[str, str], shape: DrafterShape, where: st
         if name in got:
             raise SpeculatorsCheckpointError(
                 f"{where}: tensor {name} maps a reduced draft vocabulary, which our format cannot serve "
-                "(train without --draft-vocab-size)")
+                "(train without --draft-vocab-size)"
+            )
     dropped = []
     for name in TARGET_OWNED + ("lm_head.weight",):
         if name not in got:
@@ -172,27 +188,31 @@ def body_names(ckpt: Path, files: dict[str, str], shape: DrafterShape, where: st
         if name == "lm_head.weight" and got[name] != (shape.vocab_size, shape.hidden_size):
             raise SpeculatorsCheckpointError(
                 f"{where}: tensor lm_head.weight has shape {list(got[name])}, a draft vocabulary of "
-                f"{got[name][0]}; our format serves the target's head ({shape.vocab_size} x {shape.hidden_size})")
+                f"{got[name][0]}; our format serves the target's head ({shape.vocab_size} x {shape.hidden_size})"
+            )
         dropped.append(name)
     for name, s in sorted(got.items()):
         if name in dropped:
             continue
         if name not in want:
-            raise SpeculatorsCheckpointError(f"{where}: tensor {name} {list(s)} is not part of a DFlash drafter "
-                                             f"of {shape.source}")
+            raise SpeculatorsCheckpointError(
+                f"{where}: tensor {name} {list(s)} is not part of a DFlash drafter of {shape.source}"
+            )
         if s != want[name]:
-            raise SpeculatorsCheckpointError(f"{where}: tensor {name} has shape {list(s)}, the drafter shape "
-                                             f"{shape.source} needs {list(want[name])}")
+            raise SpeculatorsCheckpointError(
+                f"{where}: tensor {name} has shape {list(s)}, the drafter shape {shape.source} needs {list(want[name])}"
+            )
     missing = sorted(set(want) - set(got))
     if missing:
-        raise SpeculatorsCheckpointError(f"{where}: tensor {missing[0]} is missing"
-                                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        raise SpeculatorsCheckpointError(
+            f"{where}: tensor {missing[0]} is missing" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
     return list(want), dropped
 
 
-def read_checkpoint(spec_ckpt_dir: str | Path, shape: DrafterShape) -> tuple[Path, dict[str, Any],
-                                                                             "dict[str, torch.Tensor]", list[str],
-                                                                             list[Path]]:
+def read_checkpoint(
+    spec_ckpt_dir: str | Path, shape: DrafterShape
+) -> tuple[Path, dict[str, Any], dict[str, torch.Tensor], list[str], list[Path]]:
     """(checkpoint folder, its config.json, our tensors by name, target-owned names left out, its
     tensor files), all checked."""
     import torch
@@ -236,8 +256,13 @@ def _train_command(ckpt: Path) -> list[str] | None:
     return None
 
 
-def to_recipe_drafter(spec_ckpt_dir: str | Path, shape: DrafterShape, out_dir: str | Path,
-                      dtype: str = "bfloat16", provenance: dict[str, Any] | None = None) -> Path:
+def to_recipe_drafter(
+    spec_ckpt_dir: str | Path,
+    shape: DrafterShape,
+    out_dir: str | Path,
+    dtype: str = "bfloat16",
+    provenance: dict[str, Any] | None = None,
+) -> Path:
     """A speculators DFlash checkpoint as our drafter folder (what serve.sh's DRAFT_MODEL_DIR loads).
 
     `spec_ckpt_dir` is a checkpoint folder or a training save_path (its
@@ -281,8 +306,15 @@ def _staged(drafter_dir: Path, block_size: int, into: Path) -> Path:
     return into
 
 
-def to_speculators(drafter_dir: str | Path, target_dir: str | Path, out_dir: str | Path, log_path: str | Path,
-                   block_size: int | None = None, validate_device: str | None = "cpu", echo=print) -> Path:
+def to_speculators(
+    drafter_dir: str | Path,
+    target_dir: str | Path,
+    out_dir: str | Path,
+    log_path: str | Path,
+    block_size: int | None = None,
+    validate_device: str | None = "cpu",
+    echo: Callable[[str], None] = print,
+) -> Path:
     """One of our exported drafters as a speculators checkpoint, for `--from-pretrained` (a warm start).
 
     Runs `speculators convert` (output in `log_path`) into a fresh folder that
@@ -303,15 +335,20 @@ def to_speculators(drafter_dir: str | Path, target_dir: str | Path, out_dir: str
         stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".src", dir=out.parent))
         try:
             given = src if block_size is None else _staged(src, block_size, stage / "drafter")
-            run_logged(speculators_argv(*convert_args(given, target_dir, tmp, shape, validate_device)),
-                       Path(log_path), "speculators convert", echo=echo)
+            run_logged(
+                speculators_argv(*convert_args(given, target_dir, tmp, shape, validate_device)),
+                Path(log_path),
+                "speculators convert",
+                echo=echo,
+            )
         finally:
             shutil.rmtree(stage, ignore_errors=True)
         cfg = json.loads((tmp / "config.json").read_text())
         check_config(cfg, shape, f"{out} (speculators convert of {src})")
         if cfg.get("block_size") != shape.block_size:
-            raise SpeculatorsCheckpointError(f"{out}: converted block_size {cfg.get('block_size')}, "
-                                             f"wanted {shape.block_size}")
+            raise SpeculatorsCheckpointError(
+                f"{out}: converted block_size {cfg.get('block_size')}, wanted {shape.block_size}"
+            )
         files = tensor_files(tmp)
         names, _ = body_names(tmp, files, shape, f"{out} (speculators convert of {src})")
         ours = tensor_files(src)
@@ -319,10 +356,16 @@ def to_speculators(drafter_dir: str | Path, target_dir: str | Path, out_dir: str
             t, u = _load(src, ours, [name])[name], _load(tmp, files, [name])[name]
             if t.dtype != u.dtype or not torch.equal(t, u):
                 raise SpeculatorsCheckpointError(f"{out}: tensor {name} differs from {src}'s after speculators convert")
-        write_json_atomic(tmp / PROVENANCE, {
-            "converted_at": utc_now(), "source": portable(src),
-            "source_files": {f: sha256_file(src / f) for f in sorted(set(ours.values()))},
-            "target": portable(Path(target_dir).resolve()), "speculators": VERSION,
-            "block_size": shape.block_size,
-            "command": portable_argv(speculators_argv(*convert_args(src, target_dir, out, shape, validate_device)))})
+        write_json_atomic(
+            tmp / PROVENANCE,
+            {
+                "converted_at": utc_now(),
+                "source": portable(src),
+                "source_files": {f: sha256_file(src / f) for f in sorted(set(ours.values()))},
+                "target": portable(Path(target_dir).resolve()),
+                "speculators": VERSION,
+                "block_size": shape.block_size,
+                "command": portable_argv(speculators_argv(*convert_args(src, target_dir, out, shape, validate_device))),
+            },
+        )
     return out

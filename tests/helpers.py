@@ -10,6 +10,7 @@ import pytest
 
 from kimidflash.background import free_port  # noqa: F401  (one free-port helper, shared with the package)
 from kimidflash.bench.runner import KEEPALIVE_EXPIRY_S
+from kimidflash.cli import main as cli_main
 from kimidflash.preflight import CPU_FP8_KV_FLAGS, cpu_flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,3 +66,9 @@ def api_client(base_url: str, timeout: float = 300) -> httpx.Client:
         timeout=timeout,
         transport=_ResendOnDisconnect(limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)),
     )
+
+
+def command(name: str, argv: list[str]) -> int:
+    """Run one command as `python -m kimidflash NAME ...` does: the command table is the one place its
+    errors become an exit status and a line on stderr."""
+    return cli_main([name, *argv])

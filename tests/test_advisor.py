@@ -7,6 +7,7 @@ import json
 import pytest
 
 from kimidflash import cli
+from kimidflash.errors import AdviceError
 from kimidflash.sweep.advisor import (
     DEFAULT_COST,
     SEED_OUTCOMES,
@@ -18,7 +19,6 @@ from kimidflash.sweep.advisor import (
     fit_cost,
     tokens_per_step,
 )
-from kimidflash.sweep.errors import AdviceError
 
 from .helpers import ROOT
 

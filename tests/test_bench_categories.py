@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from kimidflash.bench import ab, load_result
+from kimidflash.bench import load_result
 from kimidflash.bench.categories import ALL, parse_categories, specbench
-from kimidflash.bench.errors import PromptError
 from kimidflash.bench.prompts import load_source, of_kind
+from kimidflash.errors import PromptError
 
+from .helpers import command
 from .test_train_ab import argv
 
 
@@ -81,7 +82,8 @@ def test_ab_runs_every_category_per_variant_and_specbench_pools_the_rounds(
     out = tmp_path / "ab"
     base = [a for a in argv(out, drafter) if a != "--offline" and not a.endswith("offline-acceptance.json")]
     assert (
-        ab.main(
+        command(
+            "ab",
             base
             + [
                 "--concurrency",
@@ -97,7 +99,7 @@ def test_ab_runs_every_category_per_variant_and_specbench_pools_the_rounds(
                 "2",
                 "--offline-category",
                 f"mine@he={walk}",
-            ]
+            ],
         )
         == 0
     )
@@ -159,7 +161,7 @@ def test_ab_runs_every_category_per_variant_and_specbench_pools_the_rounds(
     ],
 )
 def test_bad_ab_categories_are_one_clear_error(fake_serving, drafter, sets, tmp_path, capsys, extra, message):
-    assert ab.main(argv(tmp_path / "ab", drafter, *[e.format(mixed=sets[0]) for e in extra])) == 2
+    assert command("ab", argv(tmp_path / "ab", drafter, *[e.format(mixed=sets[0]) for e in extra])) == 2
     assert message in capsys.readouterr().err and not fake_serving
 
 

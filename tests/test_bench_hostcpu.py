@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from kimidflash.bench import BenchConfig, run_benchmark, validate_result
-from kimidflash.bench.errors import BenchError
 from kimidflash.bench.hostcpu import role
+from kimidflash.errors import BenchError
 
 from .fakeserver import FakeServer, Plan
 

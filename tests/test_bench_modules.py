@@ -11,9 +11,8 @@ import sys
 import pytest
 
 from kimidflash.bench.cli import main
-from kimidflash.bench.errors import BenchError, MetricsError, PromptError, ReportError, ResultError
 from kimidflash.bench.metrics import metrics_url_for, server_root
-from kimidflash.errors import RecipeError
+from kimidflash.errors import BenchError, MetricsError, PromptError, RecipeError, ReportError, ResultError
 from kimidflash.paths import REPO_ROOT
 
 BENCH = REPO_ROOT / "src" / "kimidflash" / "bench"

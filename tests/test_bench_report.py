@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from kimidflash.bench import BenchConfig, run_benchmark, write_result
-from kimidflash.bench.errors import ReportError
 from kimidflash.bench.report import compare
+from kimidflash.errors import ReportError
 from kimidflash.paths import REPO_ROOT
 
 from .fakeserver import FakeServer, Plan

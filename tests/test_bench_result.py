@@ -19,9 +19,9 @@ from kimidflash.bench import (
     validate_result,
     write_result,
 )
-from kimidflash.bench.errors import ResultError
 from kimidflash.bench.result import client_busy_note
 from kimidflash.bench.stats import percentile, summarize
+from kimidflash.errors import ResultError
 
 from .fakeserver import FakeServer, Plan
 

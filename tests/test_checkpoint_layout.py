@@ -17,10 +17,9 @@ from safetensors.torch import save_file
 
 from kimidflash import checkpoint_layout as layout
 from kimidflash.config.rules import model_field
-from kimidflash.errors import RecipeError
+from kimidflash.errors import RecipeError, TrainConfigError
 from kimidflash.fp8 import checkpoint as fp8ck
 from kimidflash.train import config as tcfg
-from kimidflash.train.errors import TrainConfigError
 from kimidflash.train.shape import DrafterShape
 from kimidflash.train.target import remote_code, target_info
 from kimidflash.train.target_weights import load_target_head

@@ -21,7 +21,7 @@ from kimidflash.docker import imagecheck
 from kimidflash.docker.spec import LAUNCHER_IN_IMAGE
 from kimidflash.settings import BY_NAME
 
-from .helpers import CONFIGS, ROOT
+from .helpers import CONFIGS, ROOT, command
 
 DOCKERFILE = ROOT / "Dockerfile.kimi26-dflash"
 
@@ -193,13 +193,13 @@ def test_tags_carry_version_and_patchset_hash():
 
 def test_build_without_engine_says_how_to_start_one(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/nothing.sock")
-    assert build_mod.main([str(CONFIGS / "production.env")]) == 2
+    assert command("build", [str(CONFIGS / "production.env")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no Docker engine reachable" in err[0] and "start one" in err[0]
 
 
 def test_build_names_a_missing_file(capsys):
-    assert build_mod.main(["--ca-bundle", "/nonexistent/ca.pem"]) == 2
+    assert command("build", ["--ca-bundle", "/nonexistent/ca.pem"]) == 2
     assert "--ca-bundle /nonexistent/ca.pem: no such file" in capsys.readouterr().err
 
 

@@ -160,7 +160,7 @@ def test_a_local_engine_short_of_disk_is_refused_before_building(tmp_path, monke
     from collections import namedtuple
 
     from kimidflash.docker.engine import require_free_space
-    from kimidflash.docker.errors import EngineUnavailable
+    from kimidflash.errors import EngineUnavailable
 
     class Client:
         def __init__(self, root):

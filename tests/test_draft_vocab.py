@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from kimidflash.errors import TrainConfigError
 from kimidflash.train import evaluate as ev
 from kimidflash.train.data import Record
 from kimidflash.train.draft_vocab import attach, choose, coverage, draft_vocab_ids, main
-from kimidflash.train.errors import TrainConfigError
 from kimidflash.train.shape import DrafterShape
 from kimidflash.train.warmstart import drafter_tensors
 

@@ -13,8 +13,8 @@ import torch
 pytest.importorskip("transformers")
 
 from kimidflash.eagle3 import Eagle3Head  # noqa: E402
+from kimidflash.errors import TrainConfigError  # noqa: E402
 from kimidflash.train import config as tcfg  # noqa: E402
-from kimidflash.train.errors import TrainConfigError  # noqa: E402
 from kimidflash.train.phases import PHASES, PhaseArgs  # noqa: E402
 
 HEAD = {

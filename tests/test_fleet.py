@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kimidflash.fleet.errors import FleetError
+from kimidflash.errors import FleetError
 from kimidflash.fleet.router import router_argv, router_url
 from kimidflash.fleet.spec import load_fleet
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from kimidflash.errors import KvCaptureError
 from kimidflash.fp8 import calibrate as cal
-from kimidflash.fp8.capture import CaptureError, KvCapture
+from kimidflash.fp8.capture import KvCapture
 from kimidflash.fp8.scales import KvScales
 from kimidflash.paths import REPO_ROOT
 
@@ -127,7 +128,7 @@ def test_capture_restores_the_model_and_refuses_a_missed_rope(models, monkeypatc
     with torch.no_grad(), cap:
         monkeypatch.setattr(cap, "_record_rope", lambda out: None)
         model(torch.tensor([[5, 6, 7]]), use_cache=False)
-    with pytest.raises(CaptureError, match="layer 0: no rope call was seen"):
+    with pytest.raises(KvCaptureError, match="layer 0: no rope call was seen"):
         cap.check_complete()
 
 
@@ -204,7 +205,7 @@ def test_bad_inputs_fail_fast_with_one_line_and_nothing_written(models, tmp_path
         r = _run([*args, "-o", str(out)])
         err = r.stderr.strip()
         assert r.returncode == 2, (args, r.stderr)
-        assert msg in err and len(err.splitlines()) == 1 and err.startswith("calibrate: error: "), (args, err)
+        assert msg in err and len(err.splitlines()) == 1 and err.startswith("kimidflash calibrate: "), (args, err)
         assert not out.exists()
     assert sorted(p.name for p in busy.iterdir()) == ["x"]
 

@@ -15,7 +15,7 @@ from kimidflash.fp8 import report, validate
 from kimidflash.fp8.requests import Output
 from kimidflash.paths import REPO_ROOT
 
-from .helpers import CONFIGS
+from .helpers import CONFIGS, command
 
 FP8_SETS = ["--set", "KV_CACHE_DTYPE=fp8", "--set", "KV_SCALE_POLICY=checkpoint", "--set", "DRAFT_KV_CACHE_DTYPE=fp8"]
 
@@ -46,7 +46,7 @@ FP8_SETS = ["--set", "KV_CACHE_DTYPE=fp8", "--set", "KV_SCALE_POLICY=checkpoint"
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(argv, culprit, tmp_path, capsys) -> None:
     out = tmp_path / "out"
-    assert validate.main([*argv, "--out", str(out)]) == 2
+    assert command("validate-fp8", [*argv, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert culprit in err and len(err.splitlines()) == 1, err
     assert not out.exists() and list(tmp_path.iterdir()) == []

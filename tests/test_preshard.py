@@ -15,10 +15,10 @@ import pytest
 from kimidflash import cli
 from kimidflash.config import load_config
 from kimidflash.docker.spec import mounts
+from kimidflash.errors import PreshardError
 from kimidflash.preflight import check_presharded
 from kimidflash.preshard import cli as preshard_cli
 from kimidflash.preshard import manifest
-from kimidflash.preshard.errors import PreshardError
 from kimidflash.render import render
 
 from .helpers import CONFIGS, write_env

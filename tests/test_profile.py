@@ -7,8 +7,8 @@ import json
 import pytest
 
 from kimidflash.bench import profile
-from kimidflash.bench.errors import BenchError
 from kimidflash.cli import main as cli_main
+from kimidflash.errors import BenchError
 
 RAW = (
     'process 11:"VLLM::EngineCore";process 12:"VLLM::Worker";run (vllm/v1/worker/gpu_model_runner.py:10);'

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kimidflash.bench.prompts import kinds, load_file
+from kimidflash.errors import DataError
 from kimidflash.prompts_real import (
     BIGBENCH,
     CATEGORIES,
@@ -37,7 +38,6 @@ from kimidflash.prompts_real import (
 )
 from kimidflash.prompts_real import bigbench as bb
 from kimidflash.train.data import load_prompts
-from kimidflash.train.errors import DataError
 
 ROOT = "bigbench-1.0.0/bigbench/benchmark_tasks/"
 KEYWORD = {

@@ -8,8 +8,7 @@ import pytest
 
 from kimidflash import serve as serve_mod
 from kimidflash.config import ConfigError, load_config, loader
-from kimidflash.docker.errors import BuildFailed, ContainerError, CpuBaseError, EngineUnavailable
-from kimidflash.errors import RecipeError
+from kimidflash.errors import BuildFailed, ContainerError, CpuBaseError, EngineUnavailable, RecipeError
 
 from .helpers import CONFIGS, write_env
 

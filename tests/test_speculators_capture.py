@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from kimidflash.errors import TrainConfigError
 from kimidflash.train import config as train_config
 from kimidflash.train import plan
-from kimidflash.train.errors import TrainConfigError
 from kimidflash.train.speculators import capture
 
 from .helpers import CONFIGS

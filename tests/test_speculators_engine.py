@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from kimidflash.errors import TrainConfigError
 from kimidflash.train import config as tcfg
-from kimidflash.train.errors import TrainConfigError
 from kimidflash.train.speculators import engine
 
 from .helpers import CONFIGS

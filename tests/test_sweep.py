@@ -21,7 +21,7 @@ import pytest
 from kimidflash.background import serving_process, sigterm_as_interrupt
 from kimidflash.cli import main as cli_main
 from kimidflash.config import load_config
-from kimidflash.sweep.errors import SweepError
+from kimidflash.errors import SweepError
 from kimidflash.sweep.grid import Grid, add_client, add_server, cases, points, read_grid_file
 
 

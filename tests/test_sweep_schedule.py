@@ -290,7 +290,7 @@ def test_a_point_table_measures_a_schedule_beside_the_static_k_and_checks_it(bas
     ],
 )
 def test_a_bad_point_table_refuses_the_sweep_naming_it(base, tmp_path, table, words):
-    from kimidflash.sweep.errors import SweepError
+    from kimidflash.errors import SweepError
 
     grid = tmp_path / "g.toml"
     grid.write_text(table)

@@ -20,7 +20,7 @@ from kimidflash.bench.tables import f_x
 from kimidflash.config import load_config
 from kimidflash.paths import portable
 
-from .helpers import CONFIGS, DFLASH, ROOT, write_env
+from .helpers import CONFIGS, DFLASH, ROOT, command, write_env
 
 OFFLINE = ROOT / "drafters" / "smollm2-135m-dflash" / "offline-acceptance.json"
 
@@ -58,7 +58,7 @@ def argv(out: Path, drafter: Path, *extra: str) -> list[str]:
 
 def test_rounds_interleave_variants_and_the_report_averages_them(fake_serving, drafter, tmp_path):
     out = tmp_path / "ab"
-    assert ab.main(argv(out, drafter, "--rounds", "2")) == 0
+    assert command("ab", argv(out, drafter, "--rounds", "2")) == 0
     # variants alternate, the second round in reverse order: A, baseline, baseline, A
     assert [o[0] for o in fake_serving] == [
         "SPECULATIVE_METHOD=dflash",
@@ -99,7 +99,7 @@ def test_interleave_serves_every_variant_once_and_alternates_them_at_each_concur
 
     monkeypatch.setattr(ab, "run_benchmark", recorded)
     out = tmp_path / "ab"
-    assert ab.main(argv(out, drafter, "--rounds", "2", "--interleave")) == 0
+    assert command("ab", argv(out, drafter, "--rounds", "2", "--interleave")) == 0
     assert [o[0] for o in fake_serving] == ["SPECULATIVE_METHOD=dflash", "SPECULATIVE_METHOD=none"]  # once each
     a, b = "mine k=3", "no speculation"
     assert runs == [
@@ -118,7 +118,7 @@ def test_interleave_serves_every_variant_once_and_alternates_them_at_each_concur
     assert "--interleave" in load_result(out / "no-speculation-c2-r2.json")["notes"][-1]
     (out / "mine-k3-c2-r1.json").unlink()  # resumed: only the missing run's variant is served, only that run runs
     runs.clear()
-    assert ab.main(argv(out, drafter, "--rounds", "2", "--interleave", "--reuse")) == 0
+    assert command("ab", argv(out, drafter, "--rounds", "2", "--interleave", "--reuse")) == 0
     assert fake_serving[2:] == [fake_serving[0]] and runs == [(a, 2)]  # alone in its block
 
 
@@ -127,7 +127,7 @@ def test_as_shipped_serves_the_config_as_it_is_and_is_checked_against_the_best_o
 ):
     out = tmp_path / "ab"
     own = write_env(tmp_path / "own.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nDRAFT_MODEL_DIR={drafter}\n")
-    assert ab.main([str(own), *argv(out, drafter, "--as-shipped", "--rounds", "2")[1:]]) == 0
+    assert command("ab", [str(own), *argv(out, drafter, "--as-shipped", "--rounds", "2")[1:]]) == 0
     assert fake_serving[2] == [] and len(fake_serving) == 6  # no override: the schedule the file ships is served
     check = json.loads((out / "shipped-check.json").read_text())
     assert [r["concurrency"] for r in check["rows"]] == [1, 2]
@@ -152,20 +152,22 @@ def test_as_shipped_serves_the_config_as_it_is_and_is_checked_against_the_best_o
 
 def test_workloads_run_each_category_once_per_workload_on_the_same_server(fake_serving, drafter, tmp_path, capsys):
     out = tmp_path / "ab"
-    assert ab.main(argv(out, drafter, "--workload", "free", "json")) == 0
+    assert command("ab", argv(out, drafter, "--workload", "free", "json")) == 0
     assert len(fake_serving) == 2  # one server per variant, every workload on it
     for w in ("free", "json"):
         doc = load_result(out / f"mine-k3-{w}-c1.json")
         assert doc["config"]["workload"] == w and doc["config"]["category"] == w
     rows = {(r["category"], r["concurrency"]) for r in json.loads((out / "specbench.json").read_text())["rows"]}
     assert {("free", 1), ("json", 2)} <= rows
-    assert ab.main(argv(out, drafter, "--workload", "json", "json")) == 2
+    assert command("ab", argv(out, drafter, "--workload", "json", "json")) == 2
     assert "a workload given twice" in capsys.readouterr().err
 
 
 def test_as_shipped_without_the_baseline_is_refused(fake_serving, drafter, tmp_path, capsys):
     args = [a for a in argv(tmp_path / "ab", drafter, "--as-shipped") if a != "--none"]
-    assert ab.main(args) == 2 and "--as-shipped is checked against the best other variant" in capsys.readouterr().err
+    assert (
+        command("ab", args) == 2 and "--as-shipped is checked against the best other variant" in capsys.readouterr().err
+    )
     assert not fake_serving
 
 
@@ -176,7 +178,7 @@ def test_k_without_a_drafter_or_ngram_is_refused(fake_serving, drafter, tmp_path
         for a in argv(tmp_path / "ab", drafter, "--as-shipped")
         if not a.startswith("--drafter") and not a.startswith("mine=")
     ]
-    assert ab.main(args) == 2
+    assert command("ab", args) == 2
     assert "--k 3: only --drafter and --ngram variants take a k" in capsys.readouterr().err
     assert not fake_serving
 
@@ -202,17 +204,17 @@ def test_ctrl_c_during_a_run_stops_ab_and_keeps_only_finished_files(
 
     monkeypatch.setattr(ab, "run_benchmark", interrupted_second)
     out = tmp_path / "ab"
-    assert ab.main(argv(out, drafter)) == 130
+    assert command("ab", argv(out, drafter)) == 130
     assert len(calls) == 2 and len(list(out.glob("*.json"))) == 1
     assert "interrupted; finished result files are kept" in capsys.readouterr().err
 
 
 def test_reuse_serves_only_what_is_missing(fake_serving, drafter, tmp_path):
     out = tmp_path / "ab"
-    assert ab.main(argv(out, drafter)) == 0
+    assert command("ab", argv(out, drafter)) == 0
     assert len(fake_serving) == 2
     (out / "no-speculation-c2.json").unlink()
-    assert ab.main(argv(out, drafter, "--reuse")) == 0
+    assert command("ab", argv(out, drafter, "--reuse")) == 0
     assert len(fake_serving) == 3 and fake_serving[-1][0] == "SPECULATIVE_METHOD=none"
 
 
@@ -233,7 +235,7 @@ def test_each_drafter_sits_beside_its_own_offline_file(fake_serving, drafter, tm
         )
     )
     out = tmp_path / "ab"
-    assert ab.main(argv(out, drafter, "--drafter", f"theirs={drafter}", "--offline", f"theirs={other}")) == 0
+    assert command("ab", argv(out, drafter, "--drafter", f"theirs={drafter}", "--offline", f"theirs={other}")) == 0
     table = (out / "offline-vs-online.md").read_text()
     assert f"| mine k=3 | 2 | 3 | {shipped_offline()} | 2.5 |" in table  # the bare file: every drafter without its own
     assert "| theirs k=3 | 2 | 3 | 1.25 | 1.2 | 2.5 |" in table and "Offline (theirs):" in table
@@ -245,7 +247,7 @@ def test_each_drafter_runs_only_the_k_its_blocks_serve(fake_serving, drafter, tm
     wide.mkdir()
     (wide / "config.json").write_text(json.dumps({**DFLASH, "block_size": 8}))
     out = tmp_path / "ab"
-    assert ab.main(argv(out, drafter, "--drafter", f"wide={wide}", "--k", "3", "7")) == 0
+    assert command("ab", argv(out, drafter, "--drafter", f"wide={wide}", "--k", "3", "7")) == 0
     served_k = [(o[1].split("=", 1)[1], o[2]) for o in fake_serving if o[0] == "SPECULATIVE_METHOD=dflash"]
     assert served_k == [
         (str(drafter), "NUM_SPECULATIVE_TOKENS=3"),
@@ -283,7 +285,7 @@ def test_one_run_compares_drafters_of_both_families(fake_serving, drafter, tmp_p
             }
         )
     )
-    assert ab.main(argv(tmp_path / "ab", drafter, "--drafter", f"eagle={head}", "--k", "3", "6")) == 0
+    assert command("ab", argv(tmp_path / "ab", drafter, "--drafter", f"eagle={head}", "--k", "3", "6")) == 0
     served = [(o[0], o[1], o[2]) for o in fake_serving if o[0] != "SPECULATIVE_METHOD=none"]
     assert served == [
         ("SPECULATIVE_METHOD=dflash", f"DRAFT_MODEL_DIR={drafter}", "NUM_SPECULATIVE_TOKENS=3"),
@@ -306,7 +308,7 @@ def test_one_run_compares_drafters_of_both_families(fake_serving, drafter, tmp_p
 )
 def test_bad_input_is_one_clear_error(fake_serving, drafter, tmp_path, capsys, extra, message):
     (drafter / "config.json").write_text(json.dumps({**DFLASH, "block_size": 8}))
-    assert ab.main(argv(tmp_path / "ab", drafter, *extra)) == 2
+    assert command("ab", argv(tmp_path / "ab", drafter, *extra)) == 2
     assert message in capsys.readouterr().err and not fake_serving
 
 
@@ -320,7 +322,7 @@ def test_bad_input_is_one_clear_error(fake_serving, drafter, tmp_path, capsys, e
 )
 def test_an_unreadable_drafter_config_is_one_clear_error(fake_serving, drafter, tmp_path, capsys, text, message):
     (drafter / "config.json").write_text(text)
-    assert ab.main(argv(tmp_path / "ab", drafter)) == 2
+    assert command("ab", argv(tmp_path / "ab", drafter)) == 2
     err = capsys.readouterr().err
     assert "--drafter mine: " in err and message in err and not fake_serving
 
@@ -339,7 +341,8 @@ def test_ab_on_real_vllm_serves_each_variant_and_reads_its_counters(tmp_path):
     (tmp_path / "sets" / "bb.jsonl").write_text("".join(json.dumps(r) + "\n" for r in few))
     drafter = load_config(CONFIGS / "cpu-tiny.env").draft_model_dir
     assert (
-        ab.main(
+        command(
+            "ab",
             [
                 str(CONFIGS / "cpu-tiny.env"),
                 "--drafter",
@@ -365,7 +368,7 @@ def test_ab_on_real_vllm_serves_each_variant_and_reads_its_counters(tmp_path):
                 "--ignore-eos",
                 "--out",
                 str(out),
-            ]
+            ],
         )
         == 0
     )

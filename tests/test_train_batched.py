@@ -13,10 +13,10 @@ import torch
 
 pytest.importorskip("transformers")
 
+from kimidflash.errors import RegenError, TrainConfigError  # noqa: E402
 from kimidflash.train.capture import HFCapture, StreamStore  # noqa: E402
 from kimidflash.train.data import make_record, read_records  # noqa: E402
 from kimidflash.train.device import float32_matmul  # noqa: E402
-from kimidflash.train.errors import RegenError, TrainConfigError  # noqa: E402
 from kimidflash.train.regen_hf import batches, regen_hf, split_response  # noqa: E402
 from kimidflash.train.trainer import train_loop  # noqa: E402
 
@@ -92,9 +92,9 @@ def test_length_groups_sort_by_length_and_keep_each_forward_within_the_budget():
 
 
 def test_capture_in_bfloat16_is_close_to_float32_and_other_precisions_are_refused(llama64):
+    from kimidflash.errors import TrainConfigError
     from kimidflash.train import config as train_config
     from kimidflash.train.capture import make_source
-    from kimidflash.train.errors import TrainConfigError
 
     from .helpers import CONFIGS
 

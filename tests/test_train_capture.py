@@ -106,7 +106,7 @@ def test_vllm_source_reads_each_requests_states_and_removes_the_files(tmp_path):
 
 
 def test_vllm_source_refuses_other_tokens_or_other_layers(tmp_path):
-    from kimidflash.train.errors import CaptureError
+    from kimidflash.errors import CaptureError
 
     src, _ = _served_states(tmp_path, lambda ids: (torch.zeros(len(ids), 2, 3), ids[:-1] + [0]))
     with pytest.raises(CaptureError, match="differ from the 3 sent"):
@@ -119,8 +119,8 @@ def test_vllm_source_refuses_other_tokens_or_other_layers(tmp_path):
 def test_vllm_source_names_a_server_that_is_not_capturing():
     import httpx
 
+    from kimidflash.errors import CaptureError
     from kimidflash.train.capture_vllm import VLLMCapture
-    from kimidflash.train.errors import CaptureError
 
     src = VLLMCapture("http://stub", "tgt", [1])
     src.client = httpx.Client(
@@ -134,9 +134,9 @@ def test_vllm_source_names_a_server_that_is_not_capturing():
 
 
 def test_vllm_stream_mode_needs_a_served_target_and_the_kimi_config_names_one():
+    from kimidflash.errors import TrainConfigError
     from kimidflash.train import config as train_config
     from kimidflash.train.capture import make_source
-    from kimidflash.train.errors import TrainConfigError
 
     from .helpers import CONFIGS
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kimidflash.errors import TrainConfigError
 from kimidflash.train import device as dev
-from kimidflash.train.errors import TrainConfigError
 from kimidflash.train.evaluate import load_checkpoint_model, offline_acceptance
 from kimidflash.train.trainer import train_loop
 

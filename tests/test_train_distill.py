@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kimidflash.errors import CaptureError
 from kimidflash.train import objective as obj
 from kimidflash.train.batch import collate
 from kimidflash.train.distill import soft_cross_entropy, table_from_prompt_logprobs, topk_table
-from kimidflash.train.errors import CaptureError
 from kimidflash.train.trainer import batch_loss, build_model
 
 from .test_train_model import SHAPE, FakeStore, head
@@ -103,11 +103,11 @@ def test_distilling_a_one_hot_target_trains_exactly_like_cross_entropy(frequent)
 def test_shards_carry_the_table_and_distillation_refuses_shards_without_it(tmp_path):
     import json
 
+    from kimidflash.errors import TrainConfigError
     from kimidflash.train import config as train_config
     from kimidflash.train.capture import ShardStore, _stale, write_shard
     from kimidflash.train.data import Record
     from kimidflash.train.distill import Captured
-    from kimidflash.train.errors import TrainConfigError
     from kimidflash.train.trainer import _train_store
 
     from .helpers import CONFIGS

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from kimidflash.errors import TrainConfigError
 from kimidflash.train import config as tcfg
 from kimidflash.train import plan as tplan
-from kimidflash.train.errors import TrainConfigError
 
 from .helpers import CONFIGS, ROOT
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kimidflash.train.errors import TrainConfigError
+from kimidflash.errors import TrainConfigError
 from kimidflash.train.model import apply_rope, rope_cos_sin, rope_inv_freq, yarn_correction_range
 from kimidflash.train.shape import DrafterShape, Rope
 from kimidflash.train.trainer import build_model, sample_batch

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kimidflash.errors import TrainConfigError
 from kimidflash.train.batch import collate
-from kimidflash.train.errors import TrainConfigError
 from kimidflash.train.export import export_model
 from kimidflash.train.shape import DrafterShape
 from kimidflash.train.trainer import build_model, train_loop

@@ -22,14 +22,11 @@ from pathlib import Path
 import httpx
 
 from .bench.metrics import parse_prometheus
+from .errors import ServeError
 from .paths import REPO_ROOT
 
 # What `serve` prints once its own health wait has passed (serve.py, `say`).
 READY_LINE = "serve: ready in "
-
-
-class ServeError(RuntimeError):
-    pass
 
 
 def free_port() -> int:

@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import RecipeError
-from .fp8.errors import SafetensorsError
+from .errors import LayoutError, SafetensorsError
 from .fp8.safetensors_io import read_header
 
 INDEX = "model.safetensors.index.json"
@@ -45,10 +44,6 @@ KNOWN_PREFIXES = ("model.", "language_model.model.", "model.language_model.")
 # Text models whose config class gives kv_lora_rank a default: MLA even when config.json omits it.
 MLA_MODEL_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2", "kimi_k25")
 _IN_LAYER = re.compile(r"(^|\.)layers\.\d+\.")
-
-
-class LayoutError(RecipeError, ValueError):
-    """A checkpoint whose language model cannot be located: one line naming the folder and the names searched for."""
 
 
 # ------------------------------------------------------------------ config.json

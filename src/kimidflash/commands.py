@@ -4,9 +4,12 @@ Every command is a ``main(argv) -> int`` named by ``"module:function"`` and
 imported only when chosen, so `serve` never pays for torch and `train` never
 needs the docker SDK. The dispatcher gives every table the same behaviour:
 ``--help`` lists the commands, a mistyped name gets a suggestion, a
-:class:`~kimidflash.errors.RecipeError` becomes one line and exit 2, Ctrl-C exit
-130. Tables may default to one command (the seed's benchmark script takes
-options with no command name).
+:class:`~kimidflash.errors.RecipeError` becomes one line and exit 2, a
+:class:`~kimidflash.errors.RunFailed` one line and exit 1 (``errors.EXIT_STATUS``
+has the rest), Ctrl-C exit 130: the one place an error becomes an exit status
+(the tree is drawn in ``errors.py``).
+Tables may default to one command (the seed's benchmark script takes options
+with no command name).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, RecipeError
+from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, KimidflashError, exit_status
 
 
 @dataclass(frozen=True)
@@ -64,9 +67,12 @@ def dispatch(
         return EXIT_USAGE
     try:
         return command.load()(rest)
-    except RecipeError as exc:
+    except KimidflashError as exc:
+        status = exit_status(exc)
+        if status is None:
+            raise
         print(f"{prog} {name}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return status
     except KeyboardInterrupt:
         print(f"{prog} {name}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

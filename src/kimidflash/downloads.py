@@ -15,14 +15,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .errors import DownloadError
 from .fsio import sha256_file, sibling_lock
 from .paths import downloads_dir
 
 __all__ = ["DownloadError", "pypi_file", "pypi_wheel", "verified"]
-
-
-class DownloadError(RuntimeError):
-    """One line naming the file and what was wrong with it."""
 
 
 def verified(path: Path, sha256: str) -> bool:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checkpoint_layout import is_mla, text_field
-from .errors import RecipeError
+from .errors import Eagle3Error
 
 MLA_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
 STANDARD_ARCHITECTURES = ("Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3", "Eagle3Qwen3ForCausalLM")
@@ -69,14 +69,6 @@ SPECULATORS_FIELDS = (
     "norm_output",
     "eagle_aux_hidden_state_layer_ids",
 )
-
-
-class Eagle3Error(RecipeError, ValueError):
-    """An EAGLE-3 head that does not fit its target: `field` is the config field to change."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 def served_architecture(name: str) -> str:

@@ -23,16 +23,13 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from .config import ConfigError, load_config, parse_overrides
+from .config import load_config, parse_overrides
+from .errors import ExecError, LaunchError, UsageError
 from .render import FP8_POLICY_ENV, PIN_ENV, render
 
 REPORT_ENV = "KIMIDFLASH_PATCH_REPORT"
 DEFAULT_REPORT = Path("/opt/kimidflash/patch-report.json")
 GOOD_STATES = ("applied", "already-applied")
-
-
-class LaunchError(Exception):
-    pass
 
 
 def installed_vllm_version() -> str | None:
@@ -88,8 +85,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--"]:
         cmd, env = argv[1:], {}
         if not cmd:
-            print("kimi26-vllm-dflash: nothing to run after --", file=sys.stderr)
-            return 2
+            raise UsageError("nothing to run after --")
         env = {k: v for k, v in os.environ.items() if k.startswith("KIMIDFLASH_")}
     else:
         p = argparse.ArgumentParser(prog="kimi26-vllm-dflash.sh", description="Render a config and exec vLLM.")
@@ -97,25 +93,16 @@ def main(argv: list[str]) -> int:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
         p.add_argument("--dry-run", action="store_true", help="print the command and exit")
         args = p.parse_args(argv)
-        try:
-            rendered = render(load_config(args.config, parse_overrides(args.set)))
-        except ConfigError as exc:
-            print(f"kimi26-vllm-dflash: config error: {exc}", file=sys.stderr)
-            return 2
+        rendered = render(load_config(args.config, parse_overrides(args.set)))
         if args.dry_run:
             print(rendered.shell())
             return 0
         cmd, env = rendered.argv, rendered.env
-    try:
-        for note in verify(env):
-            print(f"kimi26-vllm-dflash: {note}", file=sys.stderr)
-    except LaunchError as exc:
-        print(f"kimi26-vllm-dflash: refusing to start: {exc}", file=sys.stderr)
-        return 3
+    for note in verify(env):
+        print(f"kimi26-vllm-dflash: {note}", file=sys.stderr)
     print(f"kimi26-vllm-dflash: exec {shlex.join(cmd)}", file=sys.stderr, flush=True)
     try:
         os.execvpe(cmd[0], cmd, {**os.environ, **env})
     except OSError as exc:
-        print(f"kimi26-vllm-dflash: cannot run {cmd[0]}: {exc.strerror}", file=sys.stderr)
-        return 127
+        raise ExecError(f"cannot run {cmd[0]}: {exc.strerror}") from None
     return 0  # not reached

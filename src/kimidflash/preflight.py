@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .backends import DRAFT_MODEL_METHODS
 from .config import Config
+from .errors import PreflightError
 from .fp8.checkpoint import CheckpointError, verify
 from .fp8.formats import platform_format
 from .fsio import cpuinfo_field
@@ -32,12 +33,6 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
-
-
-class PreflightError(Exception):
-    def __init__(self, failed: list[Check]):
-        self.failed = failed
-        super().__init__("; ".join(f"{c.name}: {c.detail}" for c in failed))
 
 
 def gpu_count(dev_root: Path) -> int:

@@ -30,7 +30,6 @@ from .config import FIELDS, Config, check_checkpoints, load_config, parse_overri
 from .cpu_reference.generated import PREPARE_KIND
 from .docker import run as docker_run
 from .docker.engine import require_client
-from .docker.errors import ContainerError, EngineUnavailable
 from .logtail import STOP_GRACE_S, LogTail
 from .paths import CONFIGS_DIR, LAUNCHER
 from .preflight import PreflightError, preflight
@@ -158,11 +157,7 @@ def serve(
         else:
             print_plan(config, rendered, Console())
         return 0
-    try:
-        start = prepare_runtime(config, rendered, say)
-    except (EngineUnavailable, ContainerError) as exc:
-        say(f"[red]{exc}[/red]")
-        return 2
+    start = prepare_runtime(config, rendered, say)
     check_checkpoints(config)  # the rules that read the models prepare may just have made
     if not run_preflight(config, say, proc_root, dev_root, allow_numa_balancing):
         return 1

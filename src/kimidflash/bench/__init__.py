@@ -16,7 +16,7 @@ Entry points:
 
 from __future__ import annotations
 
-from .errors import BenchError
+from ..errors import BenchError
 from .resultfile import SCHEMA_NAME, SCHEMA_VERSION, load_result, validate_result, write_result
 from .runner import arun_benchmark, run_benchmark
 from .settings import BenchConfig

@@ -30,7 +30,7 @@ from ..background import serving_process, sigterm_as_interrupt
 from ..config import SCHEDULE_KEY, Config, load_config, parse_overrides
 from ..config.drafts import draft_method, read_json
 from ..config.rules import block_serves
-from ..errors import EXIT_INTERRUPTED
+from ..errors import EXIT_INTERRUPTED, BenchError
 from ..paths import portable
 from ..prepare import prepare
 from . import categories as cat_mod
@@ -49,12 +49,12 @@ def drafter_family(label: str, path: Path) -> tuple[str, int | None]:
     try:
         data = read_json(path / "config.json")
     except ValueError as exc:  # read_json names the file and the parse error
-        raise ValueError(f"--drafter {label}: {exc}") from None
+        raise BenchError(f"--drafter {label}: {exc}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"--drafter {label}: {path}/config.json is not a JSON object")
+        raise BenchError(f"--drafter {label}: {path}/config.json is not a JSON object")
     method = draft_method(data)
     if method is None:
-        raise ValueError(
+        raise BenchError(
             f"--drafter {label}: {path}/config.json declares {data.get('architectures')!r}, neither "
             "a DFlash drafter (DFlashDraftModel) nor an EAGLE-3 head (e.g. Eagle3DeepseekV3ForCausalLM, "
             "LlamaForCausalLMEagle3)"
@@ -69,7 +69,7 @@ DEFAULT_K = [7]  # --k when a --drafter or --ngram variant is given without it
 def drafter_spec(spec: str) -> tuple[str, Path]:
     """`--drafter LABEL=DIR` as its label and resolved directory."""
     if "=" not in spec:
-        raise ValueError(f"--drafter {spec}: expected LABEL=DIR")
+        raise BenchError(f"--drafter {spec}: expected LABEL=DIR")
     label, d = spec.split("=", 1)
     return label, Path(d).expanduser().resolve()
 
@@ -80,7 +80,7 @@ def variants(args: argparse.Namespace, base: Config | None = None) -> list[tuple
     ROCM_ATTN would be refused for an MLA EAGLE-3 head, and the other way round)."""
     out: list[tuple[str, list[str]]] = []
     if args.k and not (args.drafter or args.ngram):
-        raise ValueError(
+        raise BenchError(
             f"--k {' '.join(map(str, args.k))}: only --drafter and --ngram variants take a k, and "
             "none is given; to serve the config's own drafter at a static k, name it: --drafter LABEL=DIR"
         )
@@ -88,11 +88,11 @@ def variants(args: argparse.Namespace, base: Config | None = None) -> list[tuple
     for spec in args.drafter:
         label, path = drafter_spec(spec)
         if not (path / "config.json").is_file():
-            raise ValueError(f"--drafter {label}: {path}/config.json not found")
+            raise BenchError(f"--drafter {label}: {path}/config.json not found")
         method, block = drafter_family(label, path)
         ks = [k for k in given_k if block is None or block_serves(block, k)]
         if not ks:
-            raise ValueError(
+            raise BenchError(
                 f"--drafter {label}: its blocks of {block} serve none of --k {' '.join(map(str, given_k))}"
             )
         if ks != given_k:
@@ -119,7 +119,7 @@ def variants(args: argparse.Namespace, base: Config | None = None) -> list[tuple
         out.append(("no speculation", ["SPECULATIVE_METHOD=none"]))
     if args.as_shipped:  # the config file as it is, its draft schedule included
         if not args.none:
-            raise ValueError(
+            raise BenchError(
                 "--as-shipped is checked against the best other variant, no speculation included: add --none"
             )
         out.append((SHIPPED, []))
@@ -129,7 +129,7 @@ def variants(args: argparse.Namespace, base: Config | None = None) -> list[tuple
                 (f"ngram k={k}", ["SPECULATIVE_METHOD=ngram", f"NUM_SPECULATIVE_TOKENS={k}", f"{SCHEDULE_KEY}="])
             )
     if not out:
-        raise ValueError("nothing to compare: give --drafter, --ngram, --none or --as-shipped")
+        raise BenchError("nothing to compare: give --drafter, --ngram, --none or --as-shipped")
     return out
 
 
@@ -148,13 +148,13 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
     servers, so drift slower than one run cancels; it needs every variant's server
     to fit beside the others (a small model on a CPU host)."""
     if args.rounds < 1:
-        raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
+        raise BenchError(f"--rounds must be at least 1, got {args.rounds}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = load_config(args.serve_config, parse_overrides(list(args.set)))
     cats = categories(args)
     if "tools" in args.workload and not config.tool_call_parser:
-        raise ValueError(
+        raise BenchError(
             f"--workload tools: {args.serve_config} sets no TOOL_CALL_PARSER, and vLLM refuses "
             "tool_choice without one (--set TOOL_CALL_PARSER=...)"
         )
@@ -293,10 +293,10 @@ def categories(args: argparse.Namespace) -> list[Category]:
     each once per `--workload`."""
     if args.category:
         if args.prompts:
-            raise ValueError("give --prompts or --category, not both")
+            raise BenchError("give --prompts or --category, not both")
         cats = cat_mod.parse_categories(args.category, args.by_kind, args.multi_turn, args.turns)
     elif args.by_kind or args.multi_turn or args.offline_category:
-        raise ValueError("--by-kind, --multi-turn and --offline-category work on --category files: name one")
+        raise BenchError("--by-kind, --multi-turn and --offline-category work on --category files: name one")
     else:
         cats = [Category(None, args.prompts, None, args.turns)]
     return cat_mod.with_workloads(cats, args.workload)
@@ -309,14 +309,14 @@ def offline_files(specs: list[str], labels: list[str]) -> dict[str | None, Path]
         label, sep, path = spec.partition("=")
         if sep and label in labels:
             if not Path(path).is_file():
-                raise FileNotFoundError(f"--offline {spec}: {path} not found")
+                raise BenchError(f"--offline {spec}: {path} not found")
             out[label] = Path(path)
         elif Path(spec).is_file():
             out[None] = Path(spec)
         elif sep:
-            raise ValueError(f"--offline {spec}: no --drafter is labelled {label!r}, and no file is named so")
+            raise BenchError(f"--offline {spec}: no --drafter is labelled {label!r}, and no file is named so")
         else:
-            raise FileNotFoundError(f"--offline {spec}: not found")
+            raise BenchError(f"--offline {spec}: not found")
     return out
 
 
@@ -461,14 +461,11 @@ def main(argv: list[str] | None = None) -> int:
         "CATEGORY in specbench.md (repeatable)",
     )
     a = p.parse_args(argv)
+    offline = offline_files(a.offline, [d.partition("=")[0] for d in a.drafter])
+    walks = cat_mod.offline_walks(a.offline_category)
     try:
-        offline = offline_files(a.offline, [d.partition("=")[0] for d in a.drafter])
-        walks = cat_mod.offline_walks(a.offline_category)
         with sigterm_as_interrupt():  # else a Ctrl-C inside a benchmark run finishes that run as a result
             files = run_ab(a)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(
             f"ab: interrupted; finished result files are kept in {a.out}: rerun with --reuse to serve only "

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import BenchError, PromptError
 from ..fsio import write_json_atomic, write_text_atomic
-from .errors import PromptError
 from .prompts import kinds, load_source
 from .resultfile import load_result
 
@@ -53,7 +53,7 @@ def with_workloads(cats: Sequence[Category], workloads: Sequence[str]) -> list[C
     if list(workloads) == ["free"]:
         return list(cats)
     if len(set(workloads)) != len(workloads):
-        raise ValueError(f"--workload {' '.join(workloads)}: a workload given twice")
+        raise BenchError(f"--workload {' '.join(workloads)}: a workload given twice")
     return [Category(f"{c.name} {w}" if c.name else w, c.prompts, c.kind, c.turns, w) for c in cats for w in workloads]
 
 
@@ -67,7 +67,7 @@ def _pairs(specs: Sequence[str], flag: str) -> list[tuple[str, str]]:
     for spec in specs:
         name, sep, value = spec.partition("=")
         if not sep or not name or not value:
-            raise ValueError(f"{flag} {spec}: expected NAME=VALUE")
+            raise BenchError(f"{flag} {spec}: expected NAME=VALUE")
         out.append((name, value))
     return out
 
@@ -81,13 +81,13 @@ def parse_categories(
     files: dict[str, str] = {}
     for name, path in _pairs(specs, "--category"):
         if name in files:
-            raise ValueError(f"--category {name}: given twice")
+            raise BenchError(f"--category {name}: given twice")
         if "/" in name:
-            raise ValueError(f"--category {name}: a name may not hold '/' (by-kind categories are NAME/kind)")
+            raise BenchError(f"--category {name}: a name may not hold '/' (by-kind categories are NAME/kind)")
         try:
             found = kinds(load_source(path))
         except (PromptError, OSError) as e:
-            raise ValueError(f"--category {name}: {e}") from None
+            raise BenchError(f"--category {name}: {e}") from None
         files[name] = path
         if by_kind and len(found) > 1:
             cats += [Category(f"{name}/{k}", path, k, turns) for k in found]
@@ -95,9 +95,9 @@ def parse_categories(
             cats.append(Category(name, path, None, turns))
     for name, n in _pairs(multi_turn, "--multi-turn"):
         if name not in files:
-            raise ValueError(f"--multi-turn {name}={n}: no --category is named {name!r}")
+            raise BenchError(f"--multi-turn {name}={n}: no --category is named {name!r}")
         if not n.isdigit() or int(n) < 2:
-            raise ValueError(f"--multi-turn {name}={n}: the number of turns must be 2 or more")
+            raise BenchError(f"--multi-turn {name}={n}: the number of turns must be 2 or more")
         cats.append(Category(f"{name} multi-turn", files[name], None, int(n)))
     return cats
 
@@ -169,7 +169,7 @@ def specbench(
     parents = {cat(d): cat(d).split("/")[0] if "/" in cat(d) else None for d in docs}  # NAME/kind
     series = _order(d["label"] for d in docs)
     if baseline not in series:
-        raise ValueError(f"no result files for the baseline {baseline!r} (series: {', '.join(series)})")
+        raise BenchError(f"no result files for the baseline {baseline!r} (series: {', '.join(series)})")
     rows: list[dict[str, Any]] = []
     groups: list[tuple[str, list[str]]] = []
     for c in _order(cat(d) for d in docs):
@@ -291,14 +291,14 @@ def offline_walks(specs: Sequence[str]) -> dict[tuple[str, str], float]:
     for key, path in _pairs(specs, "--offline-category"):
         label, sep, category = key.partition("@")
         if not sep:
-            raise ValueError(f"--offline-category {key}={path}: expected LABEL@CATEGORY=FILE")
+            raise BenchError(f"--offline-category {key}={path}: expected LABEL@CATEGORY=FILE")
         try:
             doc = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"--offline-category {key}: {path}: {e}") from None
+            raise BenchError(f"--offline-category {key}: {path}: {e}") from None
         by_k = doc.get("by_k") or {}
         walks = [v.get("walk", {}).get("mean_acceptance_length") for v in by_k.values()]
         if len(walks) != 1 or walks[0] is None:
-            raise ValueError(f"--offline-category {key}: {path} holds no single walk figure (by_k: {list(by_k)})")
+            raise BenchError(f"--offline-category {key}: {path} holds no single walk figure (by_k: {list(by_k)})")
         out[(label, category)] = float(walks[0])
     return out

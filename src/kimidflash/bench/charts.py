@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .errors import ReportError
+from ..errors import ReportError
 from .series import Acceptance, Row, by_series_concurrency, series_order
 
 

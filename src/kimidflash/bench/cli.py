@@ -26,8 +26,7 @@ from collections.abc import Sequence
 
 from ..commands import Command, dispatch
 from ..config import ConfigError, load_config, parse_overrides
-from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from .errors import BenchError, PromptError, ReportError, ResultError
+from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, BenchError, PromptError, ReportError, ResultError
 from .prompts import export_jsonl
 from .report import compare
 from .result import no_completion

@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .errors import MetricsError
+from ..errors import MetricsError
 
 LabelKey = tuple[tuple[str, str], ...]
 SampleKey = tuple[str, LabelKey]

@@ -30,9 +30,9 @@ import psutil
 
 from ..background import serving_process, sigterm_as_interrupt
 from ..config import parse_overrides
+from ..errors import BenchError
 from ..fsio import write_json_atomic, write_text_atomic
 from ..paths import portable
-from .errors import BenchError
 from .markdown import to_markdown
 from .provenance import local_provenance
 from .resultfile import write_result

@@ -23,8 +23,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..errors import PromptError
 from ..fsio import write_text_atomic
-from .errors import PromptError
 
 BUILTIN = "builtin"
 FORMATS = ("auto", "jsonl", "sharegpt")

@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..errors import BenchError, ResultError
 from ..fsio import check_writable, write_text_atomic
-from .errors import BenchError, ResultError
 
 SCHEMA_NAME = "kimidflash-bench-result"
 SCHEMA_VERSION = 1

@@ -31,11 +31,11 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..errors import BenchError, MetricsError, PromptError
 from ..fsio import utc_now
 from . import hostcpu, server
 from . import prompts as prompt_mod
 from .client import CONNECTION_ERRORS, RequestRecord, chat_payload, stream_chat
-from .errors import BenchError, MetricsError, PromptError
 from .metrics import Snapshot, delta, merged, metrics_url_for, spec_decode_stats
 from .provenance import local_provenance, recipe_info
 from .result import RunData, build_result, default_label

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import ReportError
 from ..paths import portable
-from .errors import ReportError
 from .metrics import SpecDecodeStats, stats_from_counts
 from .resultfile import SCHEMA_NAME, load_json, validate_result
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 
+from ..errors import BenchError
 from ..paths import portable
-from .errors import BenchError
 from .metrics import GENERATION_TOKENS, Snapshot, server_root
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import psutil
 
+from ..errors import BenchError
 from ..paths import portable
-from .errors import BenchError
 from .prompts import BUILTIN
 from .workloads import NO_IGNORE_EOS, WORKLOADS
 

@@ -1,7 +1,7 @@
 """Env-file configs: schema, loading, combination rules."""
 
+from ..errors import ConfigError
 from ..settings import BY_NAME, FIELDS, Field
-from .errors import ConfigError
 from .loader import load_config, parse_overrides
 from .model import SCHEDULE_KEY, Config, Schedule, draft_schedule, format_schedule, hidden_states_layers
 from .rules import check_checkpoints, check_config

@@ -17,8 +17,8 @@ from .. import backends
 from ..backends import DRAFT_MODEL_METHODS
 from ..checkpoint_layout import LayoutError, tensor_shapes, text_field
 from ..eagle3 import EAGLE3_ARCHITECTURES, Eagle3Error, Eagle3Head
+from ..errors import ConfigError
 from ..settings import Settings
-from .errors import ConfigError
 from .model import Config
 
 Fail = Callable[[str, str], NoReturn]

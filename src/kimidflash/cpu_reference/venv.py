@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..backends import PATCHER, patchset_hash
-from ..errors import RecipeError
+from ..errors import VenvPatchError
 from ..fsio import sibling_lock
 from ..paths import cache_dir
 from ..venvs import ensure_venv
@@ -29,10 +29,6 @@ MISMATCHED = ("torchvision", "torchaudio", "torchcodec")
 # `vllm bench serve` (the benchmark's peer) reads custom datasets with pandas.
 EXTRAS = ("pandas",)
 REPORT = "kimidflash-patch-report.json"
-
-
-class VenvPatchError(RecipeError):
-    pass
 
 
 def _stamp(version: str) -> str:

@@ -32,12 +32,12 @@ from typing import Any
 from rich.console import Console
 
 from ..backends import patchset_hash
-from ..config import ConfigError, load_config, parse_overrides
+from ..config import load_config, parse_overrides
+from ..errors import BuildFailed, UsageError
 from ..paths import REPO_ROOT
 from ..settings import BY_NAME
 from .cpu_base import ensure_cpu_base
 from .engine import Client, engine_url, require_client, stream_build
-from .errors import BuildFailed, CpuBaseError, EngineUnavailable
 
 DOCKERFILE = "Dockerfile.kimi26-dflash"
 DEFAULT_NAME = BY_NAME["IMAGE_NAME"].default
@@ -265,32 +265,21 @@ def main(argv: list[str] | None = None) -> int:
 
     for label, path in (("--ca-bundle", args.ca_bundle), ("--patch-set", args.patch_set)):
         if path is not None and not path.is_file():
-            _log(f"{label} {path}: no such file")
-            return 2
-    try:
-        config = load_config(args.config, parse_overrides(args.set))
-        client = require_client()
-        vllm_version = config.vllm_version
-        base = args.base_image
-        if not base:
-            base = ensure_cpu_base(client, vllm_version, log=_log) if config.platform == "cpu" else config.vllm_image
-        result = build_image(
-            client,
-            base_image=base,
-            vllm_version=vllm_version,
-            name=args.name or config.image_name,
-            ca_bundle=args.ca_bundle,
-            patch_set=args.patch_set,
-            nocache=args.no_cache,
-        )
-    except ConfigError as e:
-        _log(str(e))
-        return 2
-    except EngineUnavailable as e:
-        _log(str(e))
-        return 2
-    except (BuildFailed, CpuBaseError) as e:
-        _log(f"build failed:\n{e}")
-        return 1
+            raise UsageError(f"{label} {path}: no such file")
+    config = load_config(args.config, parse_overrides(args.set))
+    client = require_client()
+    vllm_version = config.vllm_version
+    base = args.base_image
+    if not base:
+        base = ensure_cpu_base(client, vllm_version, log=_log) if config.platform == "cpu" else config.vllm_image
+    result = build_image(
+        client,
+        base_image=base,
+        vllm_version=vllm_version,
+        name=args.name or config.image_name,
+        ca_bundle=args.ca_bundle,
+        patch_set=args.patch_set,
+        nocache=args.no_cache,
+    )
     print_report(result)
     return 0

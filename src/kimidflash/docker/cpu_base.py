@@ -34,10 +34,10 @@ from pathlib import Path
 
 from ..cpu_reference.venv import MISMATCHED
 from ..downloads import verified
+from ..errors import CpuBaseError
 from ..fsio import sha256_file
 from ..paths import cache_dir, downloads_dir
 from .engine import Client, ensure_engine, require_free_space, stream_build
-from .errors import CpuBaseError, EngineUnavailable
 
 ROOTFS_REPO = "kimidflash-rootfs"
 BASE_REPO = "kimidflash-cpu-base"
@@ -329,13 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     def log(m: str) -> None:
         print(f"kimidflash: {m}", file=sys.stderr)
 
-    try:
-        client = ensure_engine(log)
-        tag = ensure_cpu_base(
-            client, args.vllm_version, log=log, ca_bundle=Path(args.ca_bundle) if args.ca_bundle else True
-        )
-    except (EngineUnavailable, CpuBaseError) as e:
-        log(str(e))
-        return 2
+    client = ensure_engine(log)
+    tag = ensure_cpu_base(
+        client, args.vllm_version, log=log, ca_bundle=Path(args.ca_bundle) if args.ca_bundle else True
+    )
     print(tag)
     return 0

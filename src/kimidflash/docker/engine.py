@@ -25,7 +25,7 @@ from typing import Any
 
 from rich.console import Console
 
-from .errors import BuildFailed, EngineUnavailable
+from ..errors import BuildFailed, EngineUnavailable
 
 PRIVATE_ROOT = Path(os.environ.get("KIMIDFLASH_DOCKER_ROOT", "/run/kimidflash-docker"))
 PRIVATE_SOCKET = PRIVATE_ROOT / "docker.sock"
@@ -188,11 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         "--ensure", action="store_true", help="install docker.io and start a private dockerd if none answers"
     )
     args = p.parse_args(argv)
-    try:
-        client = ensure_engine() if args.ensure else require_client()
-    except EngineUnavailable as e:
-        print(f"kimidflash: {e}", file=sys.stderr)
-        return 2
+    client = ensure_engine() if args.ensure else require_client()
     engine = describe(client)
     print(f"{engine.base_url} (Docker {engine.server_version}, API {engine.api_version})")
     return 0

@@ -19,12 +19,12 @@ from typing import Any, TextIO
 
 from ..config import Config
 from ..cpu_reference.generated import PREPARE_KIND, pair_is_current
+from ..errors import ContainerError
 from ..fsio import sibling_lock
 from ..logtail import STOP_GRACE_S, LogTail
 from ..render import Rendered
 from .build import LABEL_VLLM
 from .engine import Client, find_client, require_client
-from .errors import ContainerError
 from .spec import MANAGED_LABEL, container_spec, docker_run_line
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from ..background import ServeError, serving_process, stop_group
-from .errors import FleetError
+from ..errors import FleetError
 from .router import router_argv, router_url
 from .spec import Fleet
 from .venv import ensure_router

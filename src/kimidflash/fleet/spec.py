@@ -34,9 +34,9 @@ from typing import Any
 from ..backends import DRAFT_MODEL_METHODS
 from ..config import ConfigError, load_config, parse_overrides
 from ..config.model import Config
+from ..errors import FleetError
 from ..fsio import read_toml_tables
 from ..settings import LOOPBACK_HOSTS
-from .errors import FleetError
 
 POLICIES = ("round_robin", "random", "cache_aware", "consistent_hash", "power_of_two", "sticky_least_loaded")
 ROUTER_KEYS = {"policy", "host", "port", "prometheus_port", "health_check_interval_secs", "log_level", "version"}

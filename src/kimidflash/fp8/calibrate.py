@@ -32,11 +32,11 @@ from rich.console import Console
 from rich.table import Table
 
 from ..checkpoint_layout import is_mla, text_config
+from ..errors import CalibrationError, CheckpointError, KvCaptureError
 from ..fsio import sha256_file, utc_now
 from ..paths import REPO_ROOT, portable
 from .capture import KvCapture
 from .checkpoint import check_overlay_target, load_config, num_layers, write_overlay
-from .errors import CalibrationError, CaptureError, CheckpointError
 from .formats import DEFAULT_HEADROOM
 from .scales import Attention, KvScales, LayerScale
 
@@ -190,7 +190,7 @@ def calibrate(
                 model(torch.tensor([ids], device=device), use_cache=False)
                 tokens += len(ids)
             cap.check_complete()
-    except CaptureError as exc:
+    except KvCaptureError as exc:
         raise CalibrationError(f"{model_dir}: {exc}") from None
     layers = tuple(
         LayerScale(index=i, k_amax=max(m.latent, m.rope), latent_amax=m.latent, rope_amax=m.rope)
@@ -312,33 +312,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        _, attention, prompts = check_inputs(args)
-        chosen = select(prompts, args.num_prompts, args.seed)
-        scales = calibrate(
-            args.model_dir,
-            attention,
-            chosen,
-            args.max_tokens,
-            args.seed,
-            args.dtype,
-            args.headroom,
-            args.device,
-            args.prompts,
-            args.trust_remote_code,
-        )
-        print_table(scales)
-        if args.overlay is not None:
-            out = write_overlay(args.model_dir, scales, args.overlay, force=args.force, fmt=args.kv_format)
-            print(
-                f"overlay: {out} (scales for {args.kv_format}; serve it as MODEL_DIR with KV_SCALE_POLICY=checkpoint)"
-            )
-        scales.save(args.output)
-        print(
-            f"scales: {args.output} ({len(scales.layers)} layers, {scales.tokens} tokens, "
-            f"{scales.provenance['seconds']} s, peak RSS {scales.provenance['peak_rss_mib']} MiB)"
-        )
-    except (CalibrationError, CheckpointError) as exc:
-        print(f"calibrate: error: {exc}", file=sys.stderr)
-        return 2
+    _, attention, prompts = check_inputs(args)
+    chosen = select(prompts, args.num_prompts, args.seed)
+    scales = calibrate(
+        args.model_dir,
+        attention,
+        chosen,
+        args.max_tokens,
+        args.seed,
+        args.dtype,
+        args.headroom,
+        args.device,
+        args.prompts,
+        args.trust_remote_code,
+    )
+    print_table(scales)
+    if args.overlay is not None:
+        out = write_overlay(args.model_dir, scales, args.overlay, force=args.force, fmt=args.kv_format)
+        print(f"overlay: {out} (scales for {args.kv_format}; serve it as MODEL_DIR with KV_SCALE_POLICY=checkpoint)")
+    scales.save(args.output)
+    print(
+        f"scales: {args.output} ({len(scales.layers)} layers, {scales.tokens} tokens, "
+        f"{scales.provenance['seconds']} s, peak RSS {scales.provenance['peak_rss_mib']} MiB)"
+    )
     return 0

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import CaptureError
+from ..errors import KvCaptureError
 
 
 @dataclass
@@ -51,14 +51,14 @@ def decoder_layers(model: Any) -> list[Any]:
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None:
-        raise CaptureError(f"{type(model).__name__}: no .model.layers; not a decoder-only causal LM")
+        raise KvCaptureError(f"{type(model).__name__}: no .model.layers; not a decoder-only causal LM")
     return list(layers)
 
 
 def _amax(t: Any, what: str, layer: int) -> float:
     v = float(t.detach().abs().amax().float().item())
     if not math.isfinite(v):
-        raise CaptureError(f"layer {layer}: {what} holds a non-finite value ({v}); the model or dtype overflows")
+        raise KvCaptureError(f"layer {layer}: {what} holds a non-finite value ({v}); the model or dtype overflows")
     return v
 
 
@@ -103,7 +103,7 @@ class KvCapture:
             for mod in modules:
                 names = [n for n in vars(mod) if n.startswith("apply_rotary_pos_emb") and callable(getattr(mod, n))]
                 if not names:
-                    raise CaptureError(
+                    raise KvCaptureError(
                         f"{mod.__name__}: no apply_rotary_pos_emb* function to wrap; this "
                         "transformers version applies rotary differently"
                     )
@@ -117,12 +117,12 @@ class KvCapture:
                 if self.mla:
                     norm = getattr(a, "kv_a_layernorm", None)
                     if norm is None:
-                        raise CaptureError(f"layer {i}: {type(a).__name__} has no kv_a_layernorm; not MLA attention")
+                        raise KvCaptureError(f"layer {i}: {type(a).__name__} has no kv_a_layernorm; not MLA attention")
                     self._handles.append(norm.register_forward_hook(self._latent_hook(i)))
                 else:
                     v = getattr(a, "v_proj", None)
                     if v is None:
-                        raise CaptureError(f"layer {i}: {type(a).__name__} has no v_proj")
+                        raise KvCaptureError(f"layer {i}: {type(a).__name__} has no v_proj")
                     self._handles.append(v.register_forward_hook(self._value_hook(i)))
         except BaseException:
             self._restore()
@@ -167,9 +167,9 @@ class KvCapture:
         """Every layer saw its rope key (and latent or value): else the capture missed it."""
         for i, m in enumerate(self.layers):
             if m.rope_calls == 0:
-                raise CaptureError(
+                raise KvCaptureError(
                     f"layer {i}: no rope call was seen inside its attention; this transformers "
                     "version applies rotary outside apply_rotary_pos_emb*"
                 )
             if (self.mla and m.latent <= 0) or (not self.mla and m.v <= 0):
-                raise CaptureError(f"layer {i}: no {'latent' if self.mla else 'value'} was recorded (all zero?)")
+                raise KvCaptureError(f"layer {i}: no {'latent' if self.mla else 'value'} was recorded (all zero?)")

@@ -60,8 +60,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import checkpoint_layout as layout
+from ..errors import CheckpointError, SafetensorsError
 from ..fsio import atomic_dir, write_json_atomic
-from .errors import CheckpointError, SafetensorsError
 from .safetensors_io import read_header, read_scalar, write_f32_scalars
 from .scales import KvScales
 

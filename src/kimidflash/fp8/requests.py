@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from ..bench.client import RequestRecord, chat_payload, stream_chat
-from .errors import ServerRequestError
+from ..errors import ServerRequestError
 
 # vLLM's default --max-logprobs: the most a stock server returns per position.
 TOP_K = 20

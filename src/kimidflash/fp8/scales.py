@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..errors import ScaleFileError
 from ..fsio import write_json_atomic
-from .errors import ScaleFileError
 from .formats import CHECKPOINT_FORMAT, FP8_MAX, scale_for
 
 SCHEMA = "kimidflash-kv-scales/1"

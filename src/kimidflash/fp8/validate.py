@@ -37,14 +37,14 @@ from typing import Any
 
 from ..background import ServeError, serving_process
 from ..bench import BenchConfig, BenchError, run_benchmark
-from ..bench.prompts import PromptError, parse_jsonl
+from ..bench.prompts import parse_jsonl
 from ..bench.provenance import local_provenance, recipe_info
 from ..config import ConfigError, load_config, parse_overrides
+from ..errors import EXIT_INTERRUPTED, CheckFailed, CheckpointError, InputError, ServerRequestError
 from ..fsio import atomic_dir, write_json_atomic, write_text_atomic
 from ..paths import REPO_ROOT, link_targets, portable
 from . import agreement, degenerate, report
 from .checkpoint import verify
-from .errors import CheckFailed, CheckpointError, InputError, ServerRequestError
 from .requests import TOP_K, generate, score
 
 SCHEMA = "kimidflash-fp8-validation/1"
@@ -422,17 +422,11 @@ def parse_args(argv: Sequence[str]) -> Options:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    opts = parse_args(argv)
     try:
-        opts = parse_args(argv)
         code, line = run(opts)
-    except InputError as exc:
-        print(f"validate-fp8: {exc}", file=sys.stderr)
-        return 2
-    except (PromptError, CheckFailed) as exc:
-        print(f"validate-fp8: FAIL: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:  # the server was stopped on the way out (serving_process)
         print("validate-fp8: interrupted; nothing written", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     print(line)
     return code

@@ -19,12 +19,12 @@ from pathlib import Path
 
 from ..config import load_config, parse_overrides
 from ..config.model import Config
+from ..errors import PreshardError
 from ..fsio import atomic_dir, git_info, write_json_atomic
 from ..paths import REPO_ROOT, portable
 from ..prepare import launch_env, prepare, vllm_python
 from ..render import render
 from . import manifest
-from .errors import PreshardError
 from .save import RESULT_PREFIX
 
 # Bytes per parameter of the serving dtype against the checkpoint's, for the disk estimate.

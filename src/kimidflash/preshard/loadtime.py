@@ -33,11 +33,11 @@ from ..background import serving_process, sigterm_as_interrupt
 from ..bench.provenance import host_info
 from ..config import load_config
 from ..cpu_reference.tiny import build_tokenizer
+from ..errors import PreshardError
 from ..fsio import git_info, utc_now, write_json_atomic
 from ..paths import REPO_ROOT, portable, portable_argv
 from . import manifest
 from .cli import preshard
-from .errors import PreshardError
 
 FIGURES = {
     "weights_load_s": re.compile(r"Loading weights took ([0-9.]+) seconds"),

@@ -14,8 +14,8 @@ OUT`) writes the sets with their manifests; a training config names the
 pool as `data.prompts = "bigbench:train"`.
 """
 
+from ..errors import RealPromptsError
 from .bigbench import CATEGORIES, category, read_catalog
-from .errors import RealPromptsError
 from .humaneval import read_problems
 from .mtbench import read_questions
 from .sets import (

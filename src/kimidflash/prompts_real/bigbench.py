@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import RealPromptsError
+from ..errors import RealPromptsError
 
 TASKS_DIR = "/bigbench/benchmark_tasks/"
 

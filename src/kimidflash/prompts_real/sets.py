@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import RealPromptsError
 from ..fsio import sha256_file, write_json_atomic, write_text_atomic
 from .bigbench import CAP_SALT, CATEGORIES, CATEGORY_RULES, Catalog, cap, read_catalog
-from .errors import RealPromptsError
 from .humaneval import CHAT_PROMPT, read_problems
 from .mtbench import read_questions
 from .sources import BIGBENCH, HUMANEVAL, MTBENCH, Source

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import RealPromptsError
+from ..errors import RealPromptsError
 
 
 def jsonl_records(wheel: str | Path, member: str, *, gzipped: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:

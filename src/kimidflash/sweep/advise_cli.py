@@ -19,10 +19,10 @@ from rich.console import Console
 from rich.table import Table
 
 from ..bench.resultfile import load_result
+from ..errors import AdviceError
 from ..fsio import git_info, utc_now, write_json_atomic
 from ..paths import REPO_ROOT, portable, portable_argv
 from .advisor import DEFAULT_COST, Advice, CostModel, advise, cost_from_run, cumulative, fit_cost
-from .errors import AdviceError
 
 SCHEMA = "kimidflash-advice/1"
 

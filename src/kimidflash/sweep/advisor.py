@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .errors import AdviceError
+from ..errors import AdviceError
 
 # The seed's published per-position acceptance (Kimi-K2.5-DFlash serving K2.6), read at
 # st=8: 64%, 34%, 18%, 9%, then "<3%" at positions 4-7 with an average acceptance of 16%

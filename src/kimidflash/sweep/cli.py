@@ -25,11 +25,10 @@ from ..background import sigterm_as_interrupt
 from ..bench.provenance import host_info
 from ..bench.workloads import NO_IGNORE_EOS, WORKLOADS
 from ..config import Config, load_config
-from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, SweepError
 from ..fsio import git_info, utc_now
 from ..paths import REPO_ROOT, portable, portable_argv
 from ..render import render
-from .errors import SweepError
 from .execute import run_sweep
 from .grid import BenchOptions, Case, Grid, Plan, add_client, add_server, cases, points, read_grid_file
 from .report import write_summary

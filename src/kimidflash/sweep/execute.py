@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from ..background import ServeError, serving_process
-from ..bench.errors import BenchError
 from ..bench.result import first_error, no_completion
 from ..bench.resultfile import write_result
 from ..bench.runner import BenchConfig, run_benchmark
+from ..errors import BenchError, PointFailed
 from .grid import Case, Plan, Point
 from .predict import predict_ready
 from .rundir import RunFolder, tail
@@ -43,10 +43,6 @@ def serve_with_recipe(base_config: Path, sets: list[str], log_path: Path, timeou
     preflight, launcher, health wait and a clean SIGTERM stop, as users run it."""
     with serving_process(base_config, sets, log_path, timeout) as (proc, base):
         yield Served(base, lambda: proc.poll() is None)
-
-
-class PointFailed(Exception):
-    pass
 
 
 def bench_config(plan: Plan, point: Point, case: Case, base_url: str, repeat: int) -> BenchConfig:

@@ -33,10 +33,10 @@ from typing import Any
 
 from ..bench.workloads import WORKLOADS
 from ..config import FIELDS, ConfigError, load_config
+from ..errors import SweepError
 from ..fsio import read_toml_tables
 from ..paths import portable
 from ..render import render
-from .errors import SweepError
 
 SPECULATIVE_KEYS = frozenset(f.name for f in FIELDS if f.group == "speculative")
 # Keys a point may not vary: the sweep owns where each server listens.

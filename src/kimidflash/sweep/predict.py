@@ -16,10 +16,10 @@ from typing import Any
 
 from ..checkpoint_layout import LayoutError
 from ..config import load_config
+from ..errors import AdviceError
 from ..fsio import utc_now, write_json_atomic
 from .advisor import DEFAULT_COST, advise, cost_from_run, cumulative, fit_cost, tokens_per_step
 from .drafting import fixed_draft_cost
-from .errors import AdviceError
 from .grid import Case, Plan, Point, families
 from .measured import Measured, measured
 from .rundir import RunFolder

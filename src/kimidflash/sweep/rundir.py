@@ -23,8 +23,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..errors import SweepError
 from ..fsio import utc_now, write_json_atomic
-from .errors import SweepError
 from .grid import Case, Point
 
 MANIFEST = "manifest.json"

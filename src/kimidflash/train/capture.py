@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Protocol, TypedDict
 import torch
 
 from ..background import served
+from ..errors import TrainConfigError
 from ..fsio import write_bytes_atomic, write_text_atomic
 from . import device
 from .capture_vllm import VLLMCapture, states_dir
 from .config import TrainConfig
 from .data import Record, read_records, split, usable
 from .distill import Captured, topk_table
-from .errors import TrainConfigError
 from .manifest import Manifest
 from .progress import bar
 from .shape import check_layer_ids

@@ -27,8 +27,8 @@ from pathlib import Path
 import httpx
 import torch
 
+from ..errors import CaptureError
 from .distill import Captured, table_from_prompt_logprobs
-from .errors import CaptureError
 
 
 def read_states(path: str) -> dict[str, torch.Tensor]:

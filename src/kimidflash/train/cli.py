@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from ..background import sigterm_as_interrupt
-from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, RecipeError
+from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, RecipeError, TrainConfigError
 from ..fsio import utc_now
 from ..paths import CONFIGS_DIR, portable_argv
 from . import config as tcfg
-from .errors import TrainConfigError
 from .manifest import Manifest
 from .phases import PHASES, PhaseArgs
 from .plan import count_data, make_plan

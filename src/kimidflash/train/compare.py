@@ -30,11 +30,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..errors import TrainConfigError
 from ..fsio import utc_now, write_json_atomic, write_text_atomic
 from ..paths import cache_dir, portable, portable_argv
 from . import config as tcfg
 from .cli import guarded
-from .errors import TrainConfigError
 from .evaluate import evaluate_run
 from .manifest import portable_train, versions
 from .trainer import train

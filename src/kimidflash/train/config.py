@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ..eagle3 import AUX_IDS, Eagle3Error, Eagle3Head
+from ..errors import TrainConfigError
 from ..paths import cache_dir
-from .errors import TrainConfigError
 from .shape import DrafterShape, read_json_file
 
 __all__ = [

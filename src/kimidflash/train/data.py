@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..bench.prompts import PromptError, load_builtin, load_file
+from ..errors import DataError
 from ..prompts_real import SPECS, RealPromptsError, training_prompts
-from .errors import DataError
 from .prompt_sets import TIERS
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
+from ..errors import TrainConfigError
 from ..fsio import cpuinfo_field
-from .errors import TrainConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
 AUTOCAST = ("auto", "bfloat16", "none")

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .errors import CaptureError
+from ..errors import CaptureError
 
 
 @dataclass

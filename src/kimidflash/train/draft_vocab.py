@@ -35,10 +35,10 @@ from typing import Any
 
 import torch
 
+from ..errors import TrainConfigError
 from ..fsio import atomic_dir, make_readable, sha256_file, utc_now
 from ..paths import portable
 from .data import Record, read_records
-from .errors import TrainConfigError
 from .export import DRAFT_D2T, DRAFT_HEAD
 from .target_weights import read_tensors, target_layout
 from .vocab import frequent_tokens

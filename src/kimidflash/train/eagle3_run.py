@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ..errors import TrainConfigError
 from ..fsio import write_json_atomic, write_text_atomic
 from . import device as dev
 from .capture import ShardStore, training_records
@@ -37,7 +38,6 @@ from .config import TrainConfig
 from .draft_vocab import choose, coverage
 from .eagle3_model import Eagle3Drafter
 from .eagle3_ttt import draft_chains, ttt_loss
-from .errors import TrainConfigError
 from .evaluate import acceptance_lengths, eval_anchors, summarize, walk
 from .export_eagle3 import export_head
 from .export_run import drafter_readme, loss_curve_png

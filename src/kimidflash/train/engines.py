@@ -23,11 +23,11 @@ from typing import Any, Protocol
 
 from ..checkpoint_layout import text_field
 from ..eagle3 import Eagle3Error
+from ..errors import TrainConfigError
 from . import eagle3_run
 from .capture import capture_shards, check_mode
 from .config import ENGINES, TrainConfig
 from .config import METHODS as CONFIG_METHODS
-from .errors import TrainConfigError
 from .evaluate import evaluate_run
 from .export_run import export_run
 from .manifest import Manifest

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..errors import TrainConfigError
 from ..fsio import write_json_atomic
 from ..paths import portable
 from . import device as dev
@@ -33,7 +34,6 @@ from .batch import collate
 from .capture import SequenceStore, ShardStore, StreamStore, check_mode, opened_source, training_records
 from .config import TrainConfig
 from .draft_vocab import draft_vocab_ids
-from .errors import TrainConfigError
 from .model import DFlashDrafter
 from .progress import bar
 from .shape import DrafterShape, read_json_file

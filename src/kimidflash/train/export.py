@@ -21,8 +21,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import TrainConfigError
 from ..fsio import atomic_dir, make_readable
-from .errors import TrainConfigError
 from .shape import DrafterShape
 
 if TYPE_CHECKING:

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..errors import TrainConfigError
 from .capture import training_records
 from .config import TrainConfig
 from .draft_vocab import FREQUENT, attach, choose, coverage, rule
-from .errors import TrainConfigError
 from .evaluate import load_checkpoint_model
 from .export import export_model
 from .shape import DrafterShape

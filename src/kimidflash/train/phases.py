@@ -19,13 +19,13 @@ from ..checkpoint_layout import text_field
 from ..config import load_config, parse_overrides
 from ..cpu_reference import smollm2
 from ..cpu_reference.generated import PREPARE_KIND
+from ..errors import TrainConfigError
 from ..fsio import write_text_atomic
 from ..prepare import prepare
 from . import device
 from .config import TrainConfig
 from .data import load_prompts, read_records
 from .engines import PhaseArgs, engine_for, method_for
-from .errors import TrainConfigError
 from .manifest import Manifest
 from .regen import regen
 from .regen_hf import regen_hf

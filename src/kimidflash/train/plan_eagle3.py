@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..eagle3 import D2T, FC, LM_HEAD, Eagle3Error, Eagle3Head
+from ..errors import TrainConfigError
 from .config import TrainConfig
-from .errors import TrainConfigError
 from .shape import read_json_file
 
 SHARD_TOKEN_BYTES = 5  # int32 token id + int8 loss mask per token in a capture shard

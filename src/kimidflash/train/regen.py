@@ -20,8 +20,8 @@ from pathlib import Path
 
 import httpx
 
+from ..errors import RegenError
 from .data import RecordWriter, make_record, read_records
-from .errors import RegenError
 from .progress import bar
 
 

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..errors import RegenError
 from .data import Record, RecordWriter, make_record
 from .device import float32_matmul
-from .errors import RegenError
 from .progress import bar
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import TrainConfigError
+from ..errors import TrainConfigError
 
 DEFAULT_ROPE_THETA = 1000000.0
 REQUIRED = (

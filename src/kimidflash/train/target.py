@@ -19,8 +19,8 @@ from typing import Any
 
 from ..checkpoint_layout import declares_remote_code
 from ..config import load_config, parse_overrides
+from ..errors import TrainConfigError
 from .config import TrainConfig
-from .errors import TrainConfigError
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint_layout import LayoutError, TextLayout, locate
-from .errors import TrainConfigError
+from ..errors import TrainConfigError
 
 
 def target_layout(model_dir: str | Path) -> tuple[TextLayout, dict[str, str]]:

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..errors import TrainConfigError
 from ..fsio import open_atomic, write_text_atomic
 from . import device as dev
 from . import objective as obj
@@ -48,7 +49,6 @@ from .capture import (
 )
 from .config import TrainConfig, TrainOptions
 from .distill import soft_cross_entropy
-from .errors import TrainConfigError
 from .manifest import Manifest, portable_train
 from .model import DFlashDrafter
 from .progress import bar

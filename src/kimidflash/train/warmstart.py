@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import TrainConfigError
+from ..errors import TrainConfigError
 from .export import DRAFT_D2T, DRAFT_HEAD
 from .shape import DrafterShape, read_json_file
 from .target_weights import read_tensors, target_layout

@@ -32,9 +32,9 @@ from pathlib import Path
 
 from ...background import served
 from ...checkpoint_layout import text_field
+from ...errors import SpeculatorsError, TrainConfigError
 from ...fsio import write_text_atomic
 from ..config import TrainConfig
-from ..errors import SpeculatorsError, TrainConfigError
 from ..plan import GiB, capture_bytes_per_token, free_disk
 from ..target import capture_overrides, target_info
 from .cli import run_logged, speculators_argv

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..errors import SpeculatorsError
+from ...errors import SpeculatorsError
 from .venv import ensure_speculators
 
 TAIL = 25

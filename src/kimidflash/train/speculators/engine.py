@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from ...errors import TrainConfigError
 from ...paths import portable, portable_argv
 from ..config import TrainConfig
-from ..errors import TrainConfigError
 from ..evaluate import evaluate_run
 from ..manifest import Manifest
 from ..target import target_info

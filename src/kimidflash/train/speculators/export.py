@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...checkpoint_layout import LayoutError, weight_map
+from ...errors import SpeculatorsCheckpointError
 from ...fp8.safetensors_io import read_header
 from ...fsio import atomic_dir, sha256_file, utc_now, write_json_atomic
 from ...paths import portable, portable_argv
-from ..errors import TrainConfigError
 from ..export import export_model
 from ..shape import DrafterShape, Rope
 from ..target_weights import read_tensors
@@ -61,10 +61,6 @@ DECODER_KEYS = (
     "vocab_size",
     "attention_bias",
 )
-
-
-class SpeculatorsCheckpointError(TrainConfigError):
-    """A speculators checkpoint that is not a drafter of the given shape: names the checkpoint and the key."""
 
 
 def checkpoint_dir(path: str | Path) -> Path:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import backends
-from .config import Config, load_config, parse_overrides
+from .config import Config, load_config
 from .paths import CONFIGS_DIR, REPO_ROOT
 from .render import render
 from .settings import FIELDS, GROUPS, Settings
@@ -178,7 +178,7 @@ def capture_paths() -> list[tuple[str, Config]]:
         if tc.capture.source != "vllm" or not tc.target.serve_config:
             continue
         over = capture_overrides(tc, tc.capture_layer_ids(), "/run/capture/vllm-states")
-        values = load_config(tc.target.serve_config, parse_overrides(over), environ={})
+        values = load_config(tc.target.serve_config, over, environ={})
         out.append((f"{path.name} capture ({Path(tc.target.serve_config).name})", values))
     return out
 

@@ -23,7 +23,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from .config import load_config, parse_overrides
+from .cliargs import add_set
+from .config import load_config
 from .errors import ExecError, LaunchError, UsageError
 from .render import FP8_POLICY_ENV, PIN_ENV, render
 
@@ -90,10 +91,10 @@ def main(argv: list[str]) -> int:
     else:
         p = argparse.ArgumentParser(prog="kimi26-vllm-dflash.sh", description="Render a config and exec vLLM.")
         p.add_argument("config")
-        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+        add_set(p)
         p.add_argument("--dry-run", action="store_true", help="print the command and exit")
         args = p.parse_args(argv)
-        rendered = render(load_config(args.config, parse_overrides(args.set)))
+        rendered = render(load_config(args.config, args.set))
         if args.dry_run:
             print(rendered.shell())
             return 0

@@ -26,7 +26,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from .config import FIELDS, Config, check_checkpoints, load_config, parse_overrides
+from .cliargs import add_set
+from .config import FIELDS, Config, check_checkpoints, load_config
 from .cpu_reference.generated import PREPARE_KIND
 from .docker import run as docker_run
 from .docker.engine import require_client
@@ -289,12 +290,12 @@ def main(argv: list[str]) -> int:
         "nothing is prepared or started",
     )
     p.add_argument("--print-config", action="store_true", help="print every resolved value and where it came from")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one key (repeatable)")
+    add_set(p, "override one key (repeatable)")
     p.add_argument("--allow-numa-balancing", action="store_true", help="start even if NUMA balancing stays on")
     p.add_argument("--log-file", type=Path, help="also append the server log to this file")
     p.add_argument("--quiet", action="store_true", help="do not echo the server log")
     args = p.parse_args(argv)
-    config = load_config(args.config, parse_overrides(args.set), check_files=False)  # serve checks them
+    config = load_config(args.config, args.set, check_files=False)  # serve checks them
     if args.print_config:
         print_config(config)
         return 0

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..backends import family_draft_backend
 from ..background import serving_process, sigterm_as_interrupt
+from ..cliargs import add_set
 from ..config import SCHEDULE_KEY, Config, load_config, parse_overrides
 from ..config.drafts import draft_method, read_json
 from ..config.rules import block_serves
@@ -151,7 +152,7 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
         raise BenchError(f"--rounds must be at least 1, got {args.rounds}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    config = load_config(args.serve_config, parse_overrides(list(args.set)))
+    config = load_config(args.serve_config, list(args.set))
     cats = categories(args)
     if "tools" in args.workload and not config.tool_call_parser:
         raise BenchError(
@@ -428,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ignore-eos", action="store_true")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra serve override")
+    add_set(p, "extra serve override")
     p.add_argument("--reuse", action="store_true", help="skip variants whose result files exist (resume)")
     p.add_argument(
         "--rounds",

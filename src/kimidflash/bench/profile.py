@@ -29,6 +29,7 @@ from typing import Any
 import psutil
 
 from ..background import serving_process, sigterm_as_interrupt
+from ..cliargs import add_set
 from ..config import parse_overrides
 from ..errors import BenchError
 from ..fsio import write_json_atomic, write_text_atomic
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         help="a variant to serve and profile, the config with these overrides (repeatable; the "
         "first is what profile.md compares the others with)",
     )
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every variant")
+    add_set(p, "override for every variant")
     p.add_argument("--prompts", default=None, help="builtin (default), a JSONL or a ShareGPT file")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--sessions", type=int, default=32)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..config import load_config, parse_overrides
+from ..config import load_config
 from ..fsio import write_json_atomic, write_text_atomic
 from ..paths import include_path
 from ..sweep.schedule import checked_schedule, fastest_k, k_at
@@ -55,7 +55,7 @@ def shipped_check(table: dict[str, Any], statics: dict[str, int]) -> dict[str, A
 def own_statics(series: list[str], drafters: list[tuple[str, Path]], config: Path, sets: list[str]) -> dict[str, int]:
     """The series that serve the config's own drafter (`--drafter LABEL=DIR`, given as (label, resolved DIR),
     naming its DRAFT_MODEL_DIR) at a static k: label -> k."""
-    own = load_config(config, parse_overrides(sets)).draft_model_dir
+    own = load_config(config, sets).draft_model_dir
     labels = [label for label, path in drafters if own and path == Path(own).resolve()]
     return {
         s: int(s.rpartition(" k=")[2])
@@ -69,7 +69,7 @@ def checked(check: dict[str, Any], config: Path, sets: list[str]) -> dict[str, A
     """The config with the k the check measured fastest at each concurrency (no speculation, the config as
     shipped, its drafter at each static k measured; in every category), with the overrides that make it;
     None where the config as shipped was that."""
-    cfg = load_config(config, parse_overrides(sets))
+    cfg = load_config(config, sets)
     rows = [r for r in check["rows"] if not r.get("pooled")]
     best = {
         c: fastest_k([r for r in rows if r["concurrency"] == c], k_at(cfg, c))
@@ -77,7 +77,7 @@ def checked(check: dict[str, Any], config: Path, sets: list[str]) -> dict[str, A
     }
     fix = checked_schedule(cfg, best)
     if fix is not None:
-        load_config(config, parse_overrides([*sets, *fix["sets"]]))  # the rules accept what is written
+        load_config(config, [*sets, *fix["sets"]])  # the rules accept what is written
         fix["sets"] = [*sets, *fix["sets"]]
     return fix
 

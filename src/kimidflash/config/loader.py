@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +97,13 @@ def _read_file(path: Path, seen: tuple[Path, ...]) -> tuple[dict[str, str], dict
 
 def load_config(
     path: str | os.PathLike[str] | None,
-    overrides: Mapping[str, str] | None = None,
+    overrides: Mapping[str, str] | Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,
     *,
     check_files: bool = True,
 ) -> Config:
-    """Load `path` (and its includes), apply `overrides` (from --set), validate.
+    """Load `path` (and its includes), apply `overrides`, validate. `overrides` is a mapping of keys
+    to raw values, or the `KEY=VALUE` strings `--set` collected (cliargs.add_set), parsed here.
 
     ``check_files=False`` leaves out the rules that read the checkpoints, for a
     caller that runs them itself once it has made the models (`serve`)."""
@@ -115,6 +116,10 @@ def load_config(
     for key in FROM_ENVIRON:
         if environ.get(key):
             raw[key], sources[key] = environ[key], "process environment"
+    if isinstance(overrides, str):  # a str is a Sequence[str] too: one KEY=VALUE is a list of one
+        raise TypeError(f"overrides: a list of KEY=VALUE strings or a mapping, not the string {overrides!r}")
+    if overrides is not None and not isinstance(overrides, Mapping):
+        overrides = parse_overrides(overrides)
     for key, value in (overrides or {}).items():
         if key not in BY_NAME:
             hint = difflib.get_close_matches(key, BY_NAME, n=1)
@@ -134,7 +139,7 @@ def load_config(
     return config
 
 
-def parse_overrides(items: list[str]) -> dict[str, str]:
+def parse_overrides(items: Sequence[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")

@@ -32,7 +32,8 @@ from typing import Any
 from rich.console import Console
 
 from ..backends import patchset_hash
-from ..config import load_config, parse_overrides
+from ..cliargs import add_set
+from ..config import load_config
 from ..errors import BuildFailed, UsageError
 from ..paths import REPO_ROOT
 from ..settings import BY_NAME
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         default=str(REPO_ROOT / "configs" / "production.env"),
         help="env config whose VLLM_VERSION / VLLM_IMAGE / PLATFORM pick the base (default: configs/production.env)",
     )
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    add_set(p, "override a config key")
     p.add_argument("--name", help="image name (default: the config's IMAGE_NAME)")
     p.add_argument("--base-image", help="BASE_IMAGE (default: VLLM_IMAGE, or the local CPU base when PLATFORM=cpu)")
     p.add_argument("--ca-bundle", type=Path, help="CA bundle for a TLS-intercepting proxy, passed as a BuildKit secret")
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, path in (("--ca-bundle", args.ca_bundle), ("--patch-set", args.patch_set)):
         if path is not None and not path.is_file():
             raise UsageError(f"{label} {path}: no such file")
-    config = load_config(args.config, parse_overrides(args.set))
+    config = load_config(args.config, args.set)
     client = require_client()
     vllm_version = config.vllm_version
     base = args.base_image

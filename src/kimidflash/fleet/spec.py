@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import DRAFT_MODEL_METHODS
-from ..config import ConfigError, load_config, parse_overrides
+from ..config import ConfigError, load_config
 from ..config.model import Config
 from ..errors import FleetError
 from ..fsio import read_toml_tables
@@ -145,7 +145,7 @@ def _replica(path: Path, i: int, data: dict[str, Any], environ: dict[str, str] |
     port = _int(where, "port", data.get("port"))
     config_path = (path.parent / Path(str(data["config"])).expanduser()).resolve()
     try:
-        cfg = load_config(config_path, parse_overrides([*sets, f"PORT={port}"]), environ=environ)
+        cfg = load_config(config_path, [*sets, f"PORT={port}"], environ=environ)
     except (ConfigError, OSError) as exc:
         raise FleetError(f"{where}: {exc}") from None
     return Replica(name, config=cfg, config_path=config_path, overrides=tuple(sets))

@@ -39,6 +39,7 @@ from ..background import ServeError, serving_process
 from ..bench import BenchConfig, BenchError, run_benchmark
 from ..bench.prompts import parse_jsonl
 from ..bench.provenance import local_provenance, recipe_info
+from ..cliargs import add_set
 from ..config import ConfigError, load_config, parse_overrides
 from ..errors import EXIT_INTERRUPTED, CheckFailed, CheckpointError, InputError, ServerRequestError
 from ..fsio import atomic_dir, write_json_atomic, write_text_atomic
@@ -350,7 +351,7 @@ def run(opts: Options) -> tuple[int, str]:
 def parse_args(argv: Sequence[str]) -> Options:
     p = argparse.ArgumentParser(prog="validate-fp8.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("config", help="an FP8 KV config (KV_CACHE_DTYPE=fp8...)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one key (repeatable)")
+    add_set(p, "override one key (repeatable)")
     p.add_argument("--prompts", type=int, default=len(shipped_prompts()), help="how many shipped prompts (default all)")
     p.add_argument("--max-tokens", type=int, default=128, help="greedy output length per prompt (default 128)")
     p.add_argument(

@@ -17,7 +17,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..config import load_config, parse_overrides
+from ..cliargs import add_set
+from ..config import load_config
 from ..config.model import Config
 from ..errors import PreshardError
 from ..fsio import atomic_dir, git_info, write_json_atomic
@@ -124,13 +125,13 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="kimidflash preshard", description=__doc__.splitlines()[0])
     p.add_argument("config", help="the env file whose MODEL_DIR, TENSOR_PARALLEL_SIZE, DTYPE and vLLM are used")
     p.add_argument("--out", type=Path, required=True, help="the pre-sharded checkpoint's folder")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one key (repeatable)")
+    add_set(p, "override one key (repeatable)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
     p.add_argument("--max-shard-gb", type=float, default=5.0, help="largest file per rank, in GiB (default 5)")
     a = p.parse_args(argv)
     if not a.max_shard_gb > 0:
         raise PreshardError(f"--max-shard-gb must be positive, got {a.max_shard_gb}")
-    config = load_config(a.config, parse_overrides(a.set))
+    config = load_config(a.config, a.set)
     doc = preshard(config, a.out, force=a.force, max_shard_bytes=int(a.max_shard_gb * 2**30))
     size = sum(f["size"] for f in doc["files"])
     print(

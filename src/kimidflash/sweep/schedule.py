@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..backends import DRAFT_MODEL_METHODS
-from ..config import SCHEDULE_KEY, Config, Schedule, draft_schedule, format_schedule, load_config, parse_overrides
+from ..config import SCHEDULE_KEY, Config, Schedule, draft_schedule, format_schedule, load_config
 from .grid import Plan, Point, families
 
 NEAR = 0.02  # a k this close to the fastest at a concurrency is a tie (3 repeats on 2 cores spread about this much)
@@ -119,7 +119,7 @@ def measured_schedule(plan: Plan, rows: list[dict[str, Any]], family: str | None
         f"NUM_SPECULATIVE_TOKENS={top}",
         f"{SCHEDULE_KEY}={format_schedule(sched)}",
     ]
-    load_config(plan.base_config, parse_overrides(sets))  # the rules accept what is written
+    load_config(plan.base_config, sets)  # the rules accept what is written
     return {**out, "schedule": format_schedule(sched), "num_speculative_tokens": top, "sets": sets}
 
 

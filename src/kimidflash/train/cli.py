@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..background import sigterm_as_interrupt
+from ..cliargs import add_set
 from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, RecipeError, TrainConfigError
 from ..fsio import utc_now
 from ..paths import CONFIGS_DIR, portable_argv
@@ -55,9 +56,7 @@ def _parser() -> argparse.ArgumentParser:
         "instead of the run's checkpoint (written to eval-<folder>.json)",
     )
     p.add_argument("--run-dir", help="override the run folder")
-    p.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. train.steps=50"
-    )
+    add_set(p, "override a config key, e.g. train.steps=50")
     p.add_argument(
         "--plan",
         action="store_true",

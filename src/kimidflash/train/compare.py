@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..cliargs import add_set
 from ..errors import TrainConfigError
 from ..fsio import utc_now, write_json_atomic, write_text_atomic
 from ..paths import cache_dir, portable, portable_argv
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar=("NAME", "KEY=VALUE"),
         help="a variant: its name, then config overrides (repeatable)",
     )
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every variant")
+    add_set(p, "an override for every variant")
     p.add_argument(
         "--eval-run",
         action="append",

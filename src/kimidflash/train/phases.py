@@ -16,7 +16,7 @@ from typing import TypedDict
 
 from ..background import served
 from ..checkpoint_layout import text_field
-from ..config import load_config, parse_overrides
+from ..config import load_config
 from ..cpu_reference import smollm2
 from ..cpu_reference.generated import PREPARE_KIND
 from ..errors import TrainConfigError
@@ -44,7 +44,7 @@ def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
     if info.prepare == "smollm2":
         smollm2.ensure(target, log=log)
     elif info.prepare in PREPARE_KIND:  # a generated pair: made by serve's own step (venv, generator)
-        prepare(load_config(cfg.target.serve_config, parse_overrides(cfg.target.serve_overrides)), log=log)
+        prepare(load_config(cfg.target.serve_config, cfg.target.serve_overrides), log=log)
     if not (target / "config.json").is_file():
         raise TrainConfigError(f"target checkpoint not found: {target}/config.json")
     tconf = json.loads((target / "config.json").read_text())

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..checkpoint_layout import declares_remote_code
-from ..config import load_config, parse_overrides
+from ..config import load_config
 from ..errors import TrainConfigError
 from .config import TrainConfig
 
@@ -41,7 +41,7 @@ def target_info(cfg: TrainConfig) -> TargetInfo:
     model_dir, served_name, prepare, trust = cfg.target.model_dir, cfg.regen.model, "none", None
     dtype, max_len = "auto", None
     if cfg.target.serve_config:
-        env = load_config(cfg.target.serve_config, parse_overrides(cfg.target.serve_overrides))
+        env = load_config(cfg.target.serve_config, cfg.target.serve_overrides)
         model_dir = model_dir or str(env.model_dir)
         served_name = served_name or env.served_model_name
         prepare = env.prepare_models

@@ -11,6 +11,6 @@ import argparse
 SET_HELP = "override one key of the config (repeatable)"
 
 
-def add_set(parser: argparse.ArgumentParser, help: str = SET_HELP, dest: str = "set") -> None:
+def add_set(parser: argparse.ArgumentParser, help: str = SET_HELP) -> None:
     """`--set KEY=VALUE`, repeatable, collected into a list (empty when not given)."""
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=help, dest=dest)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=help)

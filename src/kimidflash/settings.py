@@ -468,10 +468,6 @@ class Settings:
         """The value of key `name` (MODEL_DIR), for the loops that walk the schema (render, provenance)."""
         return getattr(self, name.lower())
 
-    def as_dict(self) -> dict[str, Any]:
-        """Every key's value under its env-file name, in schema order."""
-        return {f.name: self.value(f.name) for f in FIELDS}
-
 
 @dataclass(frozen=True)
 class Field:

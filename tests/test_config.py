@@ -166,7 +166,7 @@ def refusal(tmp_path, body: str, environ=None) -> ConfigError:
         (
             "KV_CACHE_DTYPE=fp8\nKV_SCALE_POLICY=running-max\nDRAFT_KV_CACHE_DTYPE=auto\nKV_SCALES_FILE=/nonexistent/s.json",
             "KV_SCALES_FILE",
-            ["/nonexistent/s.json", "cannot read"],
+            ["/nonexistent/s.json", "not found"],
         ),
         ("KV_SCALE_POLICY=running-max", "KV_SCALE_POLICY", ["only to an FP8 KV cache"]),
         ("HOST=0.0.0.0", "HOST", ["API_KEY", "127.0.0.1"]),

@@ -193,7 +193,9 @@ def test_a_real_profile_samples_the_worker_and_finds_the_drafter_in_the_speculat
     assert min(dflash["samples"], none["samples"]) > 200  # a few seconds at 250 Hz: enough for small shares
     forward = "GPUModelRunner.execute_model (vllm/v1/worker/gpu_model_runner.py)"
     propose = "GPUModelRunner.propose_draft_token_ids (vllm/v1/worker/gpu_model_runner.py)"
-    assert dflash["shares"][forward] > 0.01 and none["shares"][forward] > 0.01  # the tiny pair mostly waits
+    # The tiny pair's worker mostly waits on its queue: without speculation the forward was 0.99% of
+    # 806 samples on a CI run, so its presence is the check, and a wrong process (the API server) has none.
+    assert dflash["shares"].get(forward, 0) > 0 and none["shares"].get(forward, 0) > 0
     assert dflash["shares"].get(propose, 0) > 0 and propose not in none["shares"]
     assert "| dflash | (the config as it is) | VLLM::Worker |" in (out / "profile.md").read_text()
     for f in ("profile.json", "profile.md", "dflash-stacks.txt", "none-stacks.txt"):

@@ -315,8 +315,8 @@ def test_bad_input_is_one_clear_error(fake_serving, drafter, tmp_path, capsys, e
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("{", "config.json: Expecting property name"),
-        ("[8]", "config.json is not a JSON object"),
+        ("{", "config.json: not JSON (Expecting property name"),
+        ("[8]", "config.json: not a JSON object"),
         ('{"architectures": ["LlamaForCausalLM"]}', "neither a DFlash drafter (DFlashDraftModel) nor an EAGLE-3 head"),
     ],
 )

@@ -9,7 +9,6 @@ port, stopped with SIGTERM at the end.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import socket
 import subprocess
@@ -24,6 +23,7 @@ import httpx
 from .bench.metrics import parse_prometheus
 from .errors import ServeError
 from .paths import REPO_ROOT
+from .procgroup import stop_group
 
 # What `serve` prints once its own health wait has passed (serve.py, `say`).
 READY_LINE = "serve: ready in "
@@ -94,19 +94,7 @@ def serving_process(
                 raise ServeError(f"serve {config}: not ready after {timeout:.0f}s; log {log_path}")
         yield proc, f"http://127.0.0.1:{port}"
     finally:
-        stop_group(proc, grace=90)
-
-
-def stop_group(proc: subprocess.Popen, grace: float) -> None:
-    """SIGTERM a process started in its own session, like a user; SIGKILL its whole
-    group if it is still there after `grace` seconds."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, grace=90, leader_only=True)  # serve stops its own launcher, as for a user
 
 
 @contextlib.contextmanager

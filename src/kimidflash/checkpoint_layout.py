@@ -25,7 +25,6 @@ fp8.safetensors_io), so serve's preflight can use it without torch.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import Any
 
 from .errors import LayoutError, SafetensorsError
 from .fp8.safetensors_io import read_header
+from .fsio import read_json, read_json_object
 
 INDEX = "model.safetensors.index.json"
 EMBED = "embed_tokens.weight"
@@ -89,28 +89,30 @@ def tie_word_embeddings(cfg: dict[str, Any] | None) -> bool | None:
     return None if value is None else bool(value)
 
 
-def read_config(model_dir: str | Path) -> dict[str, Any] | None:
-    """The checkpoint's config.json, or None when it has none."""
+def read_config(model_dir: str | Path, error: type[Exception] = LayoutError) -> dict[str, Any] | None:
+    """THE reader of a checkpoint's config.json (a target's, a drafter's, a speculators checkpoint's):
+    None when the folder has none; `error` (the caller's class) names the file when it is not a JSON object."""
     path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LayoutError(f"{path}: unreadable: {exc}") from None
-    if not isinstance(data, dict):
-        raise LayoutError(f"{path}: not a JSON object")
-    return data
+    return read_json_object(path, "config.json", error) if path.is_file() else None
+
+
+def require_config(
+    model_dir: str | Path, what: str = "checkpoint", error: type[Exception] = LayoutError
+) -> dict[str, Any]:
+    """`read_config` for a caller that cannot go on without it: `error` says "<what> not found: <file>"."""
+    cfg = read_config(model_dir, error)
+    if cfg is None:
+        raise error(f"{what} not found: {Path(model_dir) / 'config.json'}")
+    return cfg
 
 
 def declares_remote_code(model_dir: str | Path) -> bool:
     """Whether the checkpoint ships its own classes (an `auto_map` in tokenizer_config.json or
     config.json): transformers then loads its tokenizer only with trust_remote_code (Kimi's is tiktoken)."""
     for name in ("tokenizer_config.json", "config.json"):
-        path = Path(model_dir) / name
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            data = read_json(Path(model_dir) / name)
+        except ValueError:  # missing or not JSON: it declares nothing
             continue
         if isinstance(data, dict) and data.get("auto_map"):
             return True
@@ -124,12 +126,9 @@ def weight_map(model_dir: str | Path) -> dict[str, str]:
     d = Path(model_dir)
     index = d / INDEX
     if index.exists():
-        try:
-            wm = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise LayoutError(f"{index}: not a safetensors index: {exc!r}") from None
+        wm = read_json_object(index, INDEX, LayoutError).get("weight_map")
         if not isinstance(wm, dict):
-            raise LayoutError(f"{index}: weight_map is not an object")
+            raise LayoutError(f"{index}: not a safetensors index (no weight_map object)")
         return dict(wm)
     files = sorted(d.glob("*.safetensors"))
     if not files:

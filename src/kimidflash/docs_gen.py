@@ -21,13 +21,14 @@ generated table is stale (`python -m kimidflash config-docs` rewrites them).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from . import backends
 from .config import Config, load_config
+from .fsio import read_json_object
+from .mdtable import table
 from .paths import CONFIGS_DIR, REPO_ROOT
 from .render import render
 from .settings import FIELDS, GROUPS, Settings
@@ -59,11 +60,13 @@ def cell(text: str) -> str:
 
 
 def reference_table() -> str:
-    rows = ["| key | type | default | what it does |", "|---|---|---|---|"]
-    for group in GROUPS:
-        for f in (f for f in FIELDS if f.group == group):
-            rows.append(f"| `{f.name}` | {f.describe_type()} | {_default(f.default)} | {cell(f.doc)} |")
-    return "\n".join(rows)
+    rows = [
+        [f"`{f.name}`", f.describe_type(), _default(f.default), cell(f.doc)]
+        for group in GROUPS
+        for f in FIELDS
+        if f.group == group
+    ]
+    return "\n".join(table(["key", "type", "default", "what it does"], rows))
 
 
 # ---------------------------------------------------------------- patch set
@@ -104,21 +107,18 @@ def _runs_when(p: dict) -> str:
 
 def patch_set_tables() -> str:
     patches, retired = backends.load_patch_data()
-    rows = ["| id | group | what | why | file | versions | upstream marker |", "|---|---|---|---|---|---|---|"]
-    for p in patches:
-        rows.append(
-            f"| {p['id']} | {p['group']} | {p['what']} | {p['why']} | {_files(p)} | "
-            f"{_versions(p['variants'])} | {_upstream(p['upstream'])} |"
-        )
-    rows += [
-        "",
-        "Retired (no longer shipped; their markers in a tree are drift):",
-        "",
-        "| id | what it did | file | why retired |",
-        "|---|---|---|---|",
-    ]
-    for r in retired:
-        rows.append(f"| {r['id']} | {r['what']} | {', '.join(f'`{f}`' for f in r['files'])} | {r['why']} |")
+    rows = table(
+        ["id", "group", "what", "why", "file", "versions", "upstream marker"],
+        [
+            [p["id"], p["group"], p["what"], p["why"], _files(p), _versions(p["variants"]), _upstream(p["upstream"])]
+            for p in patches
+        ],
+    )
+    rows += ["", "Retired (no longer shipped; their markers in a tree are drift):", ""]
+    rows += table(
+        ["id", "what it did", "file", "why retired"],
+        [[r["id"], r["what"], ", ".join(f"`{f}`" for f in r["files"]), r["why"]] for r in retired],
+    )
     return "\n".join(rows)
 
 
@@ -197,19 +197,23 @@ def _kv(values: Settings) -> str:
 
 def backend_map_table() -> str:
     patches, _ = backends.load_patch_data()
-    out = [
-        "| config | vLLM | target (MLA) | draft (DFlash: standard attention; EAGLE-3: the target's) | "
-        "KV cache (target and draft) | patches that run |",
-        "|---|---|---|---|---|---|",
-    ]
+    rows = []
     for r in map_rows():
         plan = r["plan"]
         target = f"{plan.target} ({plan.target_how})" if plan.target else "vLLM's choice"
         draft = f"{plan.draft} ({plan.draft_how})" if plan.draft else "vLLM's choice"
-        out.append(
-            f"| `{r['config']}` | {r['pin']} | {target} | {draft} | {_kv(r['values'])} | "
-            f"{', '.join(r['patches']) or 'none'} |"
-        )
+        rows.append([f"`{r['config']}`", r["pin"], target, draft, _kv(r["values"]), ", ".join(r["patches"]) or "none"])
+    out = table(
+        [
+            "config",
+            "vLLM",
+            "target (MLA)",
+            "draft (DFlash: standard attention; EAGLE-3: the target's)",
+            "KV cache (target and draft)",
+            "patches that run",
+        ],
+        rows,
+    )
     out += ["", "Each shipped patch, where it runs and what proves it:", ""]
     for p in patches:
         out.append(
@@ -238,9 +242,9 @@ def serve_commands() -> str:
 # ---------------------------------------------------------------- splicing
 def sweep_results() -> str:
     """The committed CPU-reference sweep, from its files: provenance, table, advisor."""
-    summary = json.loads((SWEEP_RUN / "summary.json").read_text())
-    manifest = json.loads((SWEEP_RUN / "manifest.json").read_text())
-    first = json.loads(min((SWEEP_RUN / "points").glob("*/*-r1.json")).read_text())["provenance"]
+    summary = read_json_object(SWEEP_RUN / "summary.json")
+    manifest = read_json_object(SWEEP_RUN / "manifest.json")
+    first = read_json_object(min((SWEEP_RUN / "points").glob("*/*-r1.json")))["provenance"]
     git, host = manifest["git"], manifest["host"]
     rel = "../" + SWEEP_RUN.relative_to(REPO_ROOT).as_posix()
     head = (

@@ -1,4 +1,4 @@
-"""Files and their provenance: atomic writes (a reader sees the old file or the
+"""Files and their provenance: the one JSON-file reader, atomic writes (a reader sees the old file or the
 whole new one, never half), atomic directory publish, sha256 of a file, the UTC
 timestamp and the git revision every result records, and the CPU's /proc/cpuinfo fields.
 
@@ -78,6 +78,33 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
     return write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def read_json(path: str | os.PathLike[str], what: str = "JSON file", error: type[Exception] = ValueError) -> Any:
+    """THE reader of a whole JSON file (a result, a manifest, a training config, a checkpoint's
+    config.json through checkpoint_layout): `error` carries one line naming the file, whether it is
+    missing, unreadable or not JSON, so each caller keeps its own error class and no caller parses twice."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{what} not found: {p}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise error(f"{p}: unreadable: {e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{p}: not JSON ({e.msg} at line {e.lineno})") from None
+
+
+def read_json_object(
+    path: str | os.PathLike[str], what: str = "JSON file", error: type[Exception] = ValueError
+) -> dict[str, Any]:
+    """`read_json` for the files that must hold one object (nearly all): a list or a number is named as such."""
+    data = read_json(path, what, error)
+    if not isinstance(data, dict):
+        raise error(f"{path}: not a JSON object")
+    return data
 
 
 @contextlib.contextmanager

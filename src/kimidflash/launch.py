@@ -15,7 +15,6 @@ serve degraded output) minutes later.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shlex
@@ -26,6 +25,7 @@ from pathlib import Path
 from .cliargs import add_set
 from .config import load_config
 from .errors import ExecError, LaunchError, UsageError
+from .fsio import read_json_object
 from .render import FP8_POLICY_ENV, PIN_ENV, render
 
 REPORT_ENV = "KIMIDFLASH_PATCH_REPORT"
@@ -62,7 +62,7 @@ def verify(env: dict[str, str], report_path: Path | None = None) -> list[str]:
     states: dict[str, str] = {}
     fp8_states: list[str] = []
     if path.is_file():
-        patches = json.loads(path.read_text()).get("patches", [])
+        patches = read_json_object(path, "patch report", LaunchError).get("patches", [])
         states = {p["id"]: p["state"] for p in patches}
         fp8_states = [p["state"] for p in patches if "fp8" in p.get("group", "").lower()]
         drifted = sorted(k for k, s in states.items() if s == "drift")

@@ -14,9 +14,13 @@ from typing import TextIO
 TAIL_LINES = 40
 STOP_GRACE_S = 30.0  # SIGTERM, then SIGKILL after this many seconds
 
+Log = Callable[[str], None]
+"""Where a command's progress lines go (print, a LogTail, a list's append): the one name every
+phase, builder and engine takes its `log`/`echo` as."""
+
 
 class LogTail:
-    def __init__(self, log: TextIO | None, echo: Callable[[str], None], maxlen: int = TAIL_LINES):
+    def __init__(self, log: TextIO | None, echo: Log, maxlen: int = TAIL_LINES):
         self.lines: collections.deque[str] = collections.deque(maxlen=maxlen)
         self._log, self._echo = log, echo
 

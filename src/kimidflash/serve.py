@@ -9,9 +9,7 @@ vLLM's engine-core children with it and leaves no orphan holding GPUs.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -31,21 +29,21 @@ from .config import FIELDS, Config, check_checkpoints, load_config
 from .cpu_reference.generated import PREPARE_KIND
 from .docker import run as docker_run
 from .docker.engine import require_client
-from .logtail import STOP_GRACE_S, LogTail
+from .logtail import STOP_GRACE_S, Log, LogTail
 from .paths import CONFIGS_DIR, LAUNCHER
 from .preflight import PreflightError, preflight
 from .prepare import launch_env, prepare
+from .procgroup import stop_group
 from .render import Rendered, attention_line, render
 
-Say = Callable[[str], None]
 # start(log, echo) -> a server with `tail`, `poll()` and `stop()` (LocalServer or ContainerServer)
-Starter = Callable[[TextIO | None, Callable[[str], None]], Any]
+Starter = Callable[[TextIO | None, Log], Any]
 
 
 class LocalServer:
     """The launcher as a child process group, its output pumped to a log."""
 
-    def __init__(self, rendered: Rendered, env: dict[str, str], log: TextIO | None, echo: Callable[[str], None]):
+    def __init__(self, rendered: Rendered, env: dict[str, str], log: TextIO | None, echo: Log):
         self._sink = LogTail(log, echo)
         self.tail = self._sink.lines
         self.proc = subprocess.Popen(
@@ -71,21 +69,9 @@ class LocalServer:
 
     def stop(self, grace: float = STOP_GRACE_S) -> int:
         """SIGTERM the whole group, SIGKILL what is left after `grace` seconds."""
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        # The group may outlive the leader (engine-core children): make sure it is gone.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        status = stop_group(self.proc, grace)
         self._pump.join(timeout=5)
-        return self.proc.wait()
+        return status
 
 
 def curl_example(config: Config) -> str:
@@ -146,7 +132,7 @@ def serve(
     `preflight_only` checks the host and the checkpoints as they are (an operator's
     first step, before the downloads), and prepares and starts nothing."""
     console = Console(stderr=True)
-    say: Say = lambda msg: console.print(f"[bold]serve:[/bold] {msg}", highlight=False, soft_wrap=True)  # noqa: E731
+    say: Log = lambda msg: console.print(f"[bold]serve:[/bold] {msg}", highlight=False, soft_wrap=True)  # noqa: E731
     rendered = render(config)
     if preflight_only:
         check_checkpoints(config)
@@ -165,7 +151,7 @@ def serve(
     return run_server(config, start, console, say, log_path, quiet)
 
 
-def prepare_runtime(config: Config, rendered: Rendered, say: Say) -> Starter:
+def prepare_runtime(config: Config, rendered: Rendered, say: Log) -> Starter:
     """Make what the runtime needs (venv, tiny models; for docker the image) and
     return how to start the server on it."""
     if config.runtime == "docker":
@@ -180,7 +166,7 @@ def prepare_runtime(config: Config, rendered: Rendered, say: Say) -> Starter:
     return lambda log, echo: LocalServer(rendered, launch_env(config), log, echo)
 
 
-def run_preflight(config: Config, say: Say, proc_root: Path, dev_root: Path, allow_numa_balancing: bool) -> bool:
+def run_preflight(config: Config, say: Log, proc_root: Path, dev_root: Path, allow_numa_balancing: bool) -> bool:
     try:
         for check_ in preflight(config, proc_root, dev_root, allow_numa_balancing=allow_numa_balancing):
             say(f"preflight ok  {check_.name}: {check_.detail}")
@@ -191,7 +177,7 @@ def run_preflight(config: Config, say: Say, proc_root: Path, dev_root: Path, all
     return True
 
 
-def run_server(config: Config, start: Starter, console: Console, say: Say, log_path: Path | None, quiet: bool) -> int:
+def run_server(config: Config, start: Starter, console: Console, say: Log, log_path: Path | None, quiet: bool) -> int:
     """Start the server with SIGINT/SIGTERM turned into a stop request, supervise it,
     and leave nothing running and the handlers restored however it ends."""
     stop = threading.Event()
@@ -228,7 +214,7 @@ def run_server(config: Config, start: Starter, console: Console, say: Say, log_p
         sys.stdout.flush()
 
 
-def supervise(config: Config, server: Any, console: Console, say: Say, stop: threading.Event, got: list[int]) -> int:
+def supervise(config: Config, server: Any, console: Console, say: Log, stop: threading.Event, got: list[int]) -> int:
     """Wait for health, print the ready line, then watch the server until it dies
     (its exit code, or 1) or a signal asks it to stop (0; 130/143 before ready)."""
     t0 = time.monotonic()
@@ -258,7 +244,7 @@ def supervise(config: Config, server: Any, console: Console, say: Say, stop: thr
     return 0
 
 
-def report_death(server: Any, console: Console, say: Say, reason: str) -> None:
+def report_death(server: Any, console: Console, say: Log, reason: str) -> None:
     say(f"[red]server {reason}[/red]; last log lines:")
     for line in server.tail:
         console.print("  " + line, markup=False, highlight=False, soft_wrap=True)

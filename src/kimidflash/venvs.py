@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .fsio import sibling_lock
+from .logtail import Log
 
 STAMP = ".kimidflash-complete"
 
@@ -33,7 +34,7 @@ def ensure_venv(
     what: str,
     build: Callable[[Pip], None],
     top_up: Callable[[Pip], None] | None = None,
-    log: Callable[[str], None] = print,
+    log: Log = print,
 ) -> Path:
     """`venv`, complete when its stamp reads `stamp`. Absent or half-made: made with
     `build(pip)` in a fresh venv. Stamped otherwise: `top_up(pip)` if given, else rebuilt."""

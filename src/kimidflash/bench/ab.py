@@ -20,18 +20,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..backends import family_draft_backend
 from ..background import serving_process, sigterm_as_interrupt
+from ..checkpoint_layout import read_config
 from ..cliargs import add_set
 from ..config import SCHEDULE_KEY, Config, load_config, parse_overrides
-from ..config.drafts import draft_method, read_json
+from ..config.drafts import block_size, draft_method
 from ..config.rules import block_serves
 from ..errors import EXIT_INTERRUPTED, BenchError
+from ..fsio import read_json_object
+from ..mdtable import table
 from ..paths import portable
 from ..prepare import prepare
 from . import categories as cat_mod
@@ -48,11 +50,11 @@ def drafter_family(label: str, path: Path) -> tuple[str, int | None]:
     both families) and its block size, so `--k 3 7` serves a DFlash drafter only at the k its
     blocks allow (preflight would refuse the rest mid-run); an EAGLE-3 head has no blocks."""
     try:
-        data = read_json(path / "config.json")
-    except ValueError as exc:  # read_json names the file and the parse error
+        data = read_config(path, ValueError)
+    except ValueError as exc:  # the reader names the file and the parse error
         raise BenchError(f"--drafter {label}: {exc}") from None
-    if not isinstance(data, dict):
-        raise BenchError(f"--drafter {label}: {path}/config.json is not a JSON object")
+    if data is None:
+        raise BenchError(f"--drafter {label}: {path}/config.json not found")
     method = draft_method(data)
     if method is None:
         raise BenchError(
@@ -60,8 +62,7 @@ def drafter_family(label: str, path: Path) -> tuple[str, int | None]:
             "a DFlash drafter (DFlashDraftModel) nor an EAGLE-3 head (e.g. Eagle3DeepseekV3ForCausalLM, "
             "LlamaForCausalLMEagle3)"
         )
-    block = data.get("block_size") if method == "dflash" else None
-    return method, None if block is None else int(block)
+    return method, block_size(data) if method == "dflash" else None
 
 
 DEFAULT_K = [7]  # --k when a --drafter or --ngram variant is given without it
@@ -325,7 +326,7 @@ def offline_vs_online(files: list[Path], offline: dict[str | None, Path], out: P
     """A Markdown table: offline (eval phase) and online (/metrics) acceptance per k, from the files alone.
     Each drafter's rows take its own eval file (`offline[label]`), else the one for every drafter. The walk
     column (eval files since the walk was added) is the offline figure comparable with /metrics."""
-    docs = {label: json.loads(path.read_text()) for label, path in offline.items()}
+    docs = {label: read_json_object(path, "offline eval file", BenchError) for label, path in offline.items()}
     lines = [
         f"Offline{'' if label is None else f' ({label})'}: `{portable(path)}` (step {docs[label].get('step')}, "
         f"{docs[label].get('split', 'heldout')} split, {docs[label].get('definition', '')})."
@@ -334,10 +335,8 @@ def offline_vs_online(files: list[Path], offline: dict[str | None, Path], out: P
     lines += [
         "Online: vLLM /metrics deltas in the result files below.",
         "",
-        "| variant | concurrency | k | offline mean acceptance length | offline, as a server walks | "
-        "online mean acceptance length | offline per position | online per position | output tok/s | file |",
-        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for f in files:
         doc = load_result(f)
         label = doc.get("label", "")
@@ -346,15 +345,33 @@ def offline_vs_online(files: list[Path], offline: dict[str | None, Path], out: P
             docs.get(label.split(" k=")[0], docs.get(None)) if "k=" in label and not label.startswith("ngram") else None
         )
         o = off["by_k"].get(str(k)) if off else None
-        lines.append(
-            f"| {label} | {doc.get('max_concurrency')} | {k if doc.get('speculative') else '-'} | "
-            f"{o['mean_acceptance_length'] if o else '-'} | "
-            f"{(o or {}).get('walk', {}).get('mean_acceptance_length', '-')} | "
-            f"{doc.get('spec_decode_acceptance_length') or '-'} | "
-            f"{o['per_position'] if o else '-'} | {doc.get('spec_decode_per_position_acceptance_rates') or '-'} | "
-            f"{doc.get('output_throughput')} | {f.name} |"
+        rows.append(
+            [
+                label,
+                doc.get("max_concurrency"),
+                k if doc.get("speculative") else "-",
+                o["mean_acceptance_length"] if o else "-",
+                (o or {}).get("walk", {}).get("mean_acceptance_length", "-"),
+                doc.get("spec_decode_acceptance_length") or "-",
+                o["per_position"] if o else "-",
+                doc.get("spec_decode_per_position_acceptance_rates") or "-",
+                doc.get("output_throughput"),
+                f.name,
+            ]
         )
-    text = "\n".join(lines) + "\n"
+    head = [
+        "variant",
+        "concurrency",
+        "k",
+        "offline mean acceptance length",
+        "offline, as a server walks",
+        "online mean acceptance length",
+        "offline per position",
+        "online per position",
+        "output tok/s",
+        "file",
+    ]
+    text = "\n".join(lines + table(head, rows)) + "\n"
     (out / "offline-vs-online.md").write_text(text)
     return text
 

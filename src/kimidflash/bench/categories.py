@@ -19,14 +19,14 @@ a row pooling every single-turn category.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import BenchError, PromptError
-from ..fsio import write_json_atomic, write_text_atomic
+from ..fsio import read_json_object, write_json_atomic, write_text_atomic
+from ..mdtable import table as md_table
 from .prompts import kinds, load_source
 from .resultfile import load_result
 
@@ -254,7 +254,7 @@ def render(table: dict[str, Any]) -> str:
             f"{s} speedup",
             f"{s} decode speedup",
         ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    body = []
     x = lambda v: _f(v, ".2f") + ("x" if v else "")  # noqa: E731  a ratio
     for r in table["rows"]:
         cells = [r["category"], str(r["concurrency"]), _f(r["baseline_tps"], ".1f")]
@@ -268,7 +268,8 @@ def render(table: dict[str, Any]) -> str:
                 x(c.get("speedup")),
                 x(c.get("decode_speedup")),
             ]
-        lines.append("| " + " | ".join(cells) + " |")
+        body.append(cells)
+    lines = md_table(head, body)
     d = table["definitions"]
     notes = [f"- {k}: {v}" for k, v in d.items()]
     if table["left_out_partial"]:
@@ -293,9 +294,9 @@ def offline_walks(specs: Sequence[str]) -> dict[tuple[str, str], float]:
         if not sep:
             raise BenchError(f"--offline-category {key}={path}: expected LABEL@CATEGORY=FILE")
         try:
-            doc = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise BenchError(f"--offline-category {key}: {path}: {e}") from None
+            doc = read_json_object(path, "offline eval file")
+        except ValueError as e:
+            raise BenchError(f"--offline-category {key}: {e}") from None
         by_k = doc.get("by_k") or {}
         walks = [v.get("walk", {}).get("mean_acceptance_length") for v in by_k.values()]
         if len(walks) != 1 or walks[0] is None:

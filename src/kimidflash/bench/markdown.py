@@ -5,22 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..mdtable import escape, table
 from .tables import Table
 
 
 def to_markdown(t: Table) -> str:
-    def esc(s: str) -> str:
-        return s.replace("|", "\\|")
-
-    lines = [
-        f"### {t.title}",
-        "",
-        "| " + " | ".join(esc(h) for h in t.headers) + " |",
-        "|" + "|".join("---:" if i in t.right else "---" for i in range(len(t.headers))) + "|",
-    ]
-    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in t.rows]
-    if not t.rows:
-        lines.append("| " + " | ".join(["(no data)"] + [""] * (len(t.headers) - 1)) + " |")
+    rows = [[escape(c) for c in r] for r in t.rows] or [["(no data)"] + [""] * (len(t.headers) - 1)]
+    lines = [f"### {t.title}", "", *table([escape(h) for h in t.headers], rows, t.right)]
     lines.append("")
     lines += [f"> {n}" for n in t.notes]
     return "\n".join(lines) + "\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BenchError, ResultError
-from ..fsio import check_writable, write_text_atomic
+from ..fsio import check_writable, read_json_object, write_text_atomic
 
 SCHEMA_NAME = "kimidflash-bench-result"
 SCHEMA_VERSION = 1
@@ -143,16 +143,8 @@ def check_output(path: str | os.PathLike[str]) -> None:
 
 
 def load_json(path: str | os.PathLike[str]) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ResultError(f"result file not found: {p}")
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ResultError(f"{p}: not JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(doc, dict):
-        raise ResultError(f"{p}: not a JSON object")
-    return doc
+    """A result file as JSON, not yet validated (ResultError names the file)."""
+    return read_json_object(path, "result file", ResultError)
 
 
 def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:

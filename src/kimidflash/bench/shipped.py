@@ -10,6 +10,7 @@ from typing import Any
 
 from ..config import load_config
 from ..fsio import write_json_atomic, write_text_atomic
+from ..mdtable import table
 from ..paths import include_path
 from ..sweep.schedule import checked_schedule, fastest_k, k_at
 
@@ -83,12 +84,20 @@ def checked(check: dict[str, Any], config: Path, sets: list[str]) -> dict[str, A
 
 
 def write_shipped_check(check: dict[str, Any], out: Path, config: Path) -> str:
-    lines = ["| category | users | as shipped tok/s | best other | its tok/s | ratio |", "|---|---|---|---|---|---|"]
-    lines += [
-        f"| {r['category'] or 'all'} | {r['concurrency']} | {r['as_shipped_tps']:.1f} | {r['best_other']} | "
-        f"{r['best_other_tps']:.1f} | {r['ratio']:.3f}x |"
-        for r in check["rows"]
-    ]
+    lines = table(
+        ["category", "users", "as shipped tok/s", "best other", "its tok/s", "ratio"],
+        [
+            [
+                r["category"] or "all",
+                r["concurrency"],
+                f"{r['as_shipped_tps']:.1f}",
+                r["best_other"],
+                f"{r['best_other_tps']:.1f}",
+                f"{r['ratio']:.3f}x",
+            ]
+            for r in check["rows"]
+        ],
+    )
     lines += ["", f"- ratio: {check['definition']}"]
     fix = check.get("checked_schedule")
     if fix is not None:

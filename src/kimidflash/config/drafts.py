@@ -8,29 +8,20 @@ bench/ab.py reads a drafter's block size through them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
 from .. import backends
 from ..backends import DRAFT_MODEL_METHODS
-from ..checkpoint_layout import LayoutError, tensor_shapes, text_field
+from ..checkpoint_layout import LayoutError, read_config, tensor_shapes, text_field
 from ..eagle3 import EAGLE3_ARCHITECTURES, Eagle3Error, Eagle3Head
 from ..errors import ConfigError
+from ..fsio import read_json_object
 from ..settings import Settings
 from .model import Config
 
 Fail = Callable[[str, str], NoReturn]
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: {exc}") from exc
 
 
 def draft_configs(config: Config) -> list[tuple[str, Path, dict[str, Any]]]:
@@ -42,8 +33,11 @@ def draft_configs(config: Config) -> list[tuple[str, Path, dict[str, Any]]]:
         if not value:
             continue
         path = Path(value) / "config.json" if key == "DRAFT_MODEL_DIR" else Path(value)
-        try:
-            data = read_json(path)
+        try:  # a checkpoint's config through its one reader; DRAFT_CONFIG is a bare JSON file
+            if key == "DRAFT_MODEL_DIR":
+                data = read_config(value, ValueError)
+            else:
+                data = read_json_object(path, key, ValueError) if path.is_file() else None
         except ValueError as exc:
             raise ConfigError(key, f"unreadable drafter config: {exc}", config.sources[key]) from None
         if data is not None:
@@ -54,9 +48,16 @@ def draft_configs(config: Config) -> list[tuple[str, Path, dict[str, Any]]]:
 def draft_block_size(config: Config) -> tuple[int | None, str]:
     """The drafter's block size and where it was read (checkpoint first)."""
     for _, path, data in draft_configs(config):
-        if "block_size" in data:
-            return int(data["block_size"]), str(path)
+        block = block_size(data)
+        if block is not None:
+            return block, str(path)
     return None, ""
+
+
+def block_size(data: dict[str, Any]) -> int | None:
+    """THE reading of a DFlash drafter's block size off its config.json (None: it states none)."""
+    block = data.get("block_size")
+    return None if block is None else int(block)
 
 
 def uncovered_patch(patch_id: str, v: Settings) -> str | None:

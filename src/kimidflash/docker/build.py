@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from ..backends import patchset_hash
 from ..cliargs import add_set
 from ..config import load_config
 from ..errors import BuildFailed, UsageError
+from ..logtail import Log
 from ..paths import REPO_ROOT
 from ..settings import BY_NAME
 from .cpu_base import ensure_cpu_base
@@ -49,8 +49,6 @@ LABEL_PATCHSET = "io.kimidflash.patchset-hash"
 CONTEXT_DIRS = ("src", "patches", "payload", "launchers", "configs")
 SKIP_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
 SECRET_MOUNT = re.compile(r"--mount=type=secret,[^\s\\]*\s*")
-
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)

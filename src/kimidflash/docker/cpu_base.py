@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from ..cpu_reference.venv import MISMATCHED
 from ..downloads import verified
 from ..errors import CpuBaseError
 from ..fsio import sha256_file
+from ..logtail import Log
 from ..paths import cache_dir, downloads_dir
 from .engine import Client, ensure_engine, require_free_space, stream_build
 
@@ -49,8 +49,6 @@ VENV = "/opt/vllm"
 # Bump when the recipe below changes in a way the hash inputs do not show.
 RECIPE_VERSION = "1"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 from rich.console import Console
 
 from ..errors import BuildFailed, EngineUnavailable
+from ..logtail import Log
 
 PRIVATE_ROOT = Path(os.environ.get("KIMIDFLASH_DOCKER_ROOT", "/run/kimidflash-docker"))
 PRIVATE_SOCKET = PRIVATE_ROOT / "docker.sock"
@@ -36,7 +36,6 @@ START_HINT = (
     "test machines: `python -m kimidflash docker-engine --ensure` installs docker.io and starts a private dockerd"
 )
 
-Log = Callable[[str], None]
 
 # A docker.DockerClient: the SDK is an optional dependency, imported where a client is made.
 Client = Any

@@ -9,8 +9,9 @@ naming the culprit, which becomes the build's error.
 from __future__ import annotations
 
 import importlib.metadata as md
-import json
 import sys
+
+from ..fsio import read_json
 
 REPORT = "/opt/kimidflash/patch-report.json"
 HASH_KEYS = ("patchset_hash",)  # short hash, as patch_dflash_rocm.py --print-hash gives it
@@ -45,9 +46,8 @@ def check_pin(want: str) -> str | None:
 
 def check_report_hash(want: str, path: str = REPORT) -> str | None:
     try:
-        with open(path) as f:
-            report = json.load(f)
-    except (OSError, ValueError) as e:
+        report = read_json(path, "patch report")
+    except ValueError as e:
         return f"patch report {path} is unreadable: {e}"
     have = report_field(report, HASH_KEYS)
     if not have:

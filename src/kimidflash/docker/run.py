@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,7 +20,7 @@ from ..config import Config
 from ..cpu_reference.generated import PREPARE_KIND, pair_is_current
 from ..errors import ContainerError
 from ..fsio import sibling_lock
-from ..logtail import STOP_GRACE_S, LogTail
+from ..logtail import STOP_GRACE_S, Log, LogTail
 from ..render import Rendered
 from .build import LABEL_VLLM
 from .engine import Client, find_client, require_client
@@ -59,7 +58,7 @@ class ContainerServer:
         client: Client,
         spec: dict[str, Any],
         log: TextIO | None = None,
-        echo: Callable[[str], None] = lambda line: None,
+        echo: Log = lambda line: None,
     ) -> None:
         import docker
 
@@ -143,9 +142,7 @@ class ContainerServer:
         self.stop()
 
 
-def prepare_tiny_models(
-    client: Client, config: Config, image: str, log: Callable[[str], None] = lambda m: None
-) -> None:
+def prepare_tiny_models(client: Client, config: Config, image: str, log: Log = lambda m: None) -> None:
     """PREPARE_MODELS=tiny or tiny-kimi with RUNTIME=docker: generate the pair with the image's
     own torch (the host needs no vLLM venv), into the host dirs the server then mounts."""
     target, draft = Path(config.model_dir), Path(config.draft_model_dir)
@@ -180,7 +177,7 @@ def start_server(
     *,
     image: str | None = None,
     log: TextIO | None = None,
-    echo: Callable[[str], None] = lambda line: None,
+    echo: Log = lambda line: None,
     client: Client | None = None,
 ) -> ContainerServer:
     """serve.sh RUNTIME=docker: resolve the image, build the spec, start the container."""

@@ -36,7 +36,8 @@ from ..bench.provenance import local_provenance
 from ..bench.report import compare
 from ..bench.resultfile import write_result
 from ..bench.runner import BenchConfig, run_benchmark
-from ..fsio import write_text_atomic
+from ..errors import FleetError
+from ..fsio import read_json_object, write_text_atomic
 from ..paths import portable
 from .router import SESSION_HEADER
 from .run import router_process, wait_healthy
@@ -126,7 +127,7 @@ def write_overhead(files: list[Path], out: Path, args: argparse.Namespace, argv:
     """Per round: the router's added latency one request at a time (router-1 minus
     direct-1, mean and median time from sent to last token) and the throughput
     ratios at --concurrency."""
-    docs = {f.stem: json.loads(f.read_text()) for f in files}
+    docs = {f.stem: read_json_object(f, "result file", FleetError) for f in files}
     c, rounds = args.concurrency, []
     for r in range(1, args.rounds + 1):
         d1, r1 = docs[f"direct-1-c1-r{r}"], docs[f"router-1-c1-r{r}"]

@@ -14,13 +14,15 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
-from ..background import ServeError, serving_process, stop_group
+from ..background import ServeError, serving_process
 from ..errors import FleetError
+from ..logtail import Log
+from ..procgroup import stop_group
 from .router import router_argv, router_url
 from .spec import Fleet
 from .venv import ensure_router
@@ -87,7 +89,7 @@ def wait_healthy(fleet: Fleet, proc: subprocess.Popen, log_path: Path, timeout: 
 
 @contextlib.contextmanager
 def running_fleet(
-    fleet: Fleet, log_dir: Path, say: Callable[[str], None] = print, timeout: float = 900
+    fleet: Fleet, log_dir: Path, say: Log = print, timeout: float = 900
 ) -> Iterator[dict[str, subprocess.Popen]]:
     """Yield {name: process} (each local replica's serve, and "router") once the
     router reports every replica healthy; stop them all at exit."""

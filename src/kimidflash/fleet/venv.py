@@ -9,9 +9,9 @@ last marks it complete.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
+from ..logtail import Log
 from ..paths import cache_dir
 from ..venvs import ensure_venv
 
@@ -20,7 +20,7 @@ def router_venv(version: str) -> Path:
     return cache_dir() / "venvs" / f"vllm-router-{version}"
 
 
-def ensure_router(version: str, log: Callable[[str], None] = print) -> Path:
+def ensure_router(version: str, log: Log = print) -> Path:
     """The vllm-router executable of this version, installed if needed."""
 
     def build(pip: list[str]) -> None:

@@ -61,7 +61,7 @@ from typing import Any
 
 from .. import checkpoint_layout as layout
 from ..errors import CheckpointError, SafetensorsError
-from ..fsio import atomic_dir, write_json_atomic
+from ..fsio import atomic_dir, read_json_object, write_json_atomic
 from .safetensors_io import read_header, read_scalar, write_f32_scalars
 from .scales import KvScales
 
@@ -88,16 +88,8 @@ def num_layers(config: dict[str, Any], source: str) -> int:
 
 
 def load_config(model_dir: Path) -> dict[str, Any]:
-    path = model_dir / "config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing; {model_dir} is not a Hugging Face checkpoint") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: unreadable: {exc}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: not a JSON object")
-    return data
+    """The checkpoint's config.json through the one reader; CheckpointError when it is missing or not JSON."""
+    return layout.require_config(model_dir, "Hugging Face checkpoint", CheckpointError)
 
 
 def weight_map(model_dir: Path) -> dict[str, str]:
@@ -296,7 +288,7 @@ def _total_size(src: Path, wm: dict[str, str]) -> int:
     """The original index's total_size, else the tensor bytes of the shards."""
     index = src / INDEX
     if index.exists():
-        meta = json.loads(index.read_text(encoding="utf-8")).get("metadata") or {}
+        meta = read_json_object(index, INDEX, CheckpointError).get("metadata") or {}
         if isinstance(meta.get("total_size"), int):
             return meta["total_size"]
     total = 0

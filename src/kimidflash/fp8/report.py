@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..mdtable import table
+
 
 def _f(v: Any, fmt: str = ".3f") -> str:
     return "n/a" if v is None else format(v, fmt)
@@ -46,16 +48,23 @@ def _servers(doc: dict[str, Any]) -> list[str]:
         "The reference serves KV_CACHE_DTYPE=auto: its KV cache keeps the model's dtype (BF16 in production, "
         "float32 in the CPU reference).",
         "",
-        "| server | overrides | vLLM KV cache log | KV cache tokens (vLLM's log) | ready after |",
-        "|---|---|---|---:|---|",
     ]
+    rows = []
     for label, srv in doc["servers"].items():
         over = " ".join(f"{k}={v}" for k, v in srv["overrides"].items())
         tokens = srv.get("kv_cache_tokens")
-        lines.append(
-            f"| {label} | `{_cell(over, 200)}` | {_cell(srv['vllm_kv_log'] or 'none (model dtype)', 50)} "
-            f"| {f'{tokens:,}' if tokens else 'not logged'} | {srv['ready_after_s']} s |"
+        rows.append(
+            [
+                label,
+                f"`{_cell(over, 200)}`",
+                _cell(srv["vllm_kv_log"] or "none (model dtype)", 50),
+                f"{tokens:,}" if tokens else "not logged",
+                f"{srv['ready_after_s']} s",
+            ]
         )
+    lines += table(
+        ["server", "overrides", "vLLM KV cache log", "KV cache tokens (vLLM's log)", "ready after"], rows, {3}
+    )
     scales = doc.get("fp8_checkpoint_scales")
     return lines + [
         "",
@@ -69,17 +78,24 @@ def _agreement(doc: dict[str, Any]) -> list[str]:
     return [
         "## Agreement",
         "",
-        "| measure | value |",
-        "|---|---|",
-        f"| prompts with identical greedy outputs | {tok['identical']} / {s['prompts']} "
-        f"({tok['identical_share']:.1%}) |",
-        f"| mean matched prefix (common prefix / longer output) | {tok['mean_matched_prefix']:.3f} |",
-        f"| teacher-forced positions | {tf['positions']} |",
-        f"| teacher-forced top-1 agreement | {tf['top1_agreement']:.4f} |",
-        f"| KL(reference ‖ fp8) per token, mean / p99 / max (nats, lower bound) | "
-        f"{tf['mean_kl']:.2e} / {tf['p99_kl']:.2e} / {tf['max_kl']:.2e} |",
-        f"| reference mass outside the shared top-k tokens (mean) | {tf['mean_uncovered']:.2e} |",
-        f"| reference's own top-1 equals its greedy token | {_f(tf['reference_self_top1'], '.4f')} |",
+        *table(
+            ["measure", "value"],
+            [
+                [
+                    "prompts with identical greedy outputs",
+                    f"{tok['identical']} / {s['prompts']} ({tok['identical_share']:.1%})",
+                ],
+                ["mean matched prefix (common prefix / longer output)", f"{tok['mean_matched_prefix']:.3f}"],
+                ["teacher-forced positions", tf["positions"]],
+                ["teacher-forced top-1 agreement", f"{tf['top1_agreement']:.4f}"],
+                [
+                    "KL(reference ‖ fp8) per token, mean / p99 / max (nats, lower bound)",
+                    f"{tf['mean_kl']:.2e} / {tf['p99_kl']:.2e} / {tf['max_kl']:.2e}",
+                ],
+                ["reference mass outside the shared top-k tokens (mean)", f"{tf['mean_uncovered']:.2e}"],
+                ["reference's own top-1 equals its greedy token", _f(tf["reference_self_top1"], ".4f")],
+            ],
+        ),
         "",
         f"KL: {tf['kl']}; the less mass outside the shared tokens, the tighter the bound.",
         "",
@@ -91,24 +107,24 @@ def _throughput(doc: dict[str, Any]) -> list[str]:
     return [
         "## Throughput (kimidflash.bench, short run)",
         "",
-        "| server | output tok/s | speculative acceptance length |",
-        "|---|---|---|",
-        f"| auto-kv (reference) | {_f(tp['reference_output_tok_s'], '.2f')} | "
-        f"{_f(tp.get('reference_acceptance_length'))} |",
-        f"| fp8-kv | {_f(tp['fp8_output_tok_s'], '.2f')} | {_f(tp.get('fp8_acceptance_length'))} |",
-        f"| fp8 / reference | {_f(tp['ratio'], '.3f')} | |",
+        *table(
+            ["server", "output tok/s", "speculative acceptance length"],
+            [
+                [
+                    "auto-kv (reference)",
+                    _f(tp["reference_output_tok_s"], ".2f"),
+                    _f(tp.get("reference_acceptance_length")),
+                ],
+                ["fp8-kv", _f(tp["fp8_output_tok_s"], ".2f"), _f(tp.get("fp8_acceptance_length"))],
+                ["fp8 / reference", _f(tp["ratio"], ".3f"), ""],
+            ],
+        ),
         "",
     ]
 
 
 def _per_prompt(doc: dict[str, Any]) -> list[str]:
-    lines = [
-        "## Per prompt",
-        "",
-        "| id | first divergence | matched prefix | tokens ref / fp8 | top-1 agree | mean KL | degenerate (fp8) "
-        "| fp8 output |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for row in doc["per_prompt"]:
         t = row["teacher_forced"] or {}
         found = row["fp8_degenerate"]
@@ -116,12 +132,20 @@ def _per_prompt(doc: dict[str, Any]) -> list[str]:
         if row["reference_degenerate"]:
             degen += " (reference too: " + ", ".join(d["rule"] for d in row["reference_degenerate"]) + ")"
         first = "identical" if row["first_divergence"] is None else row["first_divergence"]
-        lines.append(
-            f"| {row['id']} | {first} | {row['matched_prefix']:.3f} | {row['reference_tokens']} / "
-            f"{row['fp8_tokens']} | {_f(t.get('top1_agreement'))} | {_f(t.get('mean_kl'), '.2e')} | "
-            f"{_cell(degen, 160)} | {_cell(row['fp8_text'])} |"
+        rows.append(
+            [
+                row["id"],
+                first,
+                f"{row['matched_prefix']:.3f}",
+                f"{row['reference_tokens']} / {row['fp8_tokens']}",
+                _f(t.get("top1_agreement")),
+                _f(t.get("mean_kl"), ".2e"),
+                _cell(degen, 160),
+                _cell(row["fp8_text"]),
+            ]
         )
-    return lines + [""]
+    head = ["id", "first divergence", "matched prefix", "tokens ref / fp8", "top-1 agree", "mean KL"]
+    return ["## Per prompt", "", *table([*head, "degenerate (fp8)", "fp8 output"], rows), ""]
 
 
 def _provenance(doc: dict[str, Any]) -> list[str]:

@@ -20,14 +20,13 @@ P10 reads this file inside vLLM with the stdlib only: it relies on ``schema``,
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import ScaleFileError
-from ..fsio import write_json_atomic
+from ..fsio import read_json, write_json_atomic
 from .formats import CHECKPOINT_FORMAT, FP8_MAX, scale_for
 
 SCHEMA = "kimidflash-kv-scales/1"
@@ -175,14 +174,7 @@ class KvScales:
 
     @classmethod
     def load(cls, path: str | Path) -> KvScales:
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ScaleFileError(f"{p}: cannot read: {exc.strerror or exc}") from None
-        except json.JSONDecodeError as exc:
-            raise ScaleFileError(f"{p}: not JSON: {exc}") from None
-        return cls.from_json(data, str(p))
+        return cls.from_json(read_json(path, "KV scales file", ScaleFileError), str(path))
 
 
 def _opt(v: Any) -> float | None:

@@ -22,7 +22,6 @@ served, nothing written).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -39,9 +38,10 @@ from ..background import ServeError, serving_process
 from ..bench import BenchConfig, BenchError, run_benchmark
 from ..bench.prompts import parse_jsonl
 from ..bench.provenance import local_provenance, recipe_info
+from ..checkpoint_layout import read_config
 from ..cliargs import add_set
 from ..config import ConfigError, load_config, parse_overrides
-from ..errors import EXIT_INTERRUPTED, CheckFailed, CheckpointError, InputError, ServerRequestError
+from ..errors import EXIT_INTERRUPTED, CheckFailed, CheckpointError, InputError, LayoutError, ServerRequestError
 from ..fsio import atomic_dir, write_json_atomic, write_text_atomic
 from ..paths import REPO_ROOT, link_targets, portable
 from . import agreement, degenerate, report
@@ -81,8 +81,8 @@ def overlay_source(model_dir: Path) -> Path | None:
     """The checkpoint a KV-scale overlay links to; None when ``model_dir`` has no
     ``kv_cache_scheme`` (it already is a plain checkpoint)."""
     try:
-        cfg = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        cfg = read_config(model_dir) or {}
+    except LayoutError:  # not a checkpoint this module can read: nothing to follow
         return None
     quant = cfg.get("quantization_config") or {}
     if not (isinstance(quant, dict) and quant.get("kv_cache_scheme")):

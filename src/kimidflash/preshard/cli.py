@@ -17,10 +17,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from ..checkpoint_layout import read_config
 from ..cliargs import add_set
 from ..config import load_config
 from ..config.model import Config
-from ..errors import PreshardError
+from ..errors import LayoutError, PreshardError
 from ..fsio import atomic_dir, git_info, write_json_atomic
 from ..paths import REPO_ROOT, portable
 from ..prepare import launch_env, prepare, vllm_python
@@ -37,8 +38,8 @@ def needed_bytes(src: Path, dtype: str) -> int:
     """The shards hold the source's weights, at the serving dtype when one is forced."""
     weights = sum(p.stat().st_size for p in manifest.weight_files(src))
     try:
-        src_dtype = json.loads((src / "config.json").read_text()).get("torch_dtype", "")
-    except (OSError, ValueError):
+        src_dtype = (read_config(src) or {}).get("torch_dtype", "")
+    except LayoutError:  # the copy itself will name the bad file; the estimate assumes no dtype change
         src_dtype = ""
     ratio = (
         DTYPE_BYTES.get(dtype, 0) / DTYPE_BYTES[src_dtype] if src_dtype in DTYPE_BYTES and dtype in DTYPE_BYTES else 1

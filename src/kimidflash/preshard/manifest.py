@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, TypedDict
 
-from ..fsio import sha256_file, utc_now
+from ..fsio import read_json_object, sha256_file, utc_now
 from ..paths import portable
 
 MANIFEST = "kimidflash-preshard.json"
@@ -83,7 +83,7 @@ def read(folder: Path) -> dict[str, Any]:
         raise FileNotFoundError(
             f"{path} not found: {folder} was not made by `kimidflash preshard` (or its run did not finish)"
         )
-    doc = json.loads(path.read_text())
+    doc = read_json_object(path, MANIFEST)
     if doc.get("schema") != SCHEMA:
         raise ValueError(f"{path}: schema {doc.get('schema')!r}, expected {SCHEMA!r}")
     return doc

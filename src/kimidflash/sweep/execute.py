@@ -22,6 +22,7 @@ from ..bench.result import first_error, no_completion
 from ..bench.resultfile import write_result
 from ..bench.runner import BenchConfig, run_benchmark
 from ..errors import BenchError, PointFailed
+from ..logtail import Log
 from .grid import Case, Plan, Point
 from .predict import predict_ready
 from .rundir import RunFolder, tail
@@ -86,7 +87,7 @@ def run_point(
     point: Point,
     todo: list[tuple[Case, int]],
     serve: ServeFn,
-    say: Callable[[str], None],
+    say: Log,
 ) -> None:
     log = folder.log_path(point)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -112,9 +113,7 @@ def run_point(
             say(f"sweep: {point.id} {case.id} r{repeat}: {doc.get('output_throughput')} output tok/s")
 
 
-def run_sweep(
-    plan: Plan, folder: RunFolder, serve: ServeFn | None = None, say: Callable[[str], None] = print
-) -> list[str]:
+def run_sweep(plan: Plan, folder: RunFolder, serve: ServeFn | None = None, say: Log = print) -> list[str]:
     """Every point not yet complete, in plan order; the ids of the points that failed.
     `serve` defaults to the recipe's serve path (looked up here, so tests can swap it)."""
     serve = serve or serve_with_recipe

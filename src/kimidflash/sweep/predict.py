@@ -9,15 +9,14 @@ a prediction made before the measurement, and a wrong one shows as wrong.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict
 from typing import Any
 
 from ..checkpoint_layout import LayoutError
 from ..config import load_config
-from ..errors import AdviceError
-from ..fsio import utc_now, write_json_atomic
+from ..errors import AdviceError, SweepError
+from ..fsio import read_json_object, utc_now, write_json_atomic
 from .advisor import DEFAULT_COST, advise, cost_from_run, cumulative, fit_cost, tokens_per_step
 from .drafting import fixed_draft_cost
 from .grid import Case, Plan, Point, families
@@ -125,7 +124,7 @@ def compare(
     path = folder.advice_path(family, case)
     if not path.is_file():
         return None
-    pred = json.loads(path.read_text())
+    pred = read_json_object(path, "advice", SweepError)
     base = rows.get((pts[0].baseline_id, case.id))
     out: dict[str, Any] = {"family": family, "case": case.id, "prediction": pred, "by_k": []}
     if base is None or "error" in pred:

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..fsio import write_json_atomic, write_text_atomic
+from ..mdtable import table
 from .charts import pareto_chart, throughput_chart
 from .grid import Plan
 from .rundir import RunFolder
@@ -50,14 +51,20 @@ def advisor_lines(advisor: list[dict[str, Any]], level: str = "##") -> list[str]
             f"{'k=' + str(a['measured_best']) if a.get('measured_best') else 'no speculation'}"
             f"{verdict(a)}.",
             "",
-            "| k | predicted speedup | measured speedup | error |",
-            "|---|---|---|---|",
         ]
-        for b in a["by_k"]:
-            err = "-" if b["error"] is None else f"{b['error']:+.1%}"
-            meas = "-" if b["measured_speedup"] is None else f"{b['measured_speedup']:.3f}x"
-            pr = "-" if b["predicted_speedup"] is None else f"{b['predicted_speedup']:.3f}x"
-            out.append(f"| {b['k']} | {pr} | {meas} | {err} |")
+        speedup = lambda v: "-" if v is None else f"{v:.3f}x"  # noqa: E731  one cell format
+        out += table(
+            ["k", "predicted speedup", "measured speedup", "error"],
+            [
+                [
+                    b["k"],
+                    speedup(b["predicted_speedup"]),
+                    speedup(b["measured_speedup"]),
+                    "-" if b["error"] is None else f"{b['error']:+.1%}",
+                ]
+                for b in a["by_k"]
+            ],
+        )
         if a.get("refit"):
             rc = a["refit"]["cost"]
             best = a["refit"]["best"]
@@ -73,12 +80,13 @@ def advisor_lines(advisor: list[dict[str, Any]], level: str = "##") -> list[str]
 def results_table(summary: dict[str, Any]) -> str:
     """The rows as Markdown, Pareto points marked, then the best point and what failed."""
     cols = [c for c, _, _ in TABLE_COLUMNS]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     front = {tuple(p) for p in summary["pareto"]}
+    rows = []
     for r in summary["rows"]:
         c = cells(r)
         c[0] += " (Pareto)" if (r["point"], r["case"]) in front else ""
-        lines.append("| " + " | ".join(c) + " |")
+        rows.append(c)
+    lines = table(cols, rows)
     b, s = summary["best"], summary.get("schedule")
     lines += [
         "",
@@ -111,12 +119,13 @@ def results_table(summary: dict[str, Any]) -> str:
             "",
             f"Schedule point **{chk['point']}** against the better of no speculation and the fastest static point:",
             "",
-            "| concurrency | tok/s | best other | its tok/s | ratio |",
-            "|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {d['concurrency']} | {d['output_tps']} | {d['best_other']} | {d['best_other_tps']} | {d['ratio']:.3f} |"
-            for d in chk["by_concurrency"]
+            *table(
+                ["concurrency", "tok/s", "best other", "its tok/s", "ratio"],
+                [
+                    [d["concurrency"], d["output_tps"], d["best_other"], d["best_other_tps"], f"{d['ratio']:.3f}"]
+                    for d in chk["by_concurrency"]
+                ],
+            ),
         ]
     for other in summary.get("schedules", []):
         if "error" in other:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SweepError
-from ..fsio import utc_now, write_json_atomic
+from ..fsio import read_json_object, utc_now, write_json_atomic
 from .grid import Case, Point
 
 MANIFEST = "manifest.json"
@@ -44,9 +44,9 @@ class RunFolder:
         path = self.root / MANIFEST
         if path.is_file():
             try:
-                old = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                raise SweepError(f"{path}: not JSON ({e.msg}); move the folder aside or pass --new") from None
+                old = read_json_object(path, MANIFEST)
+            except ValueError as e:
+                raise SweepError(f"{e}; move the folder aside or pass --new") from None
             if old.get("identity") == identity:
                 return True
             if not new:
@@ -119,7 +119,7 @@ class RunFolder:
 
     def failure(self, point: Point) -> dict[str, Any] | None:
         path = self.failure_path(point)
-        return json.loads(path.read_text()) if path.is_file() else None
+        return read_json_object(path, "point failure", SweepError) if path.is_file() else None
 
     def advice_path(self, family: str, case: Case) -> Path:
         return self.root / "advice" / f"{family}-{case.id}.json"

@@ -23,7 +23,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
@@ -31,7 +31,8 @@ import torch
 
 from ..background import served
 from ..errors import TrainConfigError
-from ..fsio import write_bytes_atomic, write_text_atomic
+from ..fsio import read_json_object, write_bytes_atomic, write_text_atomic
+from ..logtail import Log
 from . import device
 from .capture_vllm import VLLMCapture, states_dir
 from .config import TrainConfig
@@ -278,7 +279,7 @@ def write_shard(path: Path, recs: Sequence[Record], source: CaptureSource, label
     write_bytes_atomic(path, save(tensors, metadata={"ids": json.dumps([r.id for r in recs]), "source": label}))
 
 
-def capture_shards(cfg: TrainConfig, run: Path, log: Callable[[str], None] = print) -> int:
+def capture_shards(cfg: TrainConfig, run: Path, log: Log = print) -> int:
     """Write the shards that are missing (train and held-out records); return the shard count."""
     train, held = training_records(cfg, run)
     folder = run / "capture"
@@ -367,7 +368,7 @@ class ShardStore:
     def __init__(self, folder: Path, kind: str):
         from safetensors import safe_open
 
-        index = json.loads((folder / "index.json").read_text())
+        index = read_json_object(folder / "index.json", "capture index", TrainConfigError)
         self.items: list[tuple[int, int]] = []
         self._files: list[safe_open] = []
         self._offsets: list[torch.Tensor] = []
@@ -439,7 +440,7 @@ class MemoryStore:
     32 on an H100, benchmarks/drafter/gpu-h100-1/). Refused up front, naming the
     sizes, when the features would not fit in 90% of the device's free memory."""
 
-    def __init__(self, records: Sequence[Record], source: HFCapture, batch: int, log: Callable[[str], None] = print):
+    def __init__(self, records: Sequence[Record], source: HFCapture, batch: int, log: Log = print):
         width = len(source.layer_ids) * source.model.config.hidden_size
         tokens = sum(len(r.input_ids) for r in records)
         need = tokens * width * torch.empty((), dtype=source.dtype).element_size()

@@ -32,7 +32,8 @@ from typing import Any
 
 from ..cliargs import add_set
 from ..errors import TrainConfigError
-from ..fsio import utc_now, write_json_atomic, write_text_atomic
+from ..fsio import read_json_object, utc_now, write_json_atomic, write_text_atomic
+from ..mdtable import table
 from ..paths import cache_dir, portable, portable_argv
 from . import config as tcfg
 from .cli import guarded
@@ -152,7 +153,7 @@ def summary_markdown(results: list[dict[str, Any]]) -> str:
         *[f"offline AL k={k}" for k in ks],
         *[f"walk AL k={k} on {n}" for n in others for k in ks],
     ]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    body = []
     for r in results:
         over = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in r["overrides"].items()) or "(the config as is)"
         on = r.get("offline_on") or {}
@@ -171,7 +172,8 @@ def summary_markdown(results: list[dict[str, Any]]) -> str:
                 for k in ks
             ],
         ]
-        rows.append("| " + " | ".join(cells) + " |")
+        body.append(cells)
+    rows = table(head, body)
     first = results[0] if results else {}
     walks = (
         " The walk columns score the same checkpoint, as a server walks, on each `--eval-run`'s records."
@@ -224,7 +226,7 @@ def compare(a: argparse.Namespace, argv: list[str]) -> None:
                 evals,
             ),
         )
-    results = [json.loads((a.out / f"{n}.json").read_text()) for n in names]
+    results = [read_json_object(a.out / f"{n}.json", "comparison result", TrainConfigError) for n in names]
     write_text_atomic(a.out / "summary.md", summary_markdown(results))
     print(summary_markdown(results))
 

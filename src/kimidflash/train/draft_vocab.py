@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ..checkpoint_layout import require_config
 from ..errors import TrainConfigError
 from ..fsio import atomic_dir, make_readable, sha256_file, utc_now
 from ..paths import portable
@@ -81,7 +82,7 @@ def attach(
     from safetensors.torch import load_file, save_file
 
     src = Path(drafter_dir)
-    cfg = json.loads((src / "config.json").read_text())
+    cfg = require_config(src, "drafter", TrainConfigError)
     if cfg.get("draft_vocab_size") not in (None, cfg.get("vocab_size")):
         raise TrainConfigError(f"{src}: already has a draft vocabulary ({cfg['draft_vocab_size']} tokens)")
     layout, weight_map = target_layout(model_dir)
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     records = [r for path in a.records for r in read_records(path)]
     if not records:
         raise TrainConfigError(f"--records {' '.join(map(str, a.records))}: no records")
-    vocab_size = json.loads((a.drafter / "config.json").read_text())["vocab_size"]
+    vocab_size = require_config(a.drafter, "--drafter", TrainConfigError)["vocab_size"]
     ids = choose(records, a.size, vocab_size, a.frequent)
     cov = coverage(records, ids)
     attach(

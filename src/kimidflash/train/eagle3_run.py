@@ -24,14 +24,14 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import TrainConfigError
-from ..fsio import write_json_atomic, write_text_atomic
+from ..fsio import read_json, read_json_object, write_json_atomic, write_text_atomic
+from ..logtail import Log
 from . import device as dev
 from .capture import ShardStore, training_records
 from .config import TrainConfig
@@ -47,7 +47,6 @@ from .target import target_info
 from .target_weights import load_target_head
 from .trainer import atomic_save, lr_lambda
 
-Log = Callable[[str], None]
 Seq = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
@@ -58,7 +57,7 @@ def _stores(cfg: TrainConfig, run: Path) -> tuple[ShardStore, ShardStore | None]
     if not (folder / "index.json").is_file():
         raise TrainConfigError(f"{folder}: no captured shards; run the capture phase")
     want = cfg.capture_layer_ids()
-    have = json.loads((folder / "index.json").read_text())["layer_ids"]
+    have = read_json_object(folder / "index.json", "capture index", TrainConfigError).get("layer_ids")
     if have != want:
         raise TrainConfigError(
             f"{folder}: shards hold layers {have}, the head fuses {want} (aux ids - 1): capture again"
@@ -357,12 +356,12 @@ def export(cfg: TrainConfig, run: Path, log: Log = print) -> Path:
     config["draft_vocab_size"] = len(model.draft_ids)
     extras = {"manifest.json": (run / "manifest.json").read_bytes()}
     ev = run / "eval.json"
-    if ev.is_file() and json.loads(ev.read_text()).get("step") == st["step"]:
+    if ev.is_file() and read_json_object(ev, error=TrainConfigError).get("step") == st["step"]:
         extras["offline-acceptance.json"] = ev.read_bytes()
     if (run / "loss-history.json").is_file():
         extras["loss-history.json"] = (run / "loss-history.json").read_bytes()
     png = (
-        loss_curve_png(json.loads((run / "loss-history.json").read_text()), run / "loss-curve.png", cfg.name)
+        loss_curve_png(read_json(run / "loss-history.json", error=TrainConfigError), run / "loss-curve.png", cfg.name)
         if (run / "loss-history.json").is_file()
         else None
     )
@@ -370,7 +369,7 @@ def export(cfg: TrainConfig, run: Path, log: Log = print) -> Path:
         extras["loss-curve.png"] = png.read_bytes()
     has_eval = "offline-acceptance.json" in extras
     extras["README.md"] = drafter_readme(
-        cfg, json.loads(extras["manifest.json"]), st, json.loads(ev.read_text()) if has_eval else None
+        cfg, json.loads(extras["manifest.json"]), st, read_json_object(ev, error=TrainConfigError) if has_eval else None
     ).encode()
     out = export_head(model.state_dict(), config, Path(cfg.export.out), cfg.export.dtype, extras)
     log(f"export: {which} (step {st['step']}) as an EAGLE-3 head")

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from ..checkpoint_layout import text_field
 from ..eagle3 import Eagle3Error
 from ..errors import TrainConfigError
+from ..logtail import Log
 from . import eagle3_run
 from .capture import capture_shards, check_mode
 from .config import ENGINES, TrainConfig
@@ -35,8 +36,6 @@ from .plan import check_ours
 from .speculators.capture import capture_offline
 from .speculators.engine import eval_speculators, export_speculators, train_speculators
 from .trainer import train
-
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ a server would report on the same text, the figure to compare with /metrics.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ import torch
 
 from ..errors import TrainConfigError
 from ..fsio import write_json_atomic
+from ..logtail import Log
 from ..paths import portable
 from . import device as dev
 from .batch import collate
@@ -147,7 +147,7 @@ def load_exported_model(drafter_dir: str | Path, model_dir: str | Path) -> DFlas
 def evaluate_run(
     cfg: TrainConfig,
     run: Path,
-    log: Callable[[str], None] = print,
+    log: Log = print,
     drafter: str | Path | None = None,
     result: str | None = None,
     checkpoint_run: Path | None = None,
@@ -191,7 +191,7 @@ def _score(
     drafter: str | Path | None,
     store: SequenceStore,
     run: Path,
-    log: Callable[[str], None],
+    log: Log,
 ) -> dict[str, Any]:
     split = cfg.eval.split
     if not len(store):

@@ -9,11 +9,12 @@ from those files only).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import TrainConfigError
+from ..fsio import read_json_object
+from ..logtail import Log
 from .capture import training_records
 from .config import TrainConfig
 from .draft_vocab import FREQUENT, attach, choose, coverage, rule
@@ -120,11 +121,11 @@ def drafter_readme(cfg: TrainConfig, manifest: dict[str, Any], st: dict[str, Any
     return "\n".join(lines)
 
 
-def export_run(cfg: TrainConfig, run: Path, log: Callable[[str], None] = print) -> Path:
+def export_run(cfg: TrainConfig, run: Path, log: Log = print) -> Path:
     if not cfg.export.out:
         raise TrainConfigError(f"{cfg.path}: export.out is not set")
     model, st = load_checkpoint_model(run, target_info(cfg).model_dir)
-    manifest = json.loads((run / "manifest.json").read_text())
+    manifest = read_json_object(run / "manifest.json", "run manifest", TrainConfigError)
     manifest["exported_from_step"] = st["step"]
     png = run / "loss-curve.png"
     loss_curve_png(st["history"], png, f"{cfg.name}: {st['step']} steps")
@@ -132,7 +133,7 @@ def export_run(cfg: TrainConfig, run: Path, log: Callable[[str], None] = print) 
     if png.is_file():
         extras["loss-curve.png"] = png.read_bytes()
     ev = run / "eval.json"
-    if ev.is_file() and json.loads(ev.read_text()).get("step") == st["step"]:
+    if ev.is_file() and read_json_object(ev, error=TrainConfigError).get("step") == st["step"]:
         extras["offline-acceptance.json"] = ev.read_bytes()  # measured on this very checkpoint
     hist = run / "loss-history.json"
     if hist.is_file():
@@ -143,7 +144,7 @@ def export_run(cfg: TrainConfig, run: Path, log: Callable[[str], None] = print) 
             json.dumps({"id": r.id, "prompt": r.prompt}) + "\n" for r in held
         ).encode()
     extras["README.md"] = drafter_readme(
-        cfg, manifest, st, json.loads(ev.read_text()) if "offline-acceptance.json" in extras else None
+        cfg, manifest, st, read_json_object(ev, error=TrainConfigError) if "offline-acceptance.json" in extras else None
     ).encode()
     shape = DrafterShape.coerce(st["shape"])
     if cfg.export.block_size:

@@ -12,13 +12,13 @@ the absolute paths the phases use.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import platform
 from pathlib import Path
 from typing import Any
 
-from ..fsio import git_info, sha256_file, utc_now, write_json_atomic
+from ..errors import TrainConfigError
+from ..fsio import git_info, read_json, read_json_object, sha256_file, utc_now, write_json_atomic
 from ..paths import REPO_ROOT, portable
 from .config import PATH_KEYS
 from .data import read_records
@@ -63,7 +63,7 @@ class Manifest:
     @classmethod
     def open(cls, run: Path) -> Manifest:
         p = run / "manifest.json"
-        return cls(p, json.loads(p.read_text()) if p.is_file() else {})
+        return cls(p, read_json_object(p, "run manifest", TrainConfigError) if p.is_file() else {})
 
     def save(self) -> None:
         self.data["updated"] = utc_now()
@@ -83,7 +83,7 @@ class Manifest:
         self.data["target"] = {
             "dir": portable(target),
             "config_sha256": sha256_file(target / "config.json"),
-            "origin": json.loads(stamp.read_text()) if stamp.is_file() else None,
+            "origin": read_json(stamp, error=TrainConfigError) if stamp.is_file() else None,
         }
         if mask is not None:
             self.data["mask_token"] = mask

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import TypedDict
 
 from ..background import served
-from ..checkpoint_layout import text_field
+from ..checkpoint_layout import require_config, text_field
 from ..config import load_config
 from ..cpu_reference import smollm2
 from ..cpu_reference.generated import PREPARE_KIND
 from ..errors import TrainConfigError
 from ..fsio import write_text_atomic
+from ..logtail import Log
 from ..prepare import prepare
 from . import device
 from .config import TrainConfig
@@ -30,8 +31,6 @@ from .manifest import Manifest
 from .regen import regen
 from .regen_hf import regen_hf
 from .target import load_tokenizer, target_info
-
-Log = Callable[[str], None]
 
 
 def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
@@ -45,9 +44,7 @@ def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
         smollm2.ensure(target, log=log)
     elif info.prepare in PREPARE_KIND:  # a generated pair: made by serve's own step (venv, generator)
         prepare(load_config(cfg.target.serve_config, cfg.target.serve_overrides), log=log)
-    if not (target / "config.json").is_file():
-        raise TrainConfigError(f"target checkpoint not found: {target}/config.json")
-    tconf = json.loads((target / "config.json").read_text())
+    tconf = require_config(target, "target checkpoint", TrainConfigError)
     vocab, hidden, layers = (text_field(tconf, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers"))
     if not all(isinstance(v, int) for v in (vocab, hidden, layers)):
         raise TrainConfigError(

@@ -24,13 +24,13 @@ are accepted; any other is refused here, before anything is trained.
 from __future__ import annotations
 
 import copy
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import TrainConfigError
+from ..fsio import read_json
 
 DEFAULT_ROPE_THETA = 1000000.0
 REQUIRED = (
@@ -63,12 +63,7 @@ LAYER_TENSORS = (
 
 def read_json_file(path: Path, what: str) -> Any:
     """A training JSON file (the options, a drafter shape), or one line naming it."""
-    if not path.is_file():
-        raise TrainConfigError(f"{what} not found: {path}")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise TrainConfigError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+    return read_json(path, what, TrainConfigError)
 
 
 def _rope_theta(raw: dict[str, Any], source: str) -> float:

@@ -22,7 +22,6 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ import torch.nn.functional as F
 
 from ..errors import TrainConfigError
 from ..fsio import open_atomic, write_text_atomic
+from ..logtail import Log
 from . import device as dev
 from . import objective as obj
 from . import vocab
@@ -203,7 +203,7 @@ def _start(
     return _Run(shape, tc, model, params, opt, sched, gen, rank, world, device)
 
 
-def _restore(r: _Run, last: Path, log: Callable[[str], None]) -> None:
+def _restore(r: _Run, last: Path, log: Log) -> None:
     """Continue exactly where the checkpoint stopped: weights, optimizer, schedule and every RNG."""
     st = dev.load_to_cpu(last)
     r.model.load_state_dict(st["model"], strict=True)
@@ -282,7 +282,7 @@ def train_loop(
     seed: int,
     resume: bool,
     stop_at: int | None = None,
-    log: Callable[[str], None] = print,
+    log: Log = print,
     progress: bool = True,
     frequent: torch.Tensor | None = None,
     init: dict[str, torch.Tensor] | None = None,
@@ -320,7 +320,7 @@ def train_loop(
 
 
 def _train_store(
-    cfg: TrainConfig, run: Path, shape: DrafterShape, model_dir: str, log: Callable[[str], None] = print
+    cfg: TrainConfig, run: Path, shape: DrafterShape, model_dir: str, log: Log = print
 ) -> ShardStore | StreamStore | MemoryStore:
     """Captured shards (cache mode), features computed per batch (stream mode) or captured once
     into the train device's memory (memory mode)."""
@@ -355,7 +355,7 @@ def train(
     run: Path,
     resume: bool,
     stop_at: int | None = None,
-    log: Callable[[str], None] = print,
+    log: Log = print,
     max_seconds: float | None = None,
 ) -> dict[str, Any]:
     shape, tc = cfg.shape(), cfg.train

@@ -27,13 +27,13 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 from ...background import served
-from ...checkpoint_layout import text_field
+from ...checkpoint_layout import require_config, text_field
 from ...errors import SpeculatorsError, TrainConfigError
 from ...fsio import write_text_atomic
+from ...logtail import Log
 from ..config import TrainConfig
 from ..plan import GiB, capture_bytes_per_token, free_disk
 from ..target import capture_overrides, target_info
@@ -41,7 +41,6 @@ from .cli import run_logged, speculators_argv
 from .commands import prepare_data_args
 from .rows import write_rows
 
-Log = Callable[[str], None]
 WIDE = {"COLUMNS": "160"}  # speculators logs through rich, which wraps at 80 columns without a terminal
 
 
@@ -126,10 +125,7 @@ def capture_offline(cfg: TrainConfig, run: Path, log: Log = print) -> Path:
     if not n_rows:
         raise TrainConfigError(f"{run / 'regen.jsonl'}: no training records; run the regen phase")
     info = target_info(cfg)
-    tconf_path = Path(info.model_dir) / "config.json"
-    if not tconf_path.is_file():
-        raise TrainConfigError(f"target checkpoint not found: {tconf_path}; run the setup phase")
-    tconf = json.loads(tconf_path.read_text())
+    tconf = require_config(info.model_dir, "target checkpoint (run the setup phase)", TrainConfigError)
     n_layers, hidden = text_field(tconf, "num_hidden_layers"), text_field(tconf, "hidden_size")
     layers = captured_layers(cfg, n_layers)
     # max_tokens=1 rides on every prompt, so a row may be at most MAX_MODEL_LEN - 1 long

@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import subprocess
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from ...errors import SpeculatorsError
+from ...logtail import Log
 from .venv import ensure_speculators
 
 TAIL = 25
@@ -46,7 +47,7 @@ def run_logged(
     what: str,
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
-    echo: Callable[[str], None] = print,
+    echo: Log = print,
 ) -> None:
     """Run `argv`, every line appended to `log_path` and echoed; a failure raises with the log's last lines."""
     log_path.parent.mkdir(parents=True, exist_ok=True)

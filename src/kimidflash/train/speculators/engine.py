@@ -17,13 +17,13 @@
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from ...errors import TrainConfigError
+from ...checkpoint_layout import require_config
+from ...errors import SpeculatorsCheckpointError, TrainConfigError
+from ...logtail import Log
 from ...paths import portable, portable_argv
 from ..config import TrainConfig
 from ..evaluate import evaluate_run
@@ -33,7 +33,6 @@ from .cli import run_logged, speculators_argv, torchrun_argv
 from .commands import options_from, train_args, write_draft_config
 from .export import check_config, checkpoint_dir, to_recipe_drafter, to_speculators
 
-Log = Callable[[str], None]
 RDZV_ENV = "KIMIDFLASH_RDZV_ENDPOINT"  # host:port of the first node, for torchrun across nodes
 
 
@@ -82,7 +81,7 @@ def train_speculators(cfg: TrainConfig, run: Path, resume: bool, max_steps: int 
         )
         # speculators takes the shape from the checkpoint: one unlike ours would train, then fail export
         check_config(
-            json.loads((start / "config.json").read_text()),
+            require_config(start, "speculators warm start", SpeculatorsCheckpointError),
             shape,
             f"train.init_from_drafter {cfg.train.init_from_drafter}",
         )

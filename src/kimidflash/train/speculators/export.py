@@ -27,14 +27,14 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...checkpoint_layout import LayoutError, weight_map
-from ...errors import SpeculatorsCheckpointError
+from ...checkpoint_layout import LayoutError, require_config, weight_map
+from ...errors import SpeculatorsCheckpointError, TrainConfigError
 from ...fp8.safetensors_io import read_header
 from ...fsio import atomic_dir, sha256_file, utc_now, write_json_atomic
+from ...logtail import Log
 from ...paths import portable, portable_argv
 from ..export import export_model
 from ..shape import DrafterShape, Rope
@@ -215,10 +215,7 @@ def read_checkpoint(
 
     ckpt = checkpoint_dir(spec_ckpt_dir)
     where = str(ckpt)
-    try:
-        cfg = json.loads((ckpt / "config.json").read_text())
-    except json.JSONDecodeError as e:
-        raise SpeculatorsCheckpointError(f"{where}/config.json: not JSON ({e.msg})") from None
+    cfg = require_config(ckpt, "speculators checkpoint", SpeculatorsCheckpointError)
     check_config(cfg, shape, where)
     files = tensor_files(ckpt)
     names, dropped = body_names(ckpt, files, shape, where)
@@ -293,7 +290,7 @@ def to_recipe_drafter(
 def _staged(drafter_dir: Path, block_size: int, into: Path) -> Path:
     """`drafter_dir` with config.json's block_size replaced (weights linked, not copied)."""
     into.mkdir(parents=True, exist_ok=True)
-    cfg = json.loads((drafter_dir / "config.json").read_text())
+    cfg = require_config(drafter_dir, "drafter", TrainConfigError)
     cfg["block_size"] = block_size
     (into / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     for p in drafter_dir.iterdir():
@@ -309,7 +306,7 @@ def to_speculators(
     log_path: str | Path,
     block_size: int | None = None,
     validate_device: str | None = "cpu",
-    echo: Callable[[str], None] = print,
+    echo: Log = print,
 ) -> Path:
     """One of our exported drafters as a speculators checkpoint, for `--from-pretrained` (a warm start).
 
@@ -323,7 +320,7 @@ def to_speculators(
     import torch
 
     src = Path(drafter_dir).resolve()
-    shape = DrafterShape.from_dict(json.loads((src / "config.json").read_text()), str(src / "config.json"))
+    shape = DrafterShape.from_dict(require_config(src, "drafter", TrainConfigError), str(src / "config.json"))
     if block_size is not None:
         shape = shape.with_block_size(block_size)
     out = Path(out_dir).resolve()
@@ -339,7 +336,7 @@ def to_speculators(
             )
         finally:
             shutil.rmtree(stage, ignore_errors=True)
-        cfg = json.loads((tmp / "config.json").read_text())
+        cfg = require_config(tmp, "speculators convert output", SpeculatorsCheckpointError)
         check_config(cfg, shape, f"{out} (speculators convert of {src})")
         if cfg.get("block_size") != shape.block_size:
             raise SpeculatorsCheckpointError(

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
+from ...logtail import Log
 from ...paths import cache_dir
 from ...venvs import ensure_venv
 
@@ -31,7 +31,7 @@ def venv_path(version: str = VERSION) -> Path:
     return cache_dir() / "venvs" / f"speculators-{version}"
 
 
-def ensure_speculators(version: str = VERSION, log: Callable[[str], None] = print) -> Path:
+def ensure_speculators(version: str = VERSION, log: Log = print) -> Path:
     """The venv's `speculators` command, the venv made first if needed (a minute or two, once)."""
     index = os.environ.get(INDEX_ENV, "")
     torch_req = [TORCH] + (["--extra-index-url", index] if index else [])

@@ -11,6 +11,7 @@ import pytest
 from kimidflash.errors import TrainConfigError
 from kimidflash.train import config as tcfg
 from kimidflash.train import plan as tplan
+from kimidflash.train.engines import make_plan
 
 from .helpers import CONFIGS, ROOT
 
@@ -37,7 +38,7 @@ def test_k26_drafter_has_the_parameter_count_the_review_found():
 def test_k26_on_8_mi300x_fits_with_fsdp_and_each_line_is_its_arithmetic(tmp_path):
     cfg = _k26()
     data = tplan.count_data(cfg, tmp_path, samples=90_000, tokens_per_sample=1500)
-    plan = tplan.make_plan(cfg, tmp_path, data)
+    plan = make_plan(cfg, tmp_path, data)
     assert plan.refusals == [], plan.text()
     P, VH = tplan.drafter_params(cfg.shape())
     lines = {x.what: x.bytes for x in plan.memory}
@@ -52,7 +53,7 @@ def test_k26_on_8_mi300x_fits_with_fsdp_and_each_line_is_its_arithmetic(tmp_path
     assert plan.seconds == pytest.approx(
         plan.steps * tplan.training_flops_per_step(cfg.shape(), cfg) / (1307e12 * cfg.cluster.mfu)
     )
-    half = tplan.make_plan(_k26(**{"cluster.mfu": cfg.cluster.mfu / 2}), tmp_path, data)
+    half = make_plan(_k26(**{"cluster.mfu": cfg.cluster.mfu / 2}), tmp_path, data)
     assert half.seconds == pytest.approx(2 * plan.seconds)
     assert "fits" in plan.text()
 
@@ -66,7 +67,7 @@ def test_more_ranks_shard_the_optimizer_state_thinner(tmp_path):
 
 def test_capture_that_cannot_fit_the_disk_is_refused_with_what_fits(tmp_path):
     cfg = _k26()
-    plan = tplan.make_plan(cfg, tmp_path, tplan.count_data(cfg, tmp_path, samples=1_160_000, tokens_per_sample=1500))
+    plan = make_plan(cfg, tmp_path, tplan.count_data(cfg, tmp_path, samples=1_160_000, tokens_per_sample=1500))
     assert len(plan.refusals) == 1 and "captured hidden states need" in plan.refusals[0]
     fit = int((14000 - cfg.data.min_free_disk_gb) * 2**30 // tplan.capture_bytes_per_token(cfg.shape()))
     assert f"about {fit} tokens fit" in plan.refusals[0]
@@ -74,7 +75,7 @@ def test_capture_that_cannot_fit_the_disk_is_refused_with_what_fits(tmp_path):
 
 def test_too_little_gpu_memory_is_refused_naming_what_to_change(tmp_path):
     cfg = _k26(**{"cluster.gpu_memory_gb": 24})
-    plan = tplan.make_plan(cfg, tmp_path, tplan.count_data(cfg, tmp_path, samples=10, tokens_per_sample=100))
+    plan = make_plan(cfg, tmp_path, tplan.count_data(cfg, tmp_path, samples=10, tokens_per_sample=100))
     assert any("does not fit" in r and "cluster.gpus_per_node" in r for r in plan.refusals), plan.refusals
 
 
@@ -82,16 +83,16 @@ def test_speculators_without_gpus_is_refused_unless_a_dry_run(tmp_path):
     disk = {"cluster.disk_gb": 100}  # stated, so the plan does not read this machine's free disk
     cfg = tcfg.load(CONFIGS / "train-cpu-reference.json", {"train.engine": "speculators", **disk})
     data = tplan.count_data(cfg, tmp_path, samples=10, tokens_per_sample=100)
-    assert any("speculators trains on GPUs" in r for r in tplan.make_plan(cfg, tmp_path, data).refusals)
+    assert any("speculators trains on GPUs" in r for r in make_plan(cfg, tmp_path, data).refusals)
     cfg = tcfg.load(
         CONFIGS / "train-cpu-reference.json", {"train.engine": "speculators", "speculators.dry_run": True, **disk}
     )
-    assert tplan.make_plan(cfg, tmp_path, data).refusals == []
+    assert make_plan(cfg, tmp_path, data).refusals == []
 
 
 def test_our_trainer_is_refused_for_k26_naming_the_speculators_engine(tmp_path, monkeypatch):
     cfg = _k26(**{"train.engine": "ours"})
-    plan = tplan.make_plan(cfg, tmp_path, tplan.count_data(cfg, tmp_path, samples=10, tokens_per_sample=100))
+    plan = make_plan(cfg, tmp_path, tplan.count_data(cfg, tmp_path, samples=10, tokens_per_sample=100))
     assert any("train.engine=speculators" in r for r in plan.refusals), plan.text()
     monkeypatch.setattr(tplan, "memory_bytes", lambda device: 192 * 2**30)
     with pytest.raises(TrainConfigError, match="train.engine=speculators") as exc:
@@ -198,7 +199,7 @@ def test_k26_eagle3_head_on_8_mi300x_fits_one_replica_per_rank_and_each_line_is_
     assert size.lm_head == 163840 * 7168 and size.fc == 7168 * 3 * 7168 and size.n_aux == 3
     assert 1.8e9 < size.trainable < 1.9e9  # seed 002's "3B params" less the 1.17B embedding it also ships
     data = tplan.count_data(cfg, tmp_path, samples=90_000, tokens_per_sample=1500)
-    plan = tplan.make_plan(cfg, tmp_path, data)
+    plan = make_plan(cfg, tmp_path, data)
     assert plan.refusals == [] and plan.engine == "ours" and plan.method == "eagle3", plan.text()
     lines = {x.what: x.bytes for x in plan.memory}
     T, s = tplan.PROMPT_TOKENS + cfg.regen.max_tokens, cfg.train.ttt_steps
@@ -210,7 +211,7 @@ def test_k26_eagle3_head_on_8_mi300x_fits_one_replica_per_rank_and_each_line_is_
     assert plan.seconds == pytest.approx(
         cfg.train.steps * plan_eagle3.flops_per_step(head, cfg, T) / (1307e12 * cfg.cluster.mfu)
     )
-    two = tplan.make_plan(tcfg.load(K26_EAGLE3, {"cluster.nodes": 2}), tmp_path, data)
+    two = make_plan(tcfg.load(K26_EAGLE3, {"cluster.nodes": 2}), tmp_path, data)
     assert two.per_rank == plan.per_rank and two.seconds == plan.seconds  # more ranks: more data per step
     assert "8 ranks" in plan.text() and "16 ranks" in two.text() and "fits" in plan.text()
 
@@ -225,12 +226,12 @@ def test_k26_eagle3_head_on_8_mi300x_fits_one_replica_per_rank_and_each_line_is_
 )
 def test_k26_eagle3_plan_refuses_what_our_engine_cannot_run(tmp_path, over, words):
     cfg = tcfg.load(K26_EAGLE3, over)
-    plan = tplan.make_plan(cfg, tmp_path, tplan.count_data(cfg, tmp_path, samples=90_000, tokens_per_sample=1500))
+    plan = make_plan(cfg, tmp_path, tplan.count_data(cfg, tmp_path, samples=90_000, tokens_per_sample=1500))
     assert any(words in r for r in plan.refusals), plan.refusals
 
 
 def test_k26_eagle3_plan_refuses_perfectblend_on_one_nodes_disk(tmp_path):
     cfg = tcfg.load(K26_EAGLE3)
-    plan = tplan.make_plan(cfg, tmp_path, tplan.count_data(cfg, tmp_path, samples=1_160_000, tokens_per_sample=1500))
+    plan = make_plan(cfg, tmp_path, tplan.count_data(cfg, tmp_path, samples=1_160_000, tokens_per_sample=1500))
     (refusal,) = plan.refusals
     assert "captured hidden states need 69703 GiB, 13800 GiB available" in refusal and "43013 bytes" in refusal

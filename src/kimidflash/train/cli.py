@@ -24,9 +24,10 @@ from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, RecipeError, TrainCo
 from ..fsio import utc_now
 from ..paths import CONFIGS_DIR, portable_argv
 from . import config as tcfg
+from .engines import make_plan
 from .manifest import Manifest
 from .phases import PHASES, PhaseArgs
-from .plan import count_data, make_plan
+from .plan import count_data
 
 
 def _record_invocation(run: Path, invocation: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ Both read the run folder's records and export a drafter serve.sh accepts.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,7 +32,7 @@ from .config import METHODS as CONFIG_METHODS
 from .evaluate import evaluate_run
 from .export_run import export_run
 from .manifest import Manifest
-from .plan import check_ours
+from .plan import Budget, Data, Plan, budget, check_ours, eagle3_plan, ours_plan, speculators_plan
 from .speculators.capture import capture_offline
 from .speculators.engine import eval_speculators, export_speculators, train_speculators
 from .trainer import train
@@ -64,6 +64,14 @@ class Engine(Protocol):
         """The offline acceptance of the run's checkpoint (noted in the manifest) or of args.drafter."""
 
     def export(self, cfg: TrainConfig, run: Path, log: Log) -> Path: ...
+
+    def plan(self, cfg: TrainConfig, data: Data, b: Budget) -> Plan:
+        """`--plan`: memory per rank, disk and time of this engine training the config's drafter."""
+
+
+def make_plan(cfg: TrainConfig, run: Path, data: Data) -> Plan:
+    """`./train-drafter.sh CONFIG --plan`: the config's engine sizes its run against the cluster."""
+    return engine_for(cfg).plan(cfg, data, budget(cfg, run))
 
 
 def _dflash_drafter(cfg: TrainConfig, tconf: dict, tok: Any) -> tuple[dict, dict | None]:
@@ -103,6 +111,8 @@ class Method:
     """How our engine trains one drafter family (`train.method`)."""
 
     check_drafter: Callable[[TrainConfig, dict, Any], tuple[dict, dict | None]]  # -> (its JSON, mask token)
+    fits: Callable[[TrainConfig], None]  # refuses, before a step, a drafter our trainer cannot hold
+    plan: Callable[[TrainConfig, Data, Budget], Plan]
     train: Callable[[TrainConfig, Path, PhaseArgs, Log], Any]
     evaluate: Callable[[TrainConfig, Path, PhaseArgs, Log], dict]
     export: Callable[[TrainConfig, Path, Log], Path]
@@ -123,6 +133,8 @@ def _eagle3_eval(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log) -> dict
 METHODS: dict[str, Method] = {
     "dflash": Method(
         _dflash_drafter,
+        check_ours,
+        ours_plan,
         lambda cfg, run, a, log: train(
             cfg, run, resume=a.resume, stop_at=a.max_steps, log=log, max_seconds=a.max_seconds
         ),
@@ -131,6 +143,8 @@ METHODS: dict[str, Method] = {
     ),
     "eagle3": Method(
         _eagle3_drafter,
+        lambda cfg: None,  # one MLA layer: its --plan sizes it, nothing to refuse at setup
+        eagle3_plan,
         lambda cfg, run, a, log: eagle3_run.train(cfg, run, a.resume, a.max_steps, log=log, max_seconds=a.max_seconds),
         _eagle3_eval,
         lambda cfg, run, log: eagle3_run.export(cfg, run, log=log),
@@ -147,7 +161,10 @@ class Ours:
     name = "ours"
 
     def check(self, cfg: TrainConfig) -> None:
-        check_ours(cfg)
+        method_for(cfg).fits(cfg)
+
+    def plan(self, cfg: TrainConfig, data: Data, b: Budget) -> Plan:
+        return method_for(cfg).plan(cfg, data, b)
 
     def capture(self, cfg: TrainConfig, run: Path, log: Log) -> str:
         mode = check_mode(cfg)
@@ -159,7 +176,7 @@ class Ours:
         return f"{capture_shards(cfg, run, log=log)} shards in {run / 'capture'}"
 
     def train(self, cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log) -> None:
-        check_ours(cfg)
+        method_for(cfg).fits(cfg)
         method_for(cfg).train(cfg, run, args, log)
 
     def evaluate(self, cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log) -> dict:
@@ -175,14 +192,25 @@ class Ours:
 class Speculators:
     name = "speculators"
 
+    METHODS = ("dflash",)  # speculators 0.9.0 trains EAGLE-3 heads with Llama and Qwen3 layers only, not MLA
+
     def check(self, cfg: TrainConfig) -> None:
         """The config's own checks, and DFlash only: the train phase refuses a run with no GPU and no dry run."""
-        if cfg.train.method != "dflash":
+        if cfg.train.method not in self.METHODS:
             raise TrainConfigError(
                 f"{cfg.path}: train.engine speculators trains DFlash drafters here; "
                 f"train.method {cfg.train.method} runs on train.engine ours (speculators 0.9.0 "
                 "trains EAGLE-3 heads with Llama and Qwen3 layers only, not MLA)"
             )
+
+    def plan(self, cfg: TrainConfig, data: Data, b: Budget) -> Plan:
+        if cfg.train.method in self.METHODS:
+            return speculators_plan(cfg, data, b)
+        refusal = (  # train.method eagle3, the one family not in METHODS
+            "train.engine=speculators: speculators 0.9.0 builds EAGLE-3 heads with Llama and Qwen3 "
+            "layers only; this recipe trains EAGLE-3 heads on its own engine (train.engine=ours)"
+        )
+        return method_for(cfg).plan(cfg, data, replace(b, refusals=(*b.refusals, refusal)))
 
     def capture(self, cfg: TrainConfig, run: Path, log: Log) -> str:
         return str(capture_offline(cfg, run, log=log))

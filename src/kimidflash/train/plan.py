@@ -240,6 +240,7 @@ class Plan:
     time_source: str
     refusals: list[str]
     method: str = "dflash"
+    offline: bool = False  # features captured to disk first and a step count to time: speculators, EAGLE-3
 
     @property
     def per_rank(self) -> float:
@@ -256,7 +257,7 @@ class Plan:
             f"  {self.per_rank / GiB:10.1f} GiB  total, against {self.per_rank_budget / GiB:.1f} GiB "
             f"({self.budget_source})"
         )
-        if self.engine == "speculators" or self.method == "eagle3":
+        if self.offline:
             out.append(
                 f"disk for captured hidden states: {self.disk_need / GiB:.1f} GiB, "
                 f"{self.disk_have / GiB:.1f} GiB available ({self.disk_source})"
@@ -273,79 +274,125 @@ class Plan:
         return "\n".join(out)
 
 
-def make_plan(cfg: TrainConfig, run: Path, data: Data) -> Plan:
-    cl, engine = cfg.cluster, cfg.train.engine
-    refusals: list[str] = []
+@dataclass(frozen=True)
+class Budget:
+    """What a planner sizes a run against: memory per rank and disk, each with where it came from,
+    and the refusals the cluster section itself earns."""
+
+    memory: float
+    memory_source: str
+    disk: float
+    disk_source: str
+    refusals: tuple[str, ...] = ()
+
+
+def budget(cfg: TrainConfig, run: Path) -> Budget:
+    cl = cfg.cluster
+    refusals: tuple[str, ...] = ()
     if cl.gpus_per_node:
-        budget, bsrc = (
+        memory, msrc = (
             HEADROOM * cl.gpu_memory_gb * GiB,
-            (f"{HEADROOM:.0%} of cluster.gpu_memory_gb={cl.gpu_memory_gb:g}"),
+            f"{HEADROOM:.0%} of cluster.gpu_memory_gb={cl.gpu_memory_gb:g}",
         )
         if not cl.gpu_memory_gb:
-            refusals.append("cluster.gpus_per_node is set but cluster.gpu_memory_gb is 0")
+            refusals = ("cluster.gpus_per_node is set but cluster.gpu_memory_gb is 0",)
     else:
-        budget = HEADROOM * memory_bytes(torch.device("cpu"))
-        bsrc = f"{HEADROOM:.0%} of this host's available memory (no GPU)"
-    disk_have = (cl.disk_gb * GiB if cl.disk_gb is not None else free_disk(run)) - cfg.data.min_free_disk_gb * GiB
+        memory = HEADROOM * memory_bytes(torch.device("cpu"))
+        msrc = f"{HEADROOM:.0%} of this host's available memory (no GPU)"
+    disk = (cl.disk_gb * GiB if cl.disk_gb is not None else free_disk(run)) - cfg.data.min_free_disk_gb * GiB
     dsrc = (
         "cluster.disk_gb" if cl.disk_gb is not None else f"free at {run}"
     ) + f", less data.min_free_disk_gb={cfg.data.min_free_disk_gb:g}"
-    if cfg.train.method == "eagle3":
-        return eagle3_plan(cfg, data, budget, bsrc, disk_have, dsrc, refusals)
-    shape = cfg.shape()
-    if engine == "speculators":
-        memory = speculators_memory(shape, cfg)
-        world, T = max(1, cl.nodes * cl.gpus_per_node), packed(cfg)[0]
-        steps = min(cfg.train.steps, cfg.speculators.epochs * -(-data.tokens // (world * T)))  # --max-steps
-        per_token = capture_bytes_per_token(shape, target_info(cfg).dtype)
-        disk_need = float(data.tokens * per_token)
-        if cl.gpu_tflops and cl.gpus_per_node:
-            seconds = steps * training_flops_per_step(shape, cfg) / (cl.gpu_tflops * 1e12 * cl.mfu)
-            tsrc = (
-                f"{training_flops_per_step(shape, cfg) / 1e12:.0f} TFLOP per rank-step at {cl.mfu:.0%} of "
-                f"{cl.gpu_tflops:g} TFLOPS; {cfg.speculators.epochs} epochs of packed {T}-token rows "
-                f"over {world} ranks"
-            )
-        else:
-            seconds, tsrc = None, "cluster.gpu_tflops unset"
-        if not cl.gpus_per_node and not cfg.speculators.dry_run:
-            refusals.append(
-                "speculators trains on GPUs (torchrun); cluster.gpus_per_node is 0. Set it, or "
-                "speculators.dry_run=true to build and save the drafter without training"
-            )
-        if disk_need > disk_have:
-            fit = int(max(disk_have, 0) // per_token)
-            refusals.append(
-                f"captured hidden states need {disk_need / GiB:.0f} GiB, {disk_have / GiB:.0f} GiB "
-                f"available: about {fit} tokens fit ({per_token} bytes each); "
-                "cap regen.records or use a larger disk"
-            )
-    else:
-        memory = ours_memory(shape, cfg, PROMPT_TOKENS + cfg.regen.max_tokens)
-        steps, seconds, tsrc, disk_need = cfg.train.steps, None, "our trainer: measured, not estimated", 0.0
-    total = sum(x.bytes for x in memory)
-    if total > budget:
-        hint = (
-            " Set train.engine=speculators (FSDP2 over GPUs)."
-            if engine == "ours"
-            else " Add GPUs (cluster.nodes, cluster.gpus_per_node) or shorten speculators.max_length."
+    return Budget(memory, msrc, disk, dsrc, refusals)
+
+
+def ours_plan(cfg: TrainConfig, data: Data, b: Budget) -> Plan:
+    """A DFlash drafter on our trainer: one process holds the whole drafter and streams or caches features."""
+    memory = ours_memory(cfg.shape(), cfg, PROMPT_TOKENS + cfg.regen.max_tokens)
+    return _fitted(
+        Plan(
+            "ours",
+            memory,
+            b.memory,
+            b.memory_source,
+            data,
+            0.0,
+            b.disk,
+            b.disk_source,
+            cfg.train.steps,
+            None,
+            "our trainer: measured, not estimated",
+            list(b.refusals),
+        ),
+        " Set train.engine=speculators (FSDP2 over GPUs).",
+    )
+
+
+def _fitted(plan: Plan, hint: str) -> Plan:
+    """The plan with its memory refusal, when the lines outgrow the budget (`hint` says what to change)."""
+    if plan.per_rank > plan.per_rank_budget:
+        plan.refusals.append(
+            f"{plan.per_rank / GiB:.1f} GiB per rank does not fit {plan.per_rank_budget / GiB:.1f} GiB "
+            f"({plan.budget_source}).{hint}"
         )
-        refusals.append(f"{total / GiB:.1f} GiB per rank does not fit {budget / GiB:.1f} GiB ({bsrc}).{hint}")
-    return Plan(engine, memory, budget, bsrc, data, disk_need, disk_have, dsrc, steps, seconds, tsrc, refusals)
+    return plan
 
 
-def eagle3_plan(
-    cfg: TrainConfig, data: Data, budget: float, bsrc: str, disk_have: float, dsrc: str, refusals: list[str]
-) -> Plan:
+def speculators_plan(cfg: TrainConfig, data: Data, b: Budget) -> Plan:
+    """A DFlash drafter on speculators: FSDP2 over the cluster's ranks, features captured to disk first."""
+    cl, shape, refusals = cfg.cluster, cfg.shape(), list(b.refusals)
+    memory = speculators_memory(shape, cfg)
+    world, T = max(1, cl.nodes * cl.gpus_per_node), packed(cfg)[0]
+    steps = min(cfg.train.steps, cfg.speculators.epochs * -(-data.tokens // (world * T)))  # --max-steps
+    per_token = capture_bytes_per_token(shape, target_info(cfg).dtype)
+    disk_need = float(data.tokens * per_token)
+    seconds, tsrc = None, "cluster.gpu_tflops unset"
+    if cl.gpu_tflops and cl.gpus_per_node:
+        seconds = steps * training_flops_per_step(shape, cfg) / (cl.gpu_tflops * 1e12 * cl.mfu)
+        tsrc = (
+            f"{training_flops_per_step(shape, cfg) / 1e12:.0f} TFLOP per rank-step at {cl.mfu:.0%} of "
+            f"{cl.gpu_tflops:g} TFLOPS; {cfg.speculators.epochs} epochs of packed {T}-token rows "
+            f"over {world} ranks"
+        )
+    if not cl.gpus_per_node and not cfg.speculators.dry_run:
+        refusals.append(
+            "speculators trains on GPUs (torchrun); cluster.gpus_per_node is 0. Set it, or "
+            "speculators.dry_run=true to build and save the drafter without training"
+        )
+    refusals += _disk_refusal(disk_need, b.disk, per_token)
+    plan = Plan(
+        "speculators",
+        memory,
+        b.memory,
+        b.memory_source,
+        data,
+        disk_need,
+        b.disk,
+        b.disk_source,
+        steps,
+        seconds,
+        tsrc,
+        refusals,
+        offline=True,
+    )
+    return _fitted(plan, " Add GPUs (cluster.nodes, cluster.gpus_per_node) or shorten speculators.max_length.")
+
+
+def _disk_refusal(need: float, have: float, per_token: int) -> list[str]:
+    if need <= have:
+        return []
+    return [
+        f"captured hidden states need {need / GiB:.0f} GiB, {have / GiB:.0f} GiB available: about "
+        f"{int(max(have, 0) // per_token)} tokens fit ({per_token} bytes each); cap regen.records or use a larger disk"
+    ]
+
+
+def eagle3_plan(cfg: TrainConfig, data: Data, b: Budget) -> Plan:
     """train.method eagle3: our engine, a whole replica per rank, data-parallel (plan_eagle3.py says why)."""
     head, cl, tc = plan_eagle3.head_of(cfg), cfg.cluster, cfg.train
     seq_len = PROMPT_TOKENS + cfg.regen.max_tokens
     memory = [Line(*x) for x in plan_eagle3.memory(head, cfg, seq_len)]
-    if tc.engine != "ours":
-        refusals.append(
-            "train.engine=speculators: speculators 0.9.0 builds EAGLE-3 heads with Llama and Qwen3 "
-            "layers only; this recipe trains EAGLE-3 heads on its own engine (train.engine=ours)"
-        )
+    refusals = list(b.refusals)
     if cfg.capture.mode != "cache":
         refusals.append(
             f"capture.mode={cfg.capture.mode}: train.method eagle3 trains on captured shards (capture.mode=cache)"
@@ -353,50 +400,40 @@ def eagle3_plan(
     world = max(1, cl.nodes * cl.gpus_per_node)
     per_token = plan_eagle3.disk_bytes_per_token(head, cfg)
     disk_need = float(data.tokens * per_token)
-    if disk_need > disk_have:
-        refusals.append(
-            f"captured hidden states need {disk_need / GiB:.0f} GiB, {disk_have / GiB:.0f} GiB "
-            f"available: about {int(max(disk_have, 0) // per_token)} tokens fit ({per_token} bytes "
-            "each); cap regen.records or use a larger disk"
-        )
+    refusals += _disk_refusal(disk_need, b.disk, per_token)
     flops = plan_eagle3.flops_per_step(head, cfg, seq_len)
     epochs = tc.steps * world * tc.batch_size / max(1, data.samples)
+    seconds: float | None = None
+    tsrc = "cluster.gpu_tflops unset"
     if cl.gpu_tflops and cl.gpus_per_node:
-        seconds: float | None = tc.steps * flops / (cl.gpu_tflops * 1e12 * cl.mfu)
+        seconds = tc.steps * flops / (cl.gpu_tflops * 1e12 * cl.mfu)
         tsrc = (
             f"{flops / 1e12:.0f} TFLOP per rank-step at {cl.mfu:.0%} of {cl.gpu_tflops:g} TFLOPS; "
             f"{world} ranks x {tc.batch_size} x {seq_len} tokens a step: {epochs:.2f} epochs of the data"
         )
-    else:
-        seconds, tsrc = None, "cluster.gpu_tflops unset"
-    total = sum(x.bytes for x in memory)
-    if total > budget:
-        refusals.append(
-            f"{total / GiB:.1f} GiB per rank does not fit {budget / GiB:.1f} GiB ({bsrc}). Lower "
-            "train.batch_size or regen.max_tokens, or a draft vocabulary (draft_vocab_size)"
-        )
-    return Plan(
+    plan = Plan(
         "ours",
         memory,
-        budget,
-        bsrc,
+        b.memory,
+        b.memory_source,
         data,
         disk_need,
-        disk_have,
-        dsrc,
+        b.disk,
+        b.disk_source,
         tc.steps,
         seconds,
         tsrc,
         refusals,
         method="eagle3",
+        offline=True,
     )
+    return _fitted(plan, " Lower train.batch_size or regen.max_tokens, or a draft vocabulary (draft_vocab_size)")
 
 
 def check_ours(cfg: TrainConfig, device: torch.device | None = None, where: str | None = None) -> None:
     """Refuse, before a step, a shape our trainer cannot hold on its device (train.device unless given),
-    naming the speculators engine."""
-    if cfg.train.method != "dflash":  # the memory model is a DFlash drafter's; a one-layer head is not sized yet
-        return
+    naming the speculators engine. A DFlash drafter's check (engines.METHODS): a one-layer EAGLE-3
+    head is sized by its --plan, not refused here."""
     if device is None:
         device = resolve(cfg.train.device)
     where = where or describe(device)

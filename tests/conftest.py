@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from kimidflash.background import ServeError, metrics, serving_process
+from kimidflash.background import ServeError, serving_process
 from kimidflash.bench import ab
+from kimidflash.bench.metrics import scrape
 from kimidflash.config import load_config
 from kimidflash.sweep import execute
 
@@ -31,7 +32,7 @@ class RunningServer:
 
     def metrics(self) -> dict[str, float]:
         """vLLM's Prometheus counters, summed over labels except `position`."""
-        return metrics(self.base_url)
+        return scrape(self.base_url)
 
 
 @contextlib.contextmanager

@@ -164,3 +164,70 @@ def test_only_the_in_image_check_runs_as_a_script():
         str(p.relative_to(SRC)) for p in modules().values() if 'if __name__ == "__main__"' in p.read_text()
     )
     assert scripts == ["kimidflash/docker/imagecheck.py"], scripts
+
+
+# ------------------------------------------------------------------ layers
+ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+
+
+def layers(text: str) -> dict[str, int]:
+    """Part -> layer number, from the first ```text block under `## Layers` (`N name: part part ...`)."""
+    section = text.split("\n## Layers\n", 1)[1]
+    block = section.split("```text\n", 1)[1].split("```", 1)[0]
+    out: dict[str, int] = {}
+    for line in block.strip().splitlines():
+        number, _, rest = line.partition(" ")
+        for part in rest.partition(":")[2].split():
+            assert part not in out, f"{part} is drawn in two layers"
+            out[part] = int(number)
+    return out
+
+
+def part(module: str) -> str:
+    """The part a module belongs to: `kimidflash.bench.ab` -> bench, `kimidflash` -> __init__."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def part_edges(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for a, targets in edges.items():
+        out.setdefault(part(a), set()).update(part(b) for b in targets if part(b) != part(a))
+    return out
+
+
+def layer_violations(edges: dict[str, set[str]], drawn: dict[str, int]) -> list[str]:
+    found = [f"{p} is in no layer of docs/architecture.md" for p in sorted(edges) if p not in drawn]
+    for a in sorted(edges):
+        for b in sorted(edges[a]):
+            if a in drawn and b in drawn and drawn[b] > drawn[a]:
+                found.append(f"{a} (layer {drawn[a]}) imports {b} (layer {drawn[b]})")
+            if a < b and a in edges.get(b, ()):
+                found.append(f"{a} and {b} import each other")
+    return found
+
+
+def test_the_layer_check_sees_a_climbing_import_a_mutual_pair_and_an_undrawn_part(tmp_path):
+    pkg = tmp_path / PACKAGE
+    for sub in ("low", "high", "other"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low" / "a.py").write_text("def f():\n    from ..high import b\n")  # climbs, inside a function
+    (pkg / "high" / "b.py").write_text("from ..low import a\n")
+    (pkg / "new.py").write_text("")
+    edges = part_edges(graph(modules(tmp_path)))
+    drawn = layers("# x\n\n## Layers\n\n```text\n1 top: high other\n0 bottom: low __init__\n```\n")
+    assert layer_violations(edges, drawn) == [
+        "new is in no layer of docs/architecture.md",
+        "high and low import each other",
+        "low (layer 0) imports high (layer 1)",
+    ]
+
+
+def test_the_code_keeps_the_layers_docs_architecture_draws():
+    drawn = layers(ARCHITECTURE.read_text())
+    edges = part_edges(graph(modules()))
+    assert set(drawn) <= set(edges), f"drawn but not in the package: {sorted(set(drawn) - set(edges))}"
+    found = layer_violations(edges, drawn)
+    assert not found, "the package's layers (docs/architecture.md, ## Layers):\n" + "\n".join(found)

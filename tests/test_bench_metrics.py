@@ -131,9 +131,9 @@ def test_metrics_url_is_at_the_server_root() -> None:
 
 
 def test_background_metrics_keys_positions_and_sums_engines() -> None:
-    """The slow tests' counter reader (kimidflash.background.metrics) parses with the same parser."""
-    from kimidflash.background import metrics
+    """The slow tests' counter reader (kimidflash.bench.metrics.scrape) parses with the same parser."""
     from kimidflash.bench import BenchConfig, run_benchmark
+    from kimidflash.bench.metrics import scrape as metrics
 
     from .fakeserver import FakeServer, Plan
 

@@ -18,9 +18,9 @@ from safetensors.torch import save_file
 from kimidflash import checkpoint_layout as layout
 from kimidflash.config.rules import model_field
 from kimidflash.errors import RecipeError, TrainConfigError
+from kimidflash.formats.drafter import DrafterShape
 from kimidflash.fp8 import checkpoint as fp8ck
 from kimidflash.train import config as tcfg
-from kimidflash.train.shape import DrafterShape
 from kimidflash.train.target import remote_code, target_info
 from kimidflash.train.target_weights import load_target_head
 from kimidflash.train.trainer import build_model

@@ -341,7 +341,7 @@ def test_fp8_settings_each_pin_honours_are_accepted(tmp_path, body):
 
 
 def test_kv_scales_file_is_read_and_checked_against_the_checkpoint(tmp_path):
-    from kimidflash.fp8.scales import KvScales, LayerScale
+    from kimidflash.formats.kv_scales import KvScales, LayerScale
 
     model = tmp_path / "m"
     model.mkdir()

@@ -128,7 +128,7 @@ def test_privileged_spec_refused():
 def test_an_overlay_mounts_the_checkpoint_it_links_and_the_scales_file(tmp_path):
     """A KV-scale overlay's relative links resolve inside the container only if the
     checkpoint beside it is mounted at the same path; a seed file is mounted too."""
-    from kimidflash.fp8.scales import KvScales, LayerScale
+    from kimidflash.formats.kv_scales import KvScales, LayerScale
 
     ckpt, overlay = tmp_path / "Kimi-K2.6", tmp_path / "Kimi-K2.6-kv"
     ckpt.mkdir()

@@ -27,8 +27,9 @@ import time
 import httpx
 import pytest
 
-from kimidflash.background import free_port, metrics, serving_process
+from kimidflash.background import free_port, serving_process
 from kimidflash.bench import BenchConfig, run_benchmark
+from kimidflash.bench.metrics import scrape as metrics
 from kimidflash.fleet.router import SESSION_HEADER, router_argv
 from kimidflash.fleet.spec import load_fleet
 from kimidflash.fleet.venv import ensure_router

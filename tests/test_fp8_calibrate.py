@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from kimidflash.errors import KvCaptureError
+from kimidflash.formats.kv_scales import KvScales
 from kimidflash.fp8 import calibrate as cal
 from kimidflash.fp8.capture import KvCapture
-from kimidflash.fp8.scales import KvScales
 from kimidflash.paths import REPO_ROOT
 
 from .fp8_models import build

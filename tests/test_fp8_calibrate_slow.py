@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from kimidflash.cpu_reference import smollm2
+from kimidflash.formats.kv_scales import KvScales
 from kimidflash.fp8 import calibrate as cal
 from kimidflash.fp8.checkpoint import CheckpointError, verify, write_overlay
-from kimidflash.fp8.scales import KvScales
 
 from .fp8_models import MLA, build
 from .helpers import needs_cpu_fp8_kv

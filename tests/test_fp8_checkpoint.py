@@ -16,10 +16,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from kimidflash.formats.kv_scales import KvScales, LayerScale
 from kimidflash.fp8 import checkpoint as ck
 from kimidflash.fp8.checkpoint import CheckpointError, verify, write_overlay
-from kimidflash.fp8.safetensors_io import encode_f32_scalars, read_scalar
-from kimidflash.fp8.scales import KvScales, LayerScale
+from kimidflash.safetensors_io import encode_f32_scalars, read_scalar
 
 INT4_QUANT = {
     "quant_method": "compressed-tensors",

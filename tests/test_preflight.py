@@ -221,7 +221,7 @@ def test_checkpoint_policy_refuses_a_model_dir_without_loadable_scales(tmp_path)
 
 def test_checkpoint_policy_passes_an_overlay_and_refuses_a_broken_one(tmp_path):
     from kimidflash.fp8.checkpoint import SHARD, write_overlay
-    from kimidflash.fp8.safetensors_io import encode_f32_scalars
+    from kimidflash.safetensors_io import encode_f32_scalars
 
     from .test_fp8_checkpoint import make_checkpoint, mha_scales
 

@@ -132,7 +132,7 @@ def test_a_schedule_reads_back_as_it_is_written():
 
 
 def test_a_scales_file_seeds_running_max_through_the_environment(tmp_path):
-    from kimidflash.fp8.scales import KvScales, LayerScale
+    from kimidflash.formats.kv_scales import KvScales, LayerScale
 
     path = tmp_path / "scales.json"
     KvScales("mla", (LayerScale(0, 4.0, None, 4.0, 1.0),), 1.25, 10, 1).save(path)

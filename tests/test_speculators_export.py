@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from kimidflash.errors import TrainConfigError
+from kimidflash.formats.drafter import DrafterShape
 from kimidflash.train.config import TrainOptions
-from kimidflash.train.shape import DrafterShape
 from kimidflash.train.speculators import commands
 from kimidflash.train.speculators.export import SpeculatorsCheckpointError, checkpoint_dir, to_recipe_drafter
 

@@ -19,7 +19,7 @@ from .test_sweep import sweep
 
 
 def test_schedule_ranges_give_each_measured_concurrency_its_winner_up_to_max_num_seqs():
-    from kimidflash.sweep.schedule import ranges
+    from kimidflash.config.schedule import ranges
 
     assert ranges([(1, 3), (4, 0), (8, 0)], 64) == ((1, 1, 3), (2, 64, 0))
     assert ranges([(1, 3), (2, 2), (4, 1)], 16) == ((1, 1, 3), (2, 2, 2), (3, 16, 1))
@@ -182,7 +182,7 @@ def _without_own_head(drafter: Path, out: Path) -> Path:
     """A copy of DRAFTER that shares the target's LM head, as drafters did before draft vocabularies."""
     from safetensors.torch import load_file, save_file
 
-    from kimidflash.train.export import DRAFT_D2T, DRAFT_HEAD
+    from kimidflash.formats.drafter_export import DRAFT_D2T, DRAFT_HEAD
 
     out.mkdir()
     cfg = json.loads((drafter / "config.json").read_text())
@@ -355,7 +355,7 @@ def test_an_as_shipped_check_that_lost_to_no_speculation_writes_the_schedule_wit
     tmp_path, config, lost, schedule, sets
 ):
     from kimidflash.bench.shipped import checked, write_shipped_check
-    from kimidflash.sweep.schedule import k_at
+    from kimidflash.config.schedule import k_at
 
     env = _swept(tmp_path) if config == "swept" else CONFIGS / f"{config}.env"
     out = tmp_path / "check"
@@ -443,7 +443,7 @@ def test_a_check_that_changed_no_measured_k_still_takes_drafting_out_between_a_d
 
 
 def test_a_k_must_win_in_every_category_to_be_served():
-    from kimidflash.sweep.schedule import fastest_k
+    from kimidflash.config.schedule import fastest_k
 
     row = lambda shipped, cands: {"as_shipped_tps": shipped, "candidates": cands}  # noqa: E731
     code, chat = row(10.0, [[0, 10.0], [3, 13.0]]), row(10.0, [[0, 10.0], [3, 7.0]])
@@ -467,7 +467,7 @@ def test_the_checks_statics_are_the_configs_own_drafter(tmp_path):
 
 def test_a_check_that_held_wherever_it_drafts_writes_no_checked_env(tmp_path):
     from kimidflash.bench.shipped import checked, write_shipped_check
-    from kimidflash.sweep.schedule import k_at
+    from kimidflash.config.schedule import k_at
 
     env = _swept(tmp_path)
     check = _check({4, 8})  # lost only where it drafts nothing already: a k=0 step's cost, no schedule's

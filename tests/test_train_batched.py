@@ -347,9 +347,9 @@ def test_an_unknown_capture_mode_is_refused_by_name(tmp_path):
 @pytest.mark.parametrize("mode", ["stream", "memory"])
 def test_a_run_without_shards_notes_its_data_in_the_manifest(tmp_path, llama64, mode):
     """The export README quotes the capture note; stream and memory mode write it when training starts."""
+    from kimidflash.formats.drafter import DrafterShape
     from kimidflash.train import config as tcfg
     from kimidflash.train.data import RecordWriter
-    from kimidflash.train.shape import DrafterShape
     from kimidflash.train.trainer import _train_store
 
     from .helpers import CONFIGS

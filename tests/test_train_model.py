@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from kimidflash.formats.drafter_export import expected_tensors, export_model
 from kimidflash.train.batch import collate
-from kimidflash.train.export import expected_tensors, export_model
 from kimidflash.train.trainer import build_model, train_loop
 
 SHAPE = {

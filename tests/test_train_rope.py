@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from kimidflash.errors import TrainConfigError
+from kimidflash.formats.drafter import DrafterShape, Rope
 from kimidflash.train.model import apply_rope, rope_cos_sin, rope_inv_freq, yarn_correction_range
-from kimidflash.train.shape import DrafterShape, Rope
 from kimidflash.train.trainer import build_model, sample_batch
 
 from .helpers import CONFIGS

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from kimidflash.errors import RecipeError
+from kimidflash.formats.drafter import DrafterShape
+from kimidflash.formats.drafter_export import export_model
 from kimidflash.train import config as tcfg
-from kimidflash.train.export import export_model
-from kimidflash.train.shape import DrafterShape
 from kimidflash.train.trainer import build_model
 
 from .helpers import CONFIGS, ROOT

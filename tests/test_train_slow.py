@@ -98,7 +98,7 @@ def _replay(serve_config, overrides: list[str], model: str, run, cfg: dict) -> d
 )
 def test_overfit_gate_offline_and_online_acceptance_agree(tmp_path, gate):
     from kimidflash.config import load_config
-    from kimidflash.train.shape import DrafterShape
+    from kimidflash.formats.drafter import DrafterShape
 
     out, run = tmp_path / "drafter", tmp_path / "run"
     env = {**os.environ, "KIMIDFLASH_PYTHON": sys.executable}

@@ -8,11 +8,11 @@ import torch
 from safetensors.torch import save_file
 
 from kimidflash.errors import TrainConfigError
+from kimidflash.formats.drafter import DrafterShape
 from kimidflash.train import objective as obj
 from kimidflash.train import vocab
 from kimidflash.train.batch import collate
 from kimidflash.train.data import Record
-from kimidflash.train.shape import DrafterShape
 from kimidflash.train.trainer import batch_loss, build_model, train_loop
 from kimidflash.train.warmstart import COPIED, target_layer_tensors
 

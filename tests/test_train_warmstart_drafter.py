@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from kimidflash.errors import TrainConfigError
+from kimidflash.formats.drafter import DrafterShape
+from kimidflash.formats.drafter_export import export_model
 from kimidflash.train.batch import collate
-from kimidflash.train.export import export_model
-from kimidflash.train.shape import DrafterShape
 from kimidflash.train.trainer import build_model, train_loop
 from kimidflash.train.warmstart import drafter_tensors
 

@@ -18,9 +18,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-
-from .bench.metrics import parse_prometheus
 from .errors import ServeError
 from .paths import REPO_ROOT
 from .procgroup import stop_group
@@ -124,13 +121,3 @@ def served(config: str | Path, overrides: list[str], log_path: Path, timeout: fl
     """Yield the server's base URL (no /v1) while `serve CONFIG --set ...` runs."""
     with serving_process(config, overrides, log_path, timeout) as (_, base):
         yield base
-
-
-def metrics(base_url: str) -> dict[str, float]:
-    """Every sample summed over its labels; per-position ones keyed `name[i]`."""
-    out: dict[str, float] = {}
-    for (name, labels), value in parse_prometheus(httpx.get(f"{base_url}/metrics", timeout=10).text).items():
-        position = dict(labels).get("position")
-        key = name if position is None else f"{name}[{position}]"
-        out[key] = out.get(key, 0.0) + value
-    return out

@@ -20,7 +20,7 @@ multimodal naming). Decoder layers are `<P>layers.N.`, the final norm
 with (`lm_head.weight`, `language_model.lm_head.weight`).
 
 A leaf: the standard library only (safetensors headers are read with
-fp8.safetensors_io), so serve's preflight can use it without torch.
+safetensors_io), so serve's preflight can use it without torch.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import LayoutError, SafetensorsError
-from .fp8.safetensors_io import read_header
 from .fsio import read_json, read_json_object
+from .safetensors_io import read_header
 
 INDEX = "model.safetensors.index.json"
 EMBED = "embed_tokens.weight"

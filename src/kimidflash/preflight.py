@@ -17,8 +17,8 @@ from pathlib import Path
 from .backends import DRAFT_MODEL_METHODS
 from .config import Config
 from .errors import PreflightError
+from .formats.fp8 import platform_format
 from .fp8.checkpoint import CheckpointError, verify
-from .fp8.formats import platform_format
 from .fsio import cpuinfo_field
 from .preshard import manifest as preshard_manifest
 from .settings import Settings

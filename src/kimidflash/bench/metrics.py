@@ -19,6 +19,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import httpx
+
 from ..errors import MetricsError
 
 LabelKey = tuple[tuple[str, str], ...]
@@ -278,3 +280,14 @@ def server_root(base_url: str) -> str:
 def metrics_url_for(base_url: str) -> str:
     """`http://h:p/v1` -> `http://h:p/metrics`."""
     return server_root(base_url) + "/metrics"
+
+
+def scrape(base_url: str) -> dict[str, float]:
+    """A live server's /metrics, every sample summed over its labels; per-position ones keyed `name[i]`
+    (the reader of the slow tests and the fleet checks; the benchmark takes Snapshots instead)."""
+    out: dict[str, float] = {}
+    for (name, labels), value in parse_prometheus(httpx.get(f"{base_url}/metrics", timeout=10).text).items():
+        position = dict(labels).get("position")
+        key = name if position is None else f"{name}[{position}]"
+        out[key] = out.get(key, 0.0) + value
+    return out

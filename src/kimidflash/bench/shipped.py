@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from ..config import load_config
+from ..config.schedule import checked_schedule, fastest_k, k_at
 from ..fsio import write_json_atomic, write_text_atomic
 from ..mdtable import table
 from ..paths import include_path
-from ..sweep.schedule import checked_schedule, fastest_k, k_at
 
 SHIPPED = "as shipped"
 HOLDS = 0.98  # the shipped config holds where it serves at least this share of no speculation

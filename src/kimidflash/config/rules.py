@@ -21,8 +21,7 @@ from .. import backends
 from ..backends import DRAFT_MODEL_METHODS
 from ..checkpoint_layout import is_mla, model_field, read_config, text_field
 from ..errors import ConfigError
-from ..fp8.checkpoint import MLA_LIMIT
-from ..fp8.scales import KvScales, ScaleFileError
+from ..formats.kv_scales import MLA_LIMIT, KvScales, ScaleFileError
 from ..paths import CONFIGS_DIR
 from ..settings import LOOPBACK_HOSTS, Settings, rendered_flags
 from .drafts import draft_block_size, draft_family_rule, eagle3_rules, uncovered_patch

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..checkpoint_layout import require_config
+from ..formats.drafter import DrafterShape
+from ..formats.drafter_export import export_model
 from ..fsio import atomic_dir
-from ..train.export import export_model
-from ..train.shape import DrafterShape
 
 # Bump when the generated files change, so cached copies are rebuilt. Not bumped
 # when the drafter moved to train/export.py: the weights are byte-identical and

@@ -36,9 +36,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
+from ..formats.drafter import DrafterShape
+from ..formats.drafter_export import export_model
 from ..paths import CONFIGS_DIR
-from ..train.export import export_model
-from ..train.shape import DrafterShape
 from . import tiny
 
 if TYPE_CHECKING:

@@ -17,9 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..eagle3 import D2T, Eagle3Head
+from ..formats.eagle3_export import export_head
 from ..fsio import read_json_object
 from ..paths import CONFIGS_DIR
-from ..train.export_eagle3 import export_head
 from . import tiny, tiny_kimi
 
 GENERATOR_VERSION = "kimi-eagle3-1"

@@ -33,12 +33,12 @@ from rich.table import Table
 
 from ..checkpoint_layout import is_mla, text_config
 from ..errors import CalibrationError, CheckpointError, KvCaptureError
+from ..formats.fp8 import DEFAULT_HEADROOM
+from ..formats.kv_scales import Attention, KvScales, LayerScale
 from ..fsio import sha256_file, utc_now
 from ..paths import REPO_ROOT, portable
 from .capture import KvCapture
 from .checkpoint import check_overlay_target, load_config, num_layers, write_overlay
-from .formats import DEFAULT_HEADROOM
-from .scales import Attention, KvScales, LayerScale
 
 DEFAULT_PROMPTS = REPO_ROOT / "payload" / "kv_calibration_prompts.jsonl"
 # model_type -> attention kind; the families whose attention code capture.py instruments.

@@ -61,21 +61,15 @@ from typing import Any
 
 from .. import checkpoint_layout as layout
 from ..errors import CheckpointError, SafetensorsError
+from ..formats.kv_scales import MLA_LIMIT, KvScales
 from ..fsio import atomic_dir, read_json_object, write_json_atomic
-from .safetensors_io import read_header, read_scalar, write_f32_scalars
-from .scales import KvScales
+from ..safetensors_io import read_header, read_scalar, write_f32_scalars
 
 SHARD = "kv-scales.safetensors"
 INDEX = "model.safetensors.index.json"
 # What vLLM's CompressedTensorsKVCacheMethod accepts and what llm-compressor writes
 # for a static per-tensor FP8 KV cache.
 KV_CACHE_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
-MLA_LIMIT = (
-    "stock vLLM (0.20.2-0.33.0) creates no KV scale parameters for MLA layers under a compressed-tensors "
-    "config (CompressedTensorsConfig.get_quant_method tests isinstance(layer, Attention); MLAAttention is "
-    "not one), and 0.32/0.33 also rename MLA scale tensors to self_attn.attn.attn.*, so these scales would "
-    "be ignored and _k_scale stays 1.0"
-)
 
 
 # ---------------------------------------------------------------- model facts

@@ -28,8 +28,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..checkpoint_layout import LayoutError, locate, read_config, text_field, weight_map
-from ..fp8.safetensors_io import SafetensorsError, read_header
-from ..train.export import DRAFT_HEAD
+from ..formats.drafter_export import DRAFT_HEAD
+from ..safetensors_io import SafetensorsError, read_header
 
 FLOATS = {"F32", "BF16", "F16"}
 SERVED_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # DTYPE -> bytes a float weight is served in

@@ -31,6 +31,7 @@ import torch
 
 from ..background import served
 from ..errors import TrainConfigError
+from ..formats.drafter import check_layer_ids
 from ..fsio import read_json_object, write_bytes_atomic, write_text_atomic
 from ..logtail import Log
 from . import device
@@ -40,7 +41,6 @@ from .data import Record, read_records, split, usable
 from .distill import Captured, topk_table
 from .manifest import Manifest
 from .progress import bar
-from .shape import check_layer_ids
 from .target import capture_overrides, remote_code, target_info
 
 if TYPE_CHECKING:

@@ -23,8 +23,8 @@ from typing import Any
 
 from ..eagle3 import AUX_IDS, Eagle3Error, Eagle3Head
 from ..errors import TrainConfigError
+from ..formats.drafter import DrafterShape, read_json_file
 from ..paths import cache_dir
-from .shape import DrafterShape, read_json_file
 
 __all__ = [
     "DEFAULTS",

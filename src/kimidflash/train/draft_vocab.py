@@ -37,10 +37,10 @@ import torch
 
 from ..checkpoint_layout import require_config
 from ..errors import TrainConfigError
+from ..formats.drafter_export import DRAFT_D2T, DRAFT_HEAD
 from ..fsio import atomic_dir, make_readable, sha256_file, utc_now
 from ..paths import portable
 from .data import Record, read_records
-from .export import DRAFT_D2T, DRAFT_HEAD
 from .target_weights import read_tensors, target_layout
 from .vocab import frequent_tokens
 

@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..eagle3 import Eagle3Error, Eagle3Head
+from ..formats.drafter import Rope
 from .model import MLP, RMSNorm, apply_rope, rope_cos_sin, rope_inv_freq
-from .shape import Rope
 
 
 def _yarn_mscale(factor: float, mscale: float) -> float:

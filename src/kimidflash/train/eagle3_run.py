@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ..errors import TrainConfigError
+from ..formats.eagle3_export import export_head
 from ..fsio import read_json, read_json_object, write_json_atomic, write_text_atomic
 from ..logtail import Log
 from . import device as dev
@@ -39,7 +40,6 @@ from .draft_vocab import choose, coverage
 from .eagle3_model import Eagle3Drafter
 from .eagle3_ttt import draft_chains, ttt_loss
 from .evaluate import acceptance_lengths, eval_anchors, summarize, walk
-from .export_eagle3 import export_head
 from .export_run import drafter_readme, loss_curve_png
 from .manifest import Manifest, portable_train
 from .progress import bar

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import TrainConfigError
+from ..formats.drafter import DrafterShape, read_json_file
 from ..fsio import write_json_atomic
 from ..logtail import Log
 from ..paths import portable
@@ -36,7 +37,6 @@ from .config import TrainConfig
 from .draft_vocab import draft_vocab_ids
 from .model import DFlashDrafter
 from .progress import bar
-from .shape import DrafterShape, read_json_file
 from .target import target_info
 from .target_weights import load_target_head
 from .warmstart import drafter_tensors

@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TrainConfigError
+from ..formats.drafter import DrafterShape
+from ..formats.drafter_export import export_model
 from ..fsio import read_json_object
 from ..logtail import Log
 from .capture import training_records
 from .config import TrainConfig
 from .draft_vocab import FREQUENT, attach, choose, coverage, rule
 from .evaluate import load_checkpoint_model
-from .export import export_model
-from .shape import DrafterShape
 from .target import target_info
 
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .shape import DrafterShape, Rope
+from ..formats.drafter import DrafterShape, Rope
 
 # With a tied-embedding target (SmolLM2) a fresh drafter's residual stream is
 # mostly its input embedding, so a unit final norm makes every slot predict

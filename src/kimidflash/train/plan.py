@@ -33,11 +33,11 @@ from pathlib import Path
 import torch
 
 from ..errors import TrainConfigError
+from ..formats.drafter import DrafterShape
 from . import plan_eagle3
 from .config import TrainConfig
 from .data import read_records, split
 from .device import describe, memory_bytes, resolve
-from .shape import DrafterShape
 from .speculators.commands import options_from
 from .target import target_info
 

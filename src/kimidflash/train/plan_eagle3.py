@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ..eagle3 import D2T, FC, LM_HEAD, Eagle3Error, Eagle3Head
 from ..errors import TrainConfigError
+from ..formats.drafter import read_json_file
 from .config import TrainConfig
-from .shape import read_json_file
 
 SHARD_TOKEN_BYTES = 5  # int32 token id + int8 loss mask per token in a capture shard
 ACT_VALUES = 34  # bf16 values kept per hidden unit per row per step (as plan.py counts a DFlash layer)

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import TrainConfigError
+from ..formats.drafter import DrafterShape
 from ..fsio import open_atomic, write_text_atomic
 from ..logtail import Log
 from . import device as dev
@@ -52,7 +53,6 @@ from .distill import soft_cross_entropy
 from .manifest import Manifest, portable_train
 from .model import DFlashDrafter
 from .progress import bar
-from .shape import DrafterShape
 from .target import target_info
 from .target_weights import load_target_head
 from .warmstart import drafter_tensors, target_layer_tensors

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from ..errors import TrainConfigError
-from .export import DRAFT_D2T, DRAFT_HEAD
-from .shape import DrafterShape, read_json_file
+from ..formats.drafter import DrafterShape, read_json_file
+from ..formats.drafter_export import DRAFT_D2T, DRAFT_HEAD
 from .target_weights import read_tensors, target_layout
 
 # Drafter parameter (after "layers.N.") -> the target's name (after its "<prefix>layers.L.").

@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ...formats.drafter import DrafterShape
 from ...fsio import write_text_atomic
-from ..shape import DrafterShape
 
 SPECULATOR_TYPE = "dflash"
 # Qwen3Config fields written into --draft-config, from the shape.

@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 from ...checkpoint_layout import LayoutError, require_config, weight_map
 from ...errors import SpeculatorsCheckpointError, TrainConfigError
-from ...fp8.safetensors_io import read_header
+from ...formats.drafter import DrafterShape, Rope
+from ...formats.drafter_export import export_model
 from ...fsio import atomic_dir, sha256_file, utc_now, write_json_atomic
 from ...logtail import Log
 from ...paths import portable, portable_argv
-from ..export import export_model
-from ..shape import DrafterShape, Rope
+from ...safetensors_io import read_header
 from ..target_weights import read_tensors
 from .cli import run_logged, speculators_argv
 from .commands import aux_layer_ids, convert_args, target_layer_ids

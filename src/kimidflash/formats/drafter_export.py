@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import TrainConfigError
 from ..fsio import atomic_dir, make_readable
-from .shape import DrafterShape
+from .drafter import DrafterShape
 
 if TYPE_CHECKING:
     import torch

@@ -16,8 +16,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from ..errors import SafetensorsError
-from ..fsio import write_bytes_atomic
+from .errors import SafetensorsError
+from .fsio import write_bytes_atomic
 
 # dtype tag -> (struct format of one element, its size); bf16 is decoded by hand.
 _SCALAR = {"F64": ("<d", 8), "F32": ("<f", 4), "F16": ("<e", 2), "BF16": (None, 2)}

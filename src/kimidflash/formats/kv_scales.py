@@ -27,10 +27,20 @@ from typing import Any, Literal
 
 from ..errors import ScaleFileError
 from ..fsio import read_json, write_json_atomic
-from .formats import CHECKPOINT_FORMAT, FP8_MAX, scale_for
+from .fp8 import CHECKPOINT_FORMAT, FP8_MAX, scale_for
 
 SCHEMA = "kimidflash-kv-scales/1"
 Attention = Literal["mla", "mha"]
+
+
+# Why a checkpoint-scales overlay cannot reach an MLA target on stock vLLM: serve refuses that
+# config (config/rules.py) and the overlay writer refuses the model (fp8/checkpoint.py).
+MLA_LIMIT = (
+    "stock vLLM (0.20.2-0.33.0) creates no KV scale parameters for MLA layers under a compressed-tensors "
+    "config (CompressedTensorsConfig.get_quant_method tests isinstance(layer, Attention); MLAAttention is "
+    "not one), and 0.32/0.33 also rename MLA scale tensors to self_attn.attn.attn.*, so these scales would "
+    "be ignored and _k_scale stays 1.0"
+)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..eagle3 import D2T, Eagle3Head
 from ..fsio import atomic_dir, make_readable
-from .export import check_names
+from .drafter_export import check_names
 
 if TYPE_CHECKING:
     import torch

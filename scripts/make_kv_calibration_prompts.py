@@ -6,7 +6,7 @@ chat, structured data, other languages and long documents; the largest values of
 come from rare tokens and long positions) yet owe nothing to downloaded or copied
 text. Every prompt is composed here from the project's own templates and word
 lists with a fixed seed, so the file is reproducible byte for byte
-(tests/test_fp8_calibrate.py regenerates it and compares).
+(tests/fp8/test_fp8_calibrate.py regenerates it and compares).
 
     python3 scripts/make_kv_calibration_prompts.py [--check]
 """

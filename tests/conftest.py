@@ -22,8 +22,8 @@ from kimidflash.bench.metrics import scrape
 from kimidflash.config import load_config
 from kimidflash.sweep import execute
 
-from .fakeserver import FakeServer, Plan
-from .helpers import CONFIGS, DFLASH, write_env
+from .support.fakeserver import FakeServer, Plan
+from .support.helpers import CONFIGS, DFLASH, write_env
 
 
 class RunningServer:

@@ -2,7 +2,7 @@
 which patches of patches/patchset.py run on that path.
 
 One source for the config validator (rules.py), the renderer, docs/patches.md
-(docs_gen.py) and tests/test_backend_selection.py, which checks every claim here
+(docs_gen.py) and tests/serve/test_backend_selection.py, which checks every claim here
 against vLLM's own selector in the real 0.20.2 and 0.33.0 trees.
 
 How each pin decides (read from the PyPI wheels):

@@ -6,7 +6,7 @@
 - `backend-map` (docs/patches.md): for every production config on every pin, the
   target's and the draft's attention backend and the patches that run on that path,
   from the configs, kimidflash.backends and the patch set's `runs_when`
-  (tests/test_backend_selection.py checks the backends against vLLM's selector).
+  (tests/serve/test_backend_selection.py checks the backends against vLLM's selector).
 - `serve-commands` (docs/serving.md): each production config's `vllm serve`
   command and environment, exactly as `serve.sh --dry-run` renders them: the
   recipe a user pastes, so it must never drift from what `serve.sh` runs.
@@ -14,7 +14,7 @@
   table and the advisor's predictions beside the measurements, from its
   summary.json, with the provenance its files record.
 
-Prose around the markers stays hand-written; tests/test_docs.py fails when a
+Prose around the markers stays hand-written; tests/core/test_docs.py fails when a
 generated table is stale (`python -m kimidflash config-docs` rewrites them).
 """
 

@@ -3,7 +3,7 @@
 MLA caches one entry per token and layer: the compressed latent (kv_lora_rank values)
 and the rope key (qk_rope_head_dim values), replicated on every tensor-parallel rank
 (the latent is shared by all heads, so TP does not split it). docs/fp8-kv.md's table is
-this module's output for Kimi K2.6 (tests/test_fp8_docs.py checks it).
+this module's output for Kimi K2.6 (tests/fp8/test_fp8_docs.py checks it).
 """
 
 from __future__ import annotations

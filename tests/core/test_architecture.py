@@ -231,3 +231,14 @@ def test_the_code_keeps_the_layers_docs_architecture_draws():
     assert set(drawn) <= set(edges), f"drawn but not in the package: {sorted(set(drawn) - set(edges))}"
     found = layer_violations(edges, drawn)
     assert not found, "the package's layers (docs/architecture.md, ## Layers):\n" + "\n".join(found)
+
+
+def test_argument_parsers_are_built_only_in_cli_modules():
+    """A command's options are parsed in its CLI module (cli.py, or NAME_cli.py beside NAME.py);
+    the module doing the work takes typed values, so it is importable and testable without argparse."""
+    built = sorted(
+        str(path.relative_to(SRC))
+        for name, path in modules().items()
+        if "ArgumentParser(" in path.read_text() and not (path.name == "cli.py" or path.stem.endswith("_cli"))
+    )
+    assert not built, f"argument parsers outside a CLI module: {built}"

@@ -16,6 +16,7 @@ import torch
 from kimidflash.errors import KvCaptureError
 from kimidflash.formats.kv_scales import KvScales
 from kimidflash.fp8 import calibrate as cal
+from kimidflash.fp8 import calibrate_cli
 from kimidflash.fp8.capture import KvCapture
 from kimidflash.paths import REPO_ROOT
 
@@ -134,7 +135,7 @@ def test_capture_restores_the_model_and_refuses_a_missed_rope(models, monkeypatc
 
 def test_result_json_shape_table_and_portable_provenance(models, tmp_path, capsys):
     out = tmp_path / "s.json"
-    rc = cal.main(
+    rc = calibrate_cli.main(
         [
             str(models["mla"]),
             "--num-prompts",
@@ -214,7 +215,7 @@ def test_the_command_table_runs_calibrate(monkeypatch):
     from kimidflash import cli
 
     seen = {}
-    monkeypatch.setattr(cal, "main", lambda argv: seen.setdefault("argv", argv) and 7)
+    monkeypatch.setattr(calibrate_cli, "main", lambda argv: seen.setdefault("argv", argv) and 7)
     assert cli.main(["calibrate", "M", "--seed", "3"]) == 7 and seen["argv"] == ["M", "--seed", "3"]
 
 

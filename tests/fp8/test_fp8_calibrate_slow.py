@@ -21,7 +21,7 @@ import pytest
 
 from kimidflash.cpu_reference import smollm2
 from kimidflash.formats.kv_scales import KvScales
-from kimidflash.fp8 import calibrate as cal
+from kimidflash.fp8 import calibrate_cli
 from kimidflash.fp8.checkpoint import CheckpointError, verify, write_overlay
 
 from ..support.fp8_models import MLA, build
@@ -42,7 +42,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 def run_cal(model: Path, out: Path, *extra: str) -> tuple[KvScales, float]:
     t0 = time.monotonic()
-    assert cal.main([str(model), "-o", str(out), *ARGS, *extra]) == 0
+    assert calibrate_cli.main([str(model), "-o", str(out), *ARGS, *extra]) == 0
     return KvScales.load(out), time.monotonic() - t0
 
 

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from kimidflash import serve as serve_mod
+from kimidflash import serve_cli
 from kimidflash.config import ConfigError, load_config, loader
 from kimidflash.errors import BuildFailed, ContainerError, CpuBaseError, EngineUnavailable, RecipeError
 
@@ -54,7 +55,7 @@ def test_each_rule_pass_runs_once_on_the_serve_path(tmp_path, monkeypatch, dry_r
     monkeypatch.setattr(serve_mod, "check_checkpoints", lambda c: passes.append("checkpoints"))
     monkeypatch.setattr(serve_mod, "prepare", lambda cfg, log: passes.append("prepare"))
     monkeypatch.setattr(serve_mod, "run_preflight", lambda *a: False)  # stop before starting a server
-    rc = serve_mod.main([str(env), "--quiet"] + (["--dry-run"] if dry_run else []))
+    rc = serve_cli.main([str(env), "--quiet"] + (["--dry-run"] if dry_run else []))
     assert passes == (["config", "checkpoints"] if dry_run else ["config", "prepare", "checkpoints"])
     assert rc == (0 if dry_run else 1)
 
@@ -77,7 +78,7 @@ def test_preflight_only_checks_the_host_and_starts_nothing(tmp_path, monkeypatch
     for words in ("/dev/kfd", "0 render nodes for TENSOR_PARALLEL_SIZE=8", "MODEL_DIR", "download the checkpoint"):
         assert words in err, words
     assert (
-        serve_mod.main(
+        serve_cli.main(
             [
                 str(env),
                 "--preflight-only",

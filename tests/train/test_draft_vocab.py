@@ -13,7 +13,8 @@ from kimidflash.errors import TrainConfigError
 from kimidflash.formats.drafter import DrafterShape
 from kimidflash.train import evaluate as ev
 from kimidflash.train.data import Record
-from kimidflash.train.draft_vocab import attach, choose, coverage, draft_vocab_ids, main
+from kimidflash.train.draft_vocab import attach, choose, coverage, draft_vocab_ids
+from kimidflash.train.draft_vocab_cli import main
 from kimidflash.train.warmstart import drafter_tensors
 
 from .test_train_model import FakeStore, head

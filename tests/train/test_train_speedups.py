@@ -164,7 +164,7 @@ def test_a_wall_clock_chunk_stops_with_a_checkpoint_and_resumes(tmp_path):
     ],
 )
 def test_train_compare_refuses_bad_input_before_training(tmp_path, capsys, monkeypatch, args, words):
-    from kimidflash.train import compare
+    from kimidflash.train import compare_cli as compare
 
     monkeypatch.setenv("KIMIDFLASH_CACHE", str(tmp_path / "cache"))  # the eval run's folder: empty
 

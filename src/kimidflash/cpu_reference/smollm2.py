@@ -14,7 +14,6 @@ records exactly which target it learned from.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -119,11 +118,3 @@ def ensure(model_dir: Path | None = None, log: Log = print) -> Path:
         if not read_stamp(model_dir):
             convert(model_dir, log=log)
     return model_dir
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="kimidflash smollm2", description=__doc__.splitlines()[0])
-    p.add_argument("out", nargs="?", type=Path, default=None)
-    a = p.parse_args(argv)
-    print(ensure(a.out))
-    return 0

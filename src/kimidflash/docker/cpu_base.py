@@ -17,7 +17,6 @@ pip find-links folders (torch's +cpu build) travel in the same way.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -25,7 +24,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass
@@ -37,7 +35,7 @@ from ..errors import CpuBaseError
 from ..fsio import sha256_file
 from ..logtail import Log
 from ..paths import cache_dir, downloads_dir
-from .engine import Client, ensure_engine, require_free_space, stream_build
+from .engine import Client, require_free_space, stream_build
 
 ROOTFS_REPO = "kimidflash-rootfs"
 BASE_REPO = "kimidflash-cpu-base"
@@ -315,21 +313,3 @@ def _drop_stale(client: Client, repo: str, keep: str, prefix: str, log: Log) -> 
                     log(f"removed the superseded {t}")
                 except Exception:  # still used by an image or container: leave it
                     pass
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m kimidflash cpu-base [--vllm-version V]`: build or find the CPU base; print its tag."""
-    p = argparse.ArgumentParser(prog="kimidflash cpu-base", description=main.__doc__)
-    p.add_argument("--vllm-version", default="0.32.0")
-    p.add_argument("--ca-bundle", default=None, help="CA bundle for pip (default: the host's)")
-    args = p.parse_args(argv)
-
-    def log(m: str) -> None:
-        print(f"kimidflash: {m}", file=sys.stderr)
-
-    client = ensure_engine(log)
-    tag = ensure_cpu_base(
-        client, args.vllm_version, log=log, ca_bundle=Path(args.ca_bundle) if args.ca_bundle else True
-    )
-    print(tag)
-    return 0

@@ -11,7 +11,6 @@ collides with a system daemon and its image cache survives between runs.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -178,19 +177,6 @@ def ensure_engine(log: Log = lambda m: print(f"kimidflash: {m}", file=sys.stderr
     if os.geteuid() != 0:
         raise EngineUnavailable(f"no Docker engine reachable and not root, so none can be started: {START_HINT}")
     return start_private_dockerd(log)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m kimidflash docker-engine [--ensure]`: print the engine in use (exit 2 if none)."""
-    p = argparse.ArgumentParser(prog="kimidflash docker-engine", description=main.__doc__)
-    p.add_argument(
-        "--ensure", action="store_true", help="install docker.io and start a private dockerd if none answers"
-    )
-    args = p.parse_args(argv)
-    client = ensure_engine() if args.ensure else require_client()
-    engine = describe(client)
-    print(f"{engine.base_url} (Docker {engine.server_version}, API {engine.api_version})")
-    return 0
 
 
 def stream_build(client: Client, log: Log, **kwargs: Any) -> str:

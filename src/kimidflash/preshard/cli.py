@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 from ..checkpoint_layout import read_config
-from ..cliargs import add_set
+from ..cliargs import add_config
 from ..config import load_config
 from ..config.model import Config
 from ..errors import LayoutError, PreshardError
@@ -124,9 +124,12 @@ def preshard(config: Config, out: Path, *, force: bool = False, max_shard_bytes:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="kimidflash preshard", description=__doc__.splitlines()[0])
-    p.add_argument("config", help="the env file whose MODEL_DIR, TENSOR_PARALLEL_SIZE, DTYPE and vLLM are used")
+    add_config(
+        p,
+        "the env file whose MODEL_DIR, TENSOR_PARALLEL_SIZE, DTYPE and vLLM are used",
+        set_help="override one key (repeatable)",
+    )
     p.add_argument("--out", type=Path, required=True, help="the pre-sharded checkpoint's folder")
-    add_set(p, "override one key (repeatable)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
     p.add_argument("--max-shard-gb", type=float, default=5.0, help="largest file per rank, in GiB (default 5)")
     a = p.parse_args(argv)

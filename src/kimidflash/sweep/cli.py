@@ -24,6 +24,7 @@ from ..backends import patchset_hash
 from ..background import sigterm_as_interrupt
 from ..bench.provenance import host_info
 from ..bench.workloads import NO_IGNORE_EOS, WORKLOADS
+from ..cliargs import add_config
 from ..config import Config, load_config
 from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, SweepError
 from ..fsio import git_info, utc_now
@@ -38,7 +39,7 @@ from .summary import Limits
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kimidflash sweep", description=__doc__.splitlines()[0])
-    p.add_argument("config", type=Path, help="the base env file every point overrides")
+    add_config(p, "the base env file every point overrides", type=Path, set_help=None)
     p.add_argument("--grid-file", type=Path, help="a TOML file with [server] keys and [client] settings")
     p.add_argument(
         "--grid",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..background import sigterm_as_interrupt
-from ..cliargs import add_set
+from ..cliargs import add_config
 from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, RecipeError, TrainConfigError
 from ..fsio import utc_now
 from ..paths import CONFIGS_DIR, portable_argv
@@ -39,7 +39,9 @@ def _record_invocation(run: Path, invocation: dict[str, Any]) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kimidflash train", description=__doc__.splitlines()[0])
-    p.add_argument("config", nargs="?", default=str(CONFIGS_DIR / "train-cpu-reference.json"))
+    add_config(
+        p, default=str(CONFIGS_DIR / "train-cpu-reference.json"), set_help="override a config key, e.g. train.steps=50"
+    )
     p.add_argument("phases", nargs="*", help=f"subset of {', '.join(PHASES)} (default: all)")
     p.add_argument("--skip-setup", action="store_true")
     p.add_argument("--skip-regen", action="store_true")
@@ -57,7 +59,6 @@ def _parser() -> argparse.ArgumentParser:
         "instead of the run's checkpoint (written to eval-<folder>.json)",
     )
     p.add_argument("--run-dir", help="override the run folder")
-    add_set(p, "override a config key, e.g. train.steps=50")
     p.add_argument(
         "--plan",
         action="store_true",

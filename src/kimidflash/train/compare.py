@@ -26,17 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
-from ..cliargs import add_set
 from ..errors import TrainConfigError
 from ..fsio import read_json_object, utc_now, write_json_atomic, write_text_atomic
 from ..mdtable import table
 from ..paths import cache_dir, portable, portable_argv
 from . import config as tcfg
-from .cli import guarded
 from .evaluate import evaluate_run
 from .manifest import portable_train, versions
 from .trainer import train
@@ -229,31 +226,3 @@ def compare(a: argparse.Namespace, argv: list[str]) -> None:
     results = [read_json_object(a.out / f"{n}.json", "comparison result", TrainConfigError) for n in names]
     write_text_atomic(a.out / "summary.md", summary_markdown(results))
     print(summary_markdown(results))
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="kimidflash train-compare", description=__doc__.splitlines()[0])
-    p.add_argument("config")
-    p.add_argument("--base-run", type=Path, required=True, help="a run folder whose setup and capture phases are done")
-    p.add_argument("--seconds", type=float, required=True, help="wall-clock training budget per variant")
-    p.add_argument("--out", type=Path, required=True, help="where NAME.json and summary.md go")
-    p.add_argument(
-        "--variant",
-        nargs="+",
-        action="append",
-        required=True,
-        metavar=("NAME", "KEY=VALUE"),
-        help="a variant: its name, then config overrides (repeatable)",
-    )
-    add_set(p, "an override for every variant")
-    p.add_argument(
-        "--eval-run",
-        action="append",
-        default=[],
-        metavar="NAME=CONFIG",
-        help="also score each variant on this evaluation-only run's records (repeatable)",
-    )
-    p.add_argument("--work", type=Path, help="the variants' run folders (default: the cache's train-compare/)")
-    a = p.parse_args(argv)
-    return guarded(lambda: compare(a, argv), "rerun the same command: finished variants are kept")

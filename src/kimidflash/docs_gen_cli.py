@@ -1,7 +1,4 @@
-"""`kimidflash config-docs`'s command line: its options parsed and checked, then `docs_gen.py` called.
-
-Parsing lives here and the work in `docs_gen.py`, so the work is importable and testable without
-argparse, and a change of an option touches the command line alone."""
+"""`kimidflash config-docs`'s command line: its options parsed and checked, then `docs_gen.py` called."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""`kimidflash launch`'s command line: its options parsed and checked, then `launch.py` called.
-
-Parsing lives here and the work in `launch.py`, so the work is importable and testable without
-argparse, and a change of an option touches the command line alone."""
+"""`kimidflash launch`'s command line: its options parsed and checked, then `launch.py` called."""
 
 from __future__ import annotations
 

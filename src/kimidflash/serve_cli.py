@@ -1,7 +1,4 @@
-"""`kimidflash serve`'s command line: its options parsed and checked, then `serve.py` called.
-
-Parsing lives here and the work in `serve.py`, so the work is importable and testable without
-argparse, and a change of an option touches the command line alone."""
+"""`kimidflash serve`'s command line: its options parsed and checked, then `serve.py` called."""
 
 from __future__ import annotations
 

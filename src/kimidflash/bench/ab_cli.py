@@ -1,7 +1,4 @@
-"""`kimidflash ab`'s command line: its options parsed and checked, then `ab.py` called.
-
-Parsing lives here and the work in `ab.py`, so the work is importable and testable without
-argparse, and a change of an option touches the command line alone."""
+"""`kimidflash ab`'s command line: its options parsed and checked, then `ab.py` called."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""`kimidflash profile`'s command line: its options parsed and checked, then `profile.py` called.
-
-Parsing lives here and the work in `profile.py`, so the work is importable and testable without
-argparse, and a change of an option touches the command line alone."""
+"""`kimidflash profile`'s command line: its options parsed and checked, then `profile.py` called."""
 
 from __future__ import annotations
 

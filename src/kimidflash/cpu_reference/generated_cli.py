@@ -1,7 +1,4 @@
-"""`kimidflash tiny-model`'s command line: its options parsed and checked, then `generated.py` called.
-
-Parsing lives here and the work in `generated.py`, so the work is importable and testable without
-argparse, and a change of an option touches the command line alone."""
+"""`kimidflash tiny-model`'s command line: its options parsed and checked, then `generated.py` called."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""`kimidflash build`'s command line: its options parsed and checked, then `build.py` called.
-
-Parsing lives here and the work in `build.py`, so the work is importable and testable without
-argparse, and a change of an option touches the command line alone."""
+"""`kimidflash build`'s command line: its options parsed and checked, then `build.py` called."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""`kimidflash cpu-base`'s command line: its options parsed and checked, then `cpu_base.py` called.
-
-Parsing lives here and the work in `cpu_base.py`, so the work is importable and testable without
-argparse, and a change of an option touches the command line alone."""
+"""`kimidflash cpu-base`'s command line: its options parsed and checked, then `cpu_base.py` called."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""`kimidflash docker-engine`'s command line: its options parsed and checked, then `engine.py` called.
-
-Parsing lives here and the work in `engine.py`, so the work is importable and testable without
-argparse, and a change of an option touches the command line alone."""
+"""`kimidflash docker-engine`'s command line: its options parsed and checked, then `engine.py` called."""
 
 from __future__ import annotations
 

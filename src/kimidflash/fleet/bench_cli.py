@@ -1,7 +1,4 @@
-"""`kimidflash fleet-bench`'s command line: its options parsed and checked, then `bench.py` called.
-
-Parsing lives here and the work in `bench.py`, so the work is importable and testable without
-argparse, and a change of an option touches the command line alone."""
+"""`kimidflash fleet-bench`'s command line: its options parsed and checked, then `bench.py` called."""
 
 from __future__ import annotations
 

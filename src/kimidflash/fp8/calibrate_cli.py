@@ -1,7 +1,4 @@
-"""`kimidflash calibrate`'s command line: its options parsed and checked, then `calibrate.py` called.
-
-Parsing lives here and the work in `calibrate.py`, so the work is importable and testable without
-argparse, and a change of an option touches the command line alone."""
+"""`kimidflash calibrate`'s command line: its options parsed and checked, then `calibrate.py` called."""
 
 from __future__ import annotations
 

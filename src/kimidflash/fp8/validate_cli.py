@@ -1,7 +1,4 @@
-"""`kimidflash validate-fp8`'s command line: its options parsed and checked, then `validate.py` called.
-
-Parsing lives here and the work in `validate.py`, so the work is importable and testable without
-argparse, and a change of an option touches the command line alone."""
+"""`kimidflash validate-fp8`'s command line: its options parsed and checked, then `validate.py` called."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""`kimidflash preshard-bench`'s command line: its options parsed and checked, then `loadtime.py` called.
-
-Parsing lives here and the work in `loadtime.py`, so the work is importable and testable without
-argparse, and a change of an option touches the command line alone."""
+"""`kimidflash preshard-bench`'s command line: its options parsed and checked, then `loadtime.py` called."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""`kimidflash preshard-save`'s command line: its options parsed and checked, then `save.py` called.
-
-Parsing lives here and the work in `save.py`, so the work is importable and testable without
-argparse, and a change of an option touches the command line alone."""
+"""`kimidflash preshard-save`'s command line: its options parsed and checked, then `save.py` called."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""`kimidflash train-compare`'s command line: its options parsed and checked, then `compare.py` called.
-
-Parsing lives here and the work in `compare.py`, so the work is importable and testable without
-argparse, and a change of an option touches the command line alone."""
+"""`kimidflash train-compare`'s command line: its options parsed and checked, then `compare.py` called."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""`kimidflash draft-vocab`'s command line: its options parsed and checked, then `draft_vocab.py` called.
-
-Parsing lives here and the work in `draft_vocab.py`, so the work is importable and testable without
-argparse, and a change of an option touches the command line alone."""
+"""`kimidflash draft-vocab`'s command line: its options parsed and checked, then `draft_vocab.py` called."""
 
 from __future__ import annotations
 

@@ -63,6 +63,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # the command ran and its check failed (config-docs --check, validate-fp8, a build)
 EXIT_USAGE = 2  # bad input or an unusable environment, named in one line
 EXIT_REFUSED = 3  # the launcher refuses to start vLLM: the runtime does not match the rendered command
+EXIT_PARTIAL = 3  # bench run: a result written but partial (the server died), not an error; launch never returns it
 EXIT_NOT_RUNNABLE = 127  # the launcher could not exec vLLM (a shell's status for a command it cannot run)
 EXIT_INTERRUPTED = 130  # Ctrl-C; whatever partial result the command keeps is written first
 

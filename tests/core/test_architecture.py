@@ -242,3 +242,11 @@ def test_argument_parsers_are_built_only_in_cli_modules():
         if "ArgumentParser(" in path.read_text() and not (path.name == "cli.py" or path.stem.endswith("_cli"))
     )
     assert not built, f"argument parsers outside a CLI module: {built}"
+
+
+def test_the_scripts_that_run_by_path_import_nothing_of_ours():
+    """imagecheck.py runs by path while the image builds, before the package is importable: a relative
+    import there (an easy slip when one reader replaces a module's own) fails the build, not a fast test."""
+    path = SRC / PACKAGE / "docker" / "imagecheck.py"
+    ours = [t for t, _, _ in imports("kimidflash.docker.imagecheck", path, modules()) if t.startswith(PACKAGE)]
+    assert ours == [], f"{path.name} imports {ours}: it must stay standard-library only"

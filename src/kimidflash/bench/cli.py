@@ -26,7 +26,16 @@ from collections.abc import Sequence
 
 from ..commands import Command, dispatch
 from ..config import ConfigError, load_config, parse_overrides
-from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, BenchError, PromptError, ReportError, ResultError
+from ..errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    EXIT_USAGE,
+    BenchError,
+    PromptError,
+    ReportError,
+    ResultError,
+)
 from .prompts import export_jsonl
 from .report import compare
 from .result import no_completion
@@ -37,7 +46,6 @@ from .settings import BenchConfig
 from .terminal import print_summary
 from .workloads import WORKLOADS
 
-EXIT_PARTIAL = 3  # the result was written but is partial (server died, counters reset) or no request completed
 PROG = "benchmark_multi_turn.py"
 
 COMMANDS = (

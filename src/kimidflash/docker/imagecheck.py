@@ -9,9 +9,8 @@ naming the culprit, which becomes the build's error.
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import sys
-
-from ..fsio import read_json
 
 REPORT = "/opt/kimidflash/patch-report.json"
 HASH_KEYS = ("patchset_hash",)  # short hash, as patch_dflash_rocm.py --print-hash gives it
@@ -45,9 +44,10 @@ def check_pin(want: str) -> str | None:
 
 
 def check_report_hash(want: str, path: str = REPORT) -> str | None:
-    try:
-        report = read_json(path, "patch report")
-    except ValueError as e:
+    try:  # not fsio.read_json: this file runs by path in the image, before the package can be imported
+        with open(path) as f:
+            report = json.load(f)
+    except (OSError, ValueError) as e:
         return f"patch report {path} is unreadable: {e}"
     have = report_field(report, HASH_KEYS)
     if not have:

@@ -20,6 +20,7 @@ from kimidflash.background import ServeError, serving_process
 from kimidflash.bench import ab
 from kimidflash.bench.metrics import scrape
 from kimidflash.config import load_config
+from kimidflash.render import render
 from kimidflash.sweep import execute
 
 from .support.fakeserver import FakeServer, Plan
@@ -46,6 +47,55 @@ def serving(
     )
     with serving_process(config, list(overrides), log, timeout, cmd, port) as (proc, base):
         yield RunningServer(proc, base, log)
+
+
+class SharedServers:
+    """The servers one pytest process keeps for every test module that asks for the same served
+    config, so CI starts each once. Two asks are the same when their rendered `vllm serve` command
+    and environment (the port aside) and their launcher (`cmd`) are; at most `keep` servers run, the
+    least recently asked stopped first, and one that died is started again."""
+
+    def __init__(self, keep: int = 2):
+        self.keep = keep
+        self.running: dict[tuple, tuple[contextlib.ExitStack, RunningServer]] = {}
+        self.started = 0
+
+    @staticmethod
+    def key(config: str | Path, overrides: tuple[str, ...], cmd: list[str] | None) -> tuple:
+        rendered = render(load_config(config, dict(kv.split("=", 1) for kv in overrides)))
+        argv = list(rendered.argv)
+        if "--port" in argv:
+            del argv[argv.index("--port") : argv.index("--port") + 2]
+        return tuple(argv), tuple(sorted(rendered.env.items())), tuple(cmd or ())
+
+    def get(self, config: str | Path, *overrides: str, cmd: list[str] | None = None) -> RunningServer:
+        key = self.key(config, overrides, cmd)
+        if key in self.running:
+            stack, server = self.running.pop(key)
+            if server.proc.poll() is None:
+                self.running[key] = (stack, server)  # now the most recently asked
+                return server
+            stack.close()
+        while len(self.running) >= self.keep:
+            self.running.pop(next(iter(self.running)))[0].close()
+        stack = contextlib.ExitStack()
+        server = stack.enter_context(serving(config, *overrides, cmd=cmd))
+        self.running[key] = (stack, server)
+        self.started += 1
+        return server
+
+    def close(self) -> None:
+        while self.running:
+            self.running.popitem()[1][0].close()
+
+
+@pytest.fixture(scope="session")
+def shared_server() -> Iterator[SharedServers]:
+    servers = SharedServers()
+    try:
+        yield servers
+    finally:
+        servers.close()
 
 
 @pytest.fixture(scope="session")
@@ -168,10 +218,13 @@ BESIDE = frozenset(
         "test_speculators_export",
         "test_train_ddp",
         "test_train_rope",
+        "test_profile",
+        "test_capture_vllm_slow",
     }
 )
 # The tiny K2.6's servers moved here after the run of 6ac974c: the rest's process took 77 of its
-# 82 minutes, this one 52.
+# 82 minutes, this one 52. The profiler and the vLLM capture (SmolLM2 servers, 230 s together) after
+# the run of 80f93b9, when this process began beside the fast tier: the rest took 58 of 66 minutes.
 # Not beside: torch generating or training on both cores (the Hugging Face regen took 800 s there,
 # 34 s alone: two processes' spinning OpenMP threads on two cores slow each other far more than 2x).
 

@@ -8,8 +8,11 @@ as it is.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 SET_HELP = "override one key of the config (repeatable)"
 
@@ -34,3 +37,10 @@ def add_config(
         parser.add_argument("config", nargs="?", type=type, default=default, help=help or f"default: {default}")
     if set_help is not None:
         add_set(parser, set_help)
+
+
+def options(cls: type[T], args: argparse.Namespace) -> T:
+    """The typed options value `cls` (a dataclass) from a parsed command line: each field takes
+    the argument of its name, so a command's domain code reads attributes the type checker knows."""
+    assert dataclasses.is_dataclass(cls)
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})

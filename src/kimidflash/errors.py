@@ -29,7 +29,7 @@ lets them propagate.
     │   ├── RealPromptsError        a prompt-set spec or archive that is not the expected one
     │   ├── AdviceError             input the advisor cannot use
     │   ├── SweepError              a grid, base config or run folder the sweep cannot use
-    │   ├── ConversionError         a converted SmolLM2 checkpoint that is not the expected one
+    │   ├── ConversionError         SmolLM2 that cannot be converted here, or a converted one not as expected
     │   ├── VenvPatchError          a managed vLLM venv that could not be patched
     │   ├── TrainConfigError        a training config, drafter shape or run folder that cannot be used
     │   │   └── SpeculatorsCheckpointError  a speculators checkpoint of another shape
@@ -251,7 +251,8 @@ class RealPromptsError(RecipeError, ValueError):
 
 
 class ConversionError(RecipeError, RuntimeError):
-    """The converted checkpoint is not the one we expect (its mask token moved)."""
+    """SmolLM2 cannot be converted here (transformers missing), or the converted checkpoint is not
+    the one we expect (its mask token moved)."""
 
 
 class VenvPatchError(RecipeError):

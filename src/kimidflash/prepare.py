@@ -18,6 +18,7 @@ from .config import Config
 from .cpu_reference import smollm2
 from .cpu_reference import venv as cpu_venv
 from .cpu_reference.generated import PREPARE_KIND, pair_is_current
+from .errors import ConversionError
 from .fsio import sibling_lock
 from .launch import REPORT_ENV
 from .logtail import Log
@@ -87,7 +88,7 @@ def prepare(config: Config, log: Log = print) -> None:
         if not smollm2.read_stamp(target):
             missing = smollm2.missing_modules()
             if missing:
-                raise SystemExit(
+                raise ConversionError(
                     f"PREPARE_MODELS=smollm2 converts the model with transformers, but {', '.join(missing)} "
                     f"cannot be imported by {sys.executable}; install the cpu-reference extra: "
                     f"{shlex.quote(sys.executable)} -m pip install -e {shlex.quote(f'{REPO_ROOT}[cpu-reference]')}"

@@ -119,6 +119,7 @@ def serve(
     *,
     dry_run: bool = False,
     preflight_only: bool = False,
+    prepare_only: bool = False,
     allow_numa_balancing: bool = False,
     log_path: Path | None = None,
     quiet: bool = False,
@@ -128,7 +129,8 @@ def serve(
     """The phases in order: render (and stop there for a dry run), prepare what the
     runtime needs, check the checkpoints once they exist, preflight, start, supervise.
     `preflight_only` checks the host and the checkpoints as they are (an operator's
-    first step, before the downloads), and prepares and starts nothing."""
+    first step, before the downloads), and prepares and starts nothing; `prepare_only` stops
+    after the prepare phase, the checkpoints it made checked."""
     console = Console(stderr=True)
     say: Log = lambda msg: console.print(f"[bold]serve:[/bold] {msg}", highlight=False, soft_wrap=True)  # noqa: E731
     rendered = render(config)
@@ -144,6 +146,9 @@ def serve(
         return 0
     start = prepare_runtime(config, rendered, say)
     check_checkpoints(config)  # the rules that read the models prepare may just have made
+    if prepare_only:
+        say(f"prepared {config.path or 'defaults'} ({config.runtime}); nothing started")
+        return 0
     if not run_preflight(config, say, proc_root, dev_root, allow_numa_balancing):
         return 1
     return run_server(config, start, console, say, log_path, quiet)

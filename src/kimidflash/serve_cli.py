@@ -26,6 +26,12 @@ def main(argv: list[str]) -> int:
         help="run the host checks (devices, GPUs, NUMA, model dirs, shards, port) and exit 0 or 1; "
         "nothing is prepared or started",
     )
+    p.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="make what the runtime needs (the managed venv, the CPU configs' models, the image) and exit; "
+        "nothing is started (a build step, or CI warming its caches)",
+    )
     p.add_argument("--print-config", action="store_true", help="print every resolved value and where it came from")
     p.add_argument("--allow-numa-balancing", action="store_true", help="start even if NUMA balancing stays on")
     p.add_argument("--log-file", type=Path, help="also append the server log to this file")
@@ -39,6 +45,7 @@ def main(argv: list[str]) -> int:
         config,
         dry_run=args.dry_run,
         preflight_only=args.preflight_only,
+        prepare_only=args.prepare_only,
         allow_numa_balancing=args.allow_numa_balancing,
         log_path=args.log_file,
         quiet=args.quiet,

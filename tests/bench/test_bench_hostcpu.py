@@ -52,7 +52,9 @@ def test_each_process_of_the_tree_is_charged_its_own_time(tree: subprocess.Popen
     rows = {r["process"]: r for r in cpu["processes"]}
     assert set(rows) == {"bash", "VLLM::EngineCore"}, rows
     burner, launcher = rows["VLLM::EngineCore"], rows["bash"]
-    assert burner["cpu_seconds"] > 0.5 * doc["duration"]  # a busy loop: about one core over the window
+    # a busy loop: about one core over the window alone, a third or more of one on a loaded two-core
+    # host (CI runs the fast tier beside slow tests)
+    assert burner["cpu_seconds"] > 0.2 * doc["duration"]
     assert burner["utilization"] == pytest.approx(burner["cpu_seconds"] / doc["duration"], abs=0.01)
     assert burner["ms_per_output_token"] == pytest.approx(
         1000 * burner["cpu_seconds"] / doc["total_output_tokens"], rel=0.01

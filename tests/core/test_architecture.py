@@ -10,6 +10,7 @@ module's own enclosing packages (already being imported when it runs).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -242,6 +243,26 @@ def test_argument_parsers_are_built_only_in_cli_modules():
         if "ArgumentParser(" in path.read_text() and not (path.name == "cli.py" or path.stem.endswith("_cli"))
     )
     assert not built, f"argument parsers outside a CLI module: {built}"
+    typed = sorted(
+        str(path.relative_to(SRC))
+        for name, path in modules().items()
+        if "argparse" in path.read_text() and not (path.name in ("cli.py", "cliargs.py") or path.stem.endswith("_cli"))
+    )
+    assert not typed, f"argparse values reach domain modules (give them a typed options value): {typed}"
+
+
+def test_errors_leave_through_the_error_tree_not_an_exit():
+    """The command table is the one place an error becomes an exit status (errors.py): a domain
+    module that raised SystemExit or called sys.exit would choose its own status and skip that."""
+    entry_points = ("__main__", "imagecheck")  # `python -m kimidflash`, and the script the image build runs by path
+    exits = sorted(
+        f"{path.relative_to(SRC)}:{n}"
+        for name, path in modules().items()
+        if path.stem not in entry_points
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\braise SystemExit\b|\bsys\.exit\(", line)
+    )
+    assert not exits, f"exits outside the command table: {exits}"
 
 
 def test_the_scripts_that_run_by_path_import_nothing_of_ours():

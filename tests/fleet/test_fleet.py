@@ -114,10 +114,9 @@ def test_check_prints_each_replica_and_the_router_command(tmp_path, capsys):
 
 
 def test_router_overhead_is_the_per_round_latency_difference(tmp_path):
-    import argparse
     import json
 
-    from kimidflash.fleet.bench import write_overhead
+    from kimidflash.fleet.bench import FleetBenchOptions, write_overhead
 
     files = []
     # (file stem, mean e2e ms, median e2e ms, output tok/s) per round
@@ -149,16 +148,10 @@ def test_router_overhead_is_the_per_round_latency_difference(tmp_path):
             ]
             f.write_text(json.dumps({"requests": reqs, "output_throughput": tps}))
             files.append(f)
-    args = argparse.Namespace(
-        rounds=2,
-        sessions=4,
-        turns=2,
-        concurrency=8,
-        max_tokens=16,
-        router_version="0.1.17",
-        config="configs/cpu-tiny.env",
+    opts = FleetBenchOptions(
+        "configs/cpu-tiny.env", tmp_path, rounds=2, sessions=4, max_tokens=16, router_version="0.1.17"
     )
-    write_overhead(files, tmp_path, args, ["configs/cpu-tiny.env"])
+    write_overhead(files, tmp_path, opts, ["configs/cpu-tiny.env"])
     doc = json.loads((tmp_path / "router-overhead.json").read_text())
     assert [x["router_added_ms_mean"] for x in doc["rounds"]] == [3.0, 1.0]
     assert [x["router_added_ms_median"] for x in doc["rounds"]] == [2.0, 1.0]

@@ -9,6 +9,7 @@ import pytest
 
 from kimidflash.config import load_config
 from kimidflash.cpu_reference import smollm2
+from kimidflash.errors import ConversionError
 from kimidflash.prepare import prepare
 
 from ..support.helpers import CONFIGS, write_env
@@ -25,7 +26,7 @@ def test_a_missing_conversion_module_is_named_with_the_command_that_installs_it(
     env = write_env(
         tmp_path / "c.env", f"INCLUDE={CONFIGS / 'cpu-reference.env'}\nMODEL_DIR={tmp_path / 'm'}\nVLLM_VENV=\n"
     )
-    with pytest.raises(SystemExit) as exc:
+    with pytest.raises(ConversionError) as exc:
         prepare(load_config(env, environ={}), log=lambda m: None)
     message = str(exc.value)
     assert "gguf cannot be imported" in message and "None" not in message

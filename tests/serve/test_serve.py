@@ -94,3 +94,17 @@ def test_preflight_only_checks_the_host_and_starts_nothing(tmp_path, monkeypatch
         )
         == 1
     )  # models missing
+
+
+def test_prepare_only_makes_what_the_runtime_needs_checks_it_and_starts_nothing(tmp_path, monkeypatch, capsys):
+    """CI warms its caches with it, and an operator can run it as a build step: prepare, then the
+    checkpoint rules on what prepare made, and exit 0 without preflight or a server."""
+    env = write_env(tmp_path / "c.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\n")
+    passes: list[str] = []
+    monkeypatch.setattr(serve_mod, "prepare", lambda cfg, log: passes.append("prepare"))
+    monkeypatch.setattr(serve_mod, "check_checkpoints", lambda c: passes.append("checkpoints"))
+    monkeypatch.setattr(serve_mod, "run_preflight", lambda *a: pytest.fail("preflight ran"))
+    monkeypatch.setattr(serve_mod, "LocalServer", lambda *a, **k: pytest.fail("a server started"))
+    assert serve_cli.main([str(env), "--prepare-only"]) == 0
+    assert passes == ["prepare", "checkpoints"]
+    assert "nothing started" in capsys.readouterr().err

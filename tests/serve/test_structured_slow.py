@@ -26,8 +26,8 @@ import httpx
 import jsonschema
 import pytest
 
-from ..conftest import serving
-from ..support.helpers import CONFIGS, ROOT, api_client
+from ..conftest import SharedServers
+from ..support.helpers import CONFIGS, ROOT, SERVE_SH, api_client
 
 pytestmark = pytest.mark.slow
 
@@ -146,13 +146,12 @@ def answers(client: httpx.Client, concurrency: int) -> dict[tuple[str, str], dic
         return dict(zip(jobs, pool.map(one, jobs), strict=False))
 
 
-def collect(method: str) -> dict[str, Any]:
-    """One server of `method` (through ./serve.sh): every kind one at a time and eight at once, the
-    drafts accepted meanwhile; with a drafter or none, the free-text run; under DFlash, the load."""
-    with (
-        serving(REFERENCE, "DTYPE=float32", *METHODS[method], cmd=[str(ROOT / "serve.sh")]) as server,
-        api_client(server.base_url, 600) as client,
-    ):
+def collect(shared_server: SharedServers, method: str) -> dict[str, Any]:
+    """One server of `method` (through ./serve.sh, shared with the other modules that serve the same
+    config): every kind one at a time and eight at once, the drafts accepted meanwhile; with a drafter
+    or none, the free-text run; under DFlash, the load."""
+    server = shared_server.get(REFERENCE, "DTYPE=float32", *METHODS[method], cmd=SERVE_SH)
+    with api_client(server.base_url, 600) as client:
         before = server.metrics()
         out: dict[Any, Any] = {c: answers(client, c) for c in (1, 8)}
         after = server.metrics()
@@ -170,14 +169,14 @@ def collect(method: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def replies() -> Any:
+def replies(shared_server: SharedServers) -> Any:
     """method -> what its server answered, each server started once, when a test first asks for it
     (ngram's cases are `extra`: CI starts no ngram server)."""
     cache: dict[str, dict[str, Any]] = {}
 
     def get(method: str) -> dict[str, Any]:
         if method not in cache:
-            cache[method] = collect(method)
+            cache[method] = collect(shared_server, method)
         return cache[method]
 
     return get

@@ -14,6 +14,7 @@ from kimidflash.cli import main as cli_main
 from kimidflash.preflight import CPU_FP8_KV_FLAGS, cpu_flags
 
 ROOT = Path(__file__).resolve().parents[2]
+SERVE_SH = [str(ROOT / "serve.sh")]  # the launcher the README runs, for tests that serve as users do
 CONFIGS = ROOT / "configs"
 PRODUCTION_CONFIGS = sorted(p.name for p in CONFIGS.glob("production*.env"))
 # By drafter family: the EAGLE-3 configs serve on the current pin only (backends.EAGLE3_SINCE).

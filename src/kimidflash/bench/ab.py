@@ -18,7 +18,6 @@ with (provenance), so a reader can tell which drafter produced which figure.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 from pathlib import Path
@@ -36,6 +35,7 @@ from ..mdtable import table
 from ..paths import portable
 from ..prepare import prepare
 from . import categories as cat_mod
+from .ab_options import AbOptions
 from .categories import Category
 from .resultfile import load_result, write_result
 from .runner import BenchConfig, run_benchmark
@@ -73,18 +73,18 @@ def drafter_spec(spec: str) -> tuple[str, Path]:
     return label, Path(d).expanduser().resolve()
 
 
-def variants(args: argparse.Namespace, base: Config | None = None) -> list[tuple[str, list[str]]]:
+def variants(opts: AbOptions, base: Config | None = None) -> list[tuple[str, list[str]]]:
     """The (label, overrides) of each variant. `base`: the loaded config, from which a drafter of
     the other family than the config's takes the draft backend of its own family (a DFlash config's
     ROCM_ATTN would be refused for an MLA EAGLE-3 head, and the other way round)."""
     out: list[tuple[str, list[str]]] = []
-    if args.k and not (args.drafter or args.ngram):
+    if opts.k and not (opts.drafter or opts.ngram):
         raise BenchError(
-            f"--k {' '.join(map(str, args.k))}: only --drafter and --ngram variants take a k, and "
+            f"--k {' '.join(map(str, opts.k))}: only --drafter and --ngram variants take a k, and "
             "none is given; to serve the config's own drafter at a static k, name it: --drafter LABEL=DIR"
         )
-    given_k = args.k or DEFAULT_K
-    for spec in args.drafter:
+    given_k = opts.k or DEFAULT_K
+    for spec in opts.drafter:
         label, path = drafter_spec(spec)
         if not (path / "config.json").is_file():
             raise BenchError(f"--drafter {label}: {path}/config.json not found")
@@ -114,16 +114,16 @@ def variants(args: argparse.Namespace, base: Config | None = None) -> list[tuple
                     ],
                 )
             )
-    if args.none:
+    if opts.none:
         out.append(("no speculation", ["SPECULATIVE_METHOD=none"]))
-    if args.as_shipped:  # the config file as it is, its draft schedule included
-        if not args.none:
+    if opts.as_shipped:  # the config file as it is, its draft schedule included
+        if not opts.none:
             raise BenchError(
                 "--as-shipped is checked against the best other variant, no speculation included: add --none"
             )
         out.append((SHIPPED, []))
-    if args.ngram:
-        for k in args.ngram_k or given_k:
+    if opts.ngram:
+        for k in opts.ngram_k or given_k:
             out.append(
                 (f"ngram k={k}", ["SPECULATIVE_METHOD=ngram", f"NUM_SPECULATIVE_TOKENS={k}", f"{SCHEDULE_KEY}="])
             )
@@ -132,7 +132,7 @@ def variants(args: argparse.Namespace, base: Config | None = None) -> list[tuple
     return out
 
 
-def run_ab(args: argparse.Namespace) -> list[Path]:
+def run_ab(opts: AbOptions) -> list[Path]:
     """Serve each variant in turn and benchmark it at each concurrency; with
     `--rounds N` the whole cycle runs N times, so a machine that drifts (a shared
     CPU host does, by ~10% between sessions here) drifts under every variant, and
@@ -146,38 +146,38 @@ def run_ab(args: argparse.Namespace) -> list[Path]:
     to the next. Two runs compared are then a run apart rather than a cycle of
     servers, so drift slower than one run cancels; it needs every variant's server
     to fit beside the others (a small model on a CPU host)."""
-    if args.rounds < 1:
-        raise BenchError(f"--rounds must be at least 1, got {args.rounds}")
-    out = Path(args.out)
+    if opts.rounds < 1:
+        raise BenchError(f"--rounds must be at least 1, got {opts.rounds}")
+    out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    config = load_config(args.serve_config, list(args.set))
-    cats = categories(args)
-    if "tools" in args.workload and not config.tool_call_parser:
+    config = load_config(opts.serve_config, list(opts.set))
+    cats = categories(opts)
+    if "tools" in opts.workload and not config.tool_call_parser:
         raise BenchError(
-            f"--workload tools: {args.serve_config} sets no TOOL_CALL_PARSER, and vLLM refuses "
+            f"--workload tools: {opts.serve_config} sets no TOOL_CALL_PARSER, and vLLM refuses "
             "tool_choice without one (--set TOOL_CALL_PARSER=...)"
         )
     if config.runtime != "docker":  # serve's own step, run first so a --drafter it generates (the tiny pair)
         prepare(config, log=lambda m: print(f"ab: {m}", file=sys.stderr))  # exists when variants() reads it
-    todo = [(label, sets + list(args.set)) for label, sets in variants(args, config)]
-    rounds = [r if args.rounds > 1 else None for r in range(1, args.rounds + 1)]
-    if args.interleave:
-        return _run_interleaved(args, out, todo, rounds, cats)
+    todo = [(label, sets + list(opts.set)) for label, sets in variants(opts, config)]
+    rounds = [r if opts.rounds > 1 else None for r in range(1, opts.rounds + 1)]
+    if opts.interleave:
+        return _run_interleaved(opts, out, todo, rounds, cats)
     files: list[Path] = []
     for i, rnd in enumerate(rounds):
         for label, sets in todo if i % 2 == 0 else todo[::-1]:
-            paths = _paths(args, out, label, rnd, cats)
-            missing = _missing(args, paths)
+            paths = _paths(opts, out, label, rnd, cats)
+            missing = _missing(opts, paths)
             if missing:
-                with _serving(args, out, label, sets, rnd) as (proc, base):
+                with _serving(opts, out, label, sets, rnd) as (proc, base):
                     for key in missing:
-                        _bench(args, label, rnd, sets, proc, base, *key, paths[key])
+                        _bench(opts, label, rnd, sets, proc, base, *key, paths[key])
             files += paths.values()
     return files
 
 
 def _run_interleaved(
-    args: argparse.Namespace,
+    opts: AbOptions,
     out: Path,
     todo: list[tuple[str, list[str]]],
     rounds: list[int | None],
@@ -186,26 +186,26 @@ def _run_interleaved(
     """`--interleave`: every variant served for the whole run; at each concurrency of each
     category, every variant in turn. The order is reversed from one block to the next and, for
     the same block, from one round to the next: a place in the order favours no variant."""
-    paths = {(label, rnd): _paths(args, out, label, rnd, cats) for label, _ in todo for rnd in rounds}
-    needed = [(label, sets) for label, sets in todo if any(any(_missing(args, paths[label, r])) for r in rounds)]
+    paths = {(label, rnd): _paths(opts, out, label, rnd, cats) for label, _ in todo for rnd in rounds}
+    needed = [(label, sets) for label, sets in todo if any(any(_missing(opts, paths[label, r])) for r in rounds)]
     with contextlib.ExitStack() as stack:
-        servers = {label: stack.enter_context(_serving(args, out, label, sets, None)) for label, sets in needed}
+        servers = {label: stack.enter_context(_serving(opts, out, label, sets, None)) for label, sets in needed}
         for i, rnd in enumerate(rounds):
-            for j, key in enumerate([(cat, c) for cat in cats for c in args.concurrency]):
-                order = [v for v in todo if v[0] in servers and key in _missing(args, paths[v[0], rnd])]
+            for j, key in enumerate([(cat, c) for cat in cats for c in opts.concurrency]):
+                order = [v for v in todo if v[0] in servers and key in _missing(opts, paths[v[0], rnd])]
                 for label, sets in order if (i + j) % 2 == 0 else order[::-1]:
-                    _bench(args, label, rnd, sets, *servers[label], *key, paths[label, rnd][key])
+                    _bench(opts, label, rnd, sets, *servers[label], *key, paths[label, rnd][key])
     return [p for v in paths.values() for p in v.values()]
 
 
 def _paths(
-    args: argparse.Namespace, out: Path, label: str, rnd: int | None, cats: list[Category]
+    opts: AbOptions, out: Path, label: str, rnd: int | None, cats: list[Category]
 ) -> dict[tuple[Category, int], Path]:
     """A variant's result file for each category and concurrency of one round."""
     return {
         (cat, c): out / f"{_slug(label)}{'-' + cat.slug if cat.name else ''}-c{c}{_suffix(rnd)}.json"
         for cat in cats
-        for c in args.concurrency
+        for c in opts.concurrency
     }
 
 
@@ -222,20 +222,20 @@ def _name(label: str, rnd: int | None) -> str:
     return f"{label} round {rnd}" if rnd else label
 
 
-def _missing(args: argparse.Namespace, paths: dict[tuple[Category, int], Path]) -> list[tuple[Category, int]]:
+def _missing(opts: AbOptions, paths: dict[tuple[Category, int], Path]) -> list[tuple[Category, int]]:
     """What is still to run: everything, or with `--reuse` what is not on disk yet."""
-    return [key for key, path in paths.items() if not (args.reuse and path.is_file())]
+    return [key for key, path in paths.items() if not (opts.reuse and path.is_file())]
 
 
 def _serving(
-    args: argparse.Namespace, out: Path, label: str, sets: list[str], rnd: int | None
+    opts: AbOptions, out: Path, label: str, sets: list[str], rnd: int | None
 ) -> contextlib.AbstractContextManager[tuple[Any, str]]:
     print(f"ab: serving {_name(label, rnd)} ({' '.join(sets)})", file=sys.stderr)
-    return serving_process(args.serve_config, sets, out / f"{_slug(label)}{_suffix(rnd)}-server.log")
+    return serving_process(opts.serve_config, sets, out / f"{_slug(label)}{_suffix(rnd)}-server.log")
 
 
 def _bench(
-    args: argparse.Namespace,
+    opts: AbOptions,
     label: str,
     rnd: int | None,
     sets: list[str],
@@ -249,27 +249,27 @@ def _bench(
     name = _name(label, rnd)
     cfg = BenchConfig(
         base_url=f"{base}/v1",
-        sessions=args.sessions,
+        sessions=opts.sessions,
         concurrency=c,
         turns_per_session=cat.turns,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        seed=args.seed,
+        max_tokens=opts.max_tokens,
+        temperature=opts.temperature,
+        seed=opts.seed,
         prompts=cat.prompts,
         kind=cat.kind,
         category=cat.name,
         workload=cat.workload,
-        warmup=args.warmup,
+        warmup=opts.warmup,
         label=label,
-        recipe_config=str(args.serve_config),
+        recipe_config=str(opts.serve_config),
         recipe_overrides=parse_overrides(sets),
-        ignore_eos=args.ignore_eos,
+        ignore_eos=opts.ignore_eos,
         server_pid=proc.pid,
         progress=True,
     )
     doc = run_benchmark(cfg)
     doc.setdefault("notes", []).append(
-        f"kimidflash ab variant '{name}'" + (" (--interleave: every variant served at once)" if args.interleave else "")
+        f"kimidflash ab variant '{name}'" + (" (--interleave: every variant served at once)" if opts.interleave else "")
     )
     write_result(path, doc)
     print(
@@ -287,18 +287,18 @@ def _bench(
         )
 
 
-def categories(args: argparse.Namespace) -> list[Category]:
+def categories(opts: AbOptions) -> list[Category]:
     """`--category` (with `--by-kind`, `--multi-turn`), else the one unnamed category of `--prompts`;
     each once per `--workload`."""
-    if args.category:
-        if args.prompts:
+    if opts.category:
+        if opts.prompts:
             raise BenchError("give --prompts or --category, not both")
-        cats = cat_mod.parse_categories(args.category, args.by_kind, args.multi_turn, args.turns)
-    elif args.by_kind or args.multi_turn or args.offline_category:
+        cats = cat_mod.parse_categories(opts.category, opts.by_kind, opts.multi_turn, opts.turns)
+    elif opts.by_kind or opts.multi_turn or opts.offline_category:
         raise BenchError("--by-kind, --multi-turn and --offline-category work on --category files: name one")
     else:
-        cats = [Category(None, args.prompts, None, args.turns)]
-    return cat_mod.with_workloads(cats, args.workload)
+        cats = [Category(None, opts.prompts, None, opts.turns)]
+    return cat_mod.with_workloads(cats, opts.workload)
 
 
 def offline_files(specs: list[str], labels: list[str]) -> dict[str | None, Path]:

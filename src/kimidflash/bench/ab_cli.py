@@ -7,11 +7,12 @@ import sys
 from pathlib import Path
 
 from ..background import sigterm_as_interrupt
-from ..cliargs import add_set
+from ..cliargs import add_set, options
 from ..errors import EXIT_INTERRUPTED
 from . import ab as _domain
 from . import categories as cat_mod
 from .ab import DEFAULT_K, drafter_spec, offline_files, offline_vs_online, run_ab
+from .ab_options import AbOptions
 from .report import compare
 from .resultfile import load_result
 from .shipped import checked, own_statics, shipped_check, write_shipped_check
@@ -120,40 +121,43 @@ def main(argv: list[str] | None = None) -> int:
         help="an eval.json whose walk acceptance length goes beside --drafter LABEL's row of "
         "CATEGORY in specbench.md (repeatable)",
     )
-    a = p.parse_args(argv)
-    offline = offline_files(a.offline, [d.partition("=")[0] for d in a.drafter])
-    walks = cat_mod.offline_walks(a.offline_category)
+    opts = options(AbOptions, p.parse_args(argv))
+    offline = offline_files(opts.offline, [d.partition("=")[0] for d in opts.drafter])
+    walks = cat_mod.offline_walks(opts.offline_category)
     try:
         with sigterm_as_interrupt():  # else a Ctrl-C inside a benchmark run finishes that run as a result
-            files = run_ab(a)
+            files = run_ab(opts)
     except KeyboardInterrupt:
         print(
-            f"ab: interrupted; finished result files are kept in {a.out}: rerun with --reuse to serve only "
+            f"ab: interrupted; finished result files are kept in {opts.out}: rerun with --reuse to serve only "
             "what is missing",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
-    base = "no speculation" if a.none else None
-    named = bool(a.category) or a.workload != ["free"]  # named categories: a report each, and specbench.md
-    table = cat_mod.specbench(files, base, walks) if base is not None and (named or a.as_shipped) else None
+    base = "no speculation" if opts.none else None
+    named = bool(opts.category) or opts.workload != ["free"]  # named categories: a report each, and specbench.md
+    table = cat_mod.specbench(files, base, walks) if base is not None and (named or opts.as_shipped) else None
     if named:
         per_cat: dict[str, list[str]] = {}
         for f in files:
             per_cat.setdefault(load_result(f)["config"]["category"], []).append(str(f))
         for name, group in per_cat.items():
-            compare(group, baseline=base, markdown=Path(a.out) / f"report-{cat_mod.slug(name)}.md", terminal=False)
+            compare(group, baseline=base, markdown=Path(opts.out) / f"report-{cat_mod.slug(name)}.md", terminal=False)
         if table is not None:
-            print(cat_mod.write(table, Path(a.out)))
+            print(cat_mod.write(table, Path(opts.out)))
     else:
         compare(
-            [str(f) for f in files], baseline=base, markdown=Path(a.out) / "report.md", charts=Path(a.out) / "charts"
+            [str(f) for f in files],
+            baseline=base,
+            markdown=Path(opts.out) / "report.md",
+            charts=Path(opts.out) / "charts",
         )
-    if a.as_shipped and table is not None:
+    if opts.as_shipped and table is not None:
         check = shipped_check(
-            table, own_statics(table["series"], [drafter_spec(d) for d in a.drafter], a.serve_config, a.set)
+            table, own_statics(table["series"], [drafter_spec(d) for d in opts.drafter], opts.serve_config, opts.set)
         )
-        check["checked_schedule"] = checked(check, a.serve_config, a.set)
-        print(write_shipped_check(check, Path(a.out), a.serve_config))
+        check["checked_schedule"] = checked(check, opts.serve_config, opts.set)
+        print(write_shipped_check(check, Path(opts.out), opts.serve_config))
     if offline:
-        print(offline_vs_online(files, offline, Path(a.out)))
+        print(offline_vs_online(files, offline, Path(opts.out)))
     return 0

@@ -15,7 +15,6 @@ profile is not a speed figure: `kimidflash ab` measures those.
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 import signal
@@ -23,6 +22,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +137,22 @@ def py_spy() -> str:
     return found
 
 
+@dataclass(frozen=True)
+class ProfileOptions:
+    """What one `kimidflash profile` run is asked to do (the defaults are the command line's)."""
+
+    serve_config: Path
+    out: str
+    set: list[str] = field(default_factory=list)  # KEY=VALUE, given to every variant
+    prompts: str | None = None  # None: the built-in set
+    concurrency: int = 8
+    sessions: int = 32
+    max_tokens: int = 64
+    warmup: int = 2
+    rate: int = 100  # py-spy samples per second
+    process: str = "model"  # a key of PROCESSES
+
+
 def parse_variant(spec: str) -> tuple[str, list[str]]:
     """'LABEL' or 'LABEL:KEY=VALUE,KEY=VALUE' -> (label, overrides)."""
     label, _, sets = spec.partition(":")
@@ -147,7 +163,7 @@ def parse_variant(spec: str) -> tuple[str, list[str]]:
     return label, overrides
 
 
-def profile_variant(a: argparse.Namespace, label: str, sets: list[str], out: Path) -> dict[str, Any]:
+def profile_variant(a: ProfileOptions, label: str, sets: list[str], out: Path) -> dict[str, Any]:
     """Serve one variant, benchmark it under py-spy, and return its record for profile.json."""
     raw = out / f".{label}.pyspy.part"
     with serving_process(a.serve_config, [*a.set, *sets], out / f"{label}-server.log") as (proc, base):
@@ -253,7 +269,7 @@ def write_report(doc: dict[str, Any], out: Path) -> str:
     return text
 
 
-def run(a: argparse.Namespace, specs: Iterable[tuple[str, list[str]]]) -> dict[str, Any]:
+def run(a: ProfileOptions, specs: Iterable[tuple[str, list[str]]]) -> dict[str, Any]:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     variants = [profile_variant(a, label, sets, out) for label, sets in specs]

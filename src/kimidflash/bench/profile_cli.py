@@ -6,11 +6,11 @@ import argparse
 from pathlib import Path
 
 from ..background import sigterm_as_interrupt
-from ..cliargs import add_set
+from ..cliargs import add_set, options
 from ..config import parse_overrides
 from ..errors import BenchError
 from . import profile as _domain
-from .profile import PROCESSES, parse_variant, py_spy, run, write_report
+from .profile import PROCESSES, ProfileOptions, parse_variant, py_spy, run, write_report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +46,6 @@ def main(argv: list[str] | None = None) -> int:
     parse_overrides(a.set)
     py_spy()  # before any server starts
     with sigterm_as_interrupt():
-        doc = run(a, specs)
+        doc = run(options(ProfileOptions, a), specs)
     print(write_report(doc, Path(a.out)))
     return 0

@@ -15,7 +15,6 @@ written. Errors are one line naming the culprit, exit status 2.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import random
@@ -101,9 +100,28 @@ def encode(tok: Any, text: str, max_tokens: int) -> list[int]:
 
 
 # ------------------------------------------------------------------ checks
-def check_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], Attention, list[Prompt]]:
+@dataclass(frozen=True)
+class CalibrateOptions:
+    """What one `kimidflash calibrate` run is asked to do (the defaults are the command line's)."""
+
+    model_dir: Path
+    output: Path = Path("kv-scales.json")
+    prompts: Path = DEFAULT_PROMPTS
+    num_prompts: int = 200
+    max_tokens: int = 4096
+    seed: int = 0
+    dtype: str = "auto"  # one of DTYPES
+    device: str = "cpu"
+    headroom: float = DEFAULT_HEADROOM
+    trust_remote_code: bool = False
+    overlay: Path | None = None
+    force: bool = False
+    kv_format: str = "e4m3fnuz"
+
+
+def check_inputs(opts: CalibrateOptions) -> tuple[dict[str, Any], Attention, list[Prompt]]:
     """Everything that can be wrong before loading a model: (config, attention, prompts)."""
-    model_dir: Path = args.model_dir
+    model_dir: Path = opts.model_dir
     if not model_dir.is_dir():
         raise CalibrationError(f"{model_dir}: model directory not found")
     try:
@@ -127,23 +145,23 @@ def check_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], Attention, l
     except CheckpointError as exc:
         raise CalibrationError(str(exc)) from None
     lo, hi = MAX_TOKENS_RANGE
-    if not lo <= args.max_tokens <= hi:
-        raise CalibrationError(f"--max-tokens {args.max_tokens} is out of range [{lo}, {hi}]")
-    if not args.headroom >= 1.0 or args.headroom > 4.0:
-        raise CalibrationError(f"--headroom {args.headroom} is out of range [1.0, 4.0]")
-    if args.seed < 0:
-        raise CalibrationError(f"--seed {args.seed} must be >= 0")
-    prompts = load_prompts(args.prompts)
-    if not 1 <= args.num_prompts <= len(prompts):
+    if not lo <= opts.max_tokens <= hi:
+        raise CalibrationError(f"--max-tokens {opts.max_tokens} is out of range [{lo}, {hi}]")
+    if not opts.headroom >= 1.0 or opts.headroom > 4.0:
+        raise CalibrationError(f"--headroom {opts.headroom} is out of range [1.0, 4.0]")
+    if opts.seed < 0:
+        raise CalibrationError(f"--seed {opts.seed} must be >= 0")
+    prompts = load_prompts(opts.prompts)
+    if not 1 <= opts.num_prompts <= len(prompts):
         raise CalibrationError(
-            f"--num-prompts {args.num_prompts} is out of range [1, {len(prompts)}] "
-            f"({args.prompts} holds {len(prompts)})"
+            f"--num-prompts {opts.num_prompts} is out of range [1, {len(prompts)}] "
+            f"({opts.prompts} holds {len(prompts)})"
         )
-    if args.output.exists() and args.output.is_dir():
-        raise CalibrationError(f"--output {args.output} is a directory")
-    if args.overlay is not None:
+    if opts.output.exists() and opts.output.is_dir():
+        raise CalibrationError(f"--output {opts.output} is a directory")
+    if opts.overlay is not None:
         try:
-            check_overlay_target(model_dir, args.overlay, args.force)
+            check_overlay_target(model_dir, opts.overlay, opts.force)
         except CheckpointError as exc:
             raise CalibrationError(f"--overlay: {exc}") from None
     return config, attention, prompts

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..cliargs import options
 from ..formats.fp8 import DEFAULT_HEADROOM
 from . import calibrate as _domain
-from .calibrate import DEFAULT_PROMPTS, DTYPES, calibrate, check_inputs, print_table, select
+from .calibrate import DEFAULT_PROMPTS, DTYPES, CalibrateOptions, calibrate, check_inputs, print_table, select
 from .checkpoint import write_overlay
 
 
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = options(CalibrateOptions, build_parser().parse_args(argv))
     _, attention, prompts = check_inputs(args)
     chosen = select(prompts, args.num_prompts, args.seed)
     scales = calibrate(

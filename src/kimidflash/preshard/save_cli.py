@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..errors import RunFailed
 from . import save as _domain
 from .manifest import WEIGHT_SUFFIX
 from .save import MAX_ENV, OUT_ENV, RESULT_PREFIX, register_plugin
@@ -45,7 +46,7 @@ def main(argv: list[str]) -> int:
         del llm
     missing = [r for r in range(a.tensor_parallel_size) if not list(a.out.glob(f"*-rank-{r}-part-*{WEIGHT_SUFFIX}"))]
     if missing:
-        raise SystemExit(
+        raise RunFailed(
             f"preshard-save: no shard was written for rank(s) {missing}: the loader wrapper did not "
             "run there (was the vLLM general plugin refused? VLLM_PLUGINS must allow it)"
         )

@@ -23,9 +23,9 @@ machine: they are timed one after another.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -188,7 +188,21 @@ def summary_markdown(results: list[dict[str, Any]]) -> str:
     )
 
 
-def compare(a: argparse.Namespace, argv: list[str]) -> None:
+@dataclass(frozen=True)
+class CompareOptions:
+    """What one `kimidflash train-compare` run is asked to do."""
+
+    config: str
+    base_run: Path
+    seconds: float
+    out: Path
+    variant: list[list[str]]  # each: NAME, then KEY=VALUE overrides
+    set: list[str] = field(default_factory=list)  # KEY=VALUE for every variant
+    eval_run: list[str] = field(default_factory=list)  # NAME=CONFIG
+    work: Path | None = None  # None: the cache's train-compare/OUT
+
+
+def compare(a: CompareOptions, argv: list[str]) -> None:
     if not a.seconds > 0:
         raise TrainConfigError(f"--seconds must be positive, got {a.seconds}")
     if not (a.base_run / "capture").is_dir():

@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..cliargs import add_config
+from ..cliargs import add_config, options
 from . import compare as _domain
 from .cli import guarded
-from .compare import compare
+from .compare import CompareOptions, compare
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,5 +35,5 @@ def main(argv: list[str] | None = None) -> int:
         help="also score each variant on this evaluation-only run's records (repeatable)",
     )
     p.add_argument("--work", type=Path, help="the variants' run folders (default: the cache's train-compare/)")
-    a = p.parse_args(argv)
+    a = options(CompareOptions, p.parse_args(argv))
     return guarded(lambda: compare(a, argv), "rerun the same command: finished variants are kept")

@@ -47,7 +47,11 @@ COMMANDS = (
         "kimidflash.fp8.calibrate_cli:main",
         "measure FP8 KV scales, optionally write a checkpoint overlay (payload/calibrate_kv_scales.py)",
     ),
-    Command("train", "kimidflash.train.cli:main", "train a DFlash drafter in resumable phases (train-drafter.sh)"),
+    Command(
+        "train",
+        "kimidflash.train.cli:main",
+        "train a drafter (DFlash or EAGLE-3) in resumable phases (train-drafter.sh)",
+    ),
     Command(
         "train-compare",
         "kimidflash.train.compare_cli:main",
@@ -58,7 +62,11 @@ COMMANDS = (
         "kimidflash.train.draft_vocab_cli:main",
         "give an exported drafter its own head over fewer tokens (a draft vocabulary, d2t)",
     ),
-    Command("ab", "kimidflash.bench.ab_cli:main", "A/B campaign: a drafter against no speculation and ngram"),
+    Command(
+        "ab",
+        "kimidflash.bench.ab_cli:main",
+        "A/B on your traffic: drafters of either family, ngram and no speculation, interleaved",
+    ),
     Command(
         "profile",
         "kimidflash.bench.profile_cli:main",
@@ -97,7 +105,7 @@ COMMANDS = (
     Command(
         "config-docs",
         "kimidflash.docs_gen_cli:main",
-        "regenerate the generated tables in README.md and docs/ (--check: exit 1 if stale)",
+        "regenerate the generated tables and commands in docs/ (--check: exit 1 if stale)",
     ),
     Command(
         "tiny-model",

@@ -50,9 +50,13 @@ def usage(commands: Sequence[Command], prog: str, description: str) -> str:
 def dispatch(
     commands: Sequence[Command], argv: Sequence[str], *, prog: str, description: str, default: str | None = None
 ) -> int:
-    """Run the command ``argv`` names (or ``default`` when ``argv`` starts with an option)."""
+    """Run the command ``argv`` names (or ``default`` when ``argv`` starts with an option). With a
+    default, ``--help`` is the default command's own: its options are what a user of the bare form
+    (the seed's benchmark command line) looks for, and its description names the other commands."""
     argv = list(argv)
     table = {c.name: c for c in commands}
+    if argv[:1] in (["-h"], ["--help"]) and default is not None:
+        argv = [default, "--help"]
     if argv[:1] in (["-h"], ["--help"]) or (not argv and default is None):
         print(usage(commands, prog, description), file=sys.stdout if argv else sys.stderr)
         return EXIT_OK if argv else EXIT_USAGE

@@ -10,6 +10,11 @@
 - `serve-commands` (docs/serving.md): each production config's `vllm serve`
   command and environment, exactly as `serve.sh --dry-run` renders them: the
   recipe a user pastes, so it must never drift from what `serve.sh` runs.
+- `mi300x-recipe` (docs/mi300x.md): each production config as the recipe image
+  serves it: the literal `docker run ... vllm serve ...` line `serve.sh --dry-run`
+  prints with `RUNTIME=docker`, and its `--speculative-config` on its own.
+- `command-table` (docs/architecture.md): every command of `python -m kimidflash`, what it
+  does and the module that parses it, from the command table itself.
 - `sweep-cpu-reference` (docs/acceptance-analysis.md): the committed sweep's
   table and the advisor's predictions beside the measurements, from its
   summary.json, with the provenance its files record.
@@ -20,25 +25,30 @@ generated table is stale (`python -m kimidflash config-docs` rewrites them).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 from . import backends
+from .cli import COMMANDS  # names each CLI module by its path; imports none of them
 from .config import Config, load_config
+from .docker.run import dry_run_line
 from .fsio import read_json_object
 from .mdtable import table
 from .paths import CONFIGS_DIR, REPO_ROOT
-from .render import render
+from .render import render, speculative_config
 from .settings import FIELDS, GROUPS, Settings
 from .sweep.report import advisor_lines, results_table
 from .train import config as train_config
 from .train.target import capture_overrides
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
-TARGETS = (REPO_ROOT / "README.md", REPO_ROOT / "docs" / "configuration.md")
+TARGETS = (REPO_ROOT / "docs" / "configuration.md",)  # the one config reference
 PATCHES_DOC = REPO_ROOT / "docs" / "patches.md"
 SERVING_DOC = REPO_ROOT / "docs" / "serving.md"
 ACCEPTANCE_DOC = REPO_ROOT / "docs" / "acceptance-analysis.md"
+MI300X_DOC = REPO_ROOT / "docs" / "mi300x.md"
+ARCHITECTURE_DOC = REPO_ROOT / "docs" / "architecture.md"
 SWEEP_RUN = REPO_ROOT / "benchmarks" / "sweep" / "cpu-reference"
 
 
@@ -228,13 +238,59 @@ def serve_commands() -> str:
     this checkout leaked in (a relative path in a config resolves against it)."""
     out = []
     for path in production_configs():
-        command = render(load_config(path, environ={})).shell()
-        if str(REPO_ROOT) in command:
-            raise ValueError(
-                f"{path.name}: the rendered command names {REPO_ROOT}; use a path that is the same on every machine"
-            )
+        command = _checked_portable(path.name, render(load_config(path, environ={})).shell())
         out += [f"### `configs/{path.name}`", "", "```bash", command, "```", ""]
     return "\n".join(out).rstrip("\n")
+
+
+def _checked_portable(name: str, text: str) -> str:
+    if str(REPO_ROOT) in text:
+        raise ValueError(
+            f"{name}: the rendered command names {REPO_ROOT}; use a path that is the same on every machine"
+        )
+    return text
+
+
+def mi300x_recipe() -> str:
+    """Per production config: what it is, the `docker run` line serve.sh runs with RUNTIME=docker
+    (the image `build-kimi26-dflash.sh` tags), and its speculative config as one JSON line."""
+    out = []
+    for path in production_configs():
+        config = load_config(path, {"RUNTIME": "docker"}, environ={})
+        rendered = render(config)
+        line = _checked_portable(path.name, dry_run_line(config, rendered, image=f"{config.image_name}:latest"))
+        spec = speculative_config(config)
+        kv = (
+            "BF16" if config.kv_cache_dtype == "auto" else f"{config.kv_cache_dtype.upper()} ({config.kv_scale_policy})"
+        )
+        out += [
+            f"### `configs/{path.name}`",
+            "",
+            f"{config.speculative_method}, k={config.num_speculative_tokens}, KV cache {kv}, MoE {config.moe_backend}, "
+            f"up to {config.max_num_seqs} sequences, vLLM {config.vllm_version}. `./serve.sh configs/{path.name} "
+            "--set RUNTIME=docker` runs:",
+            "",
+            "```bash",
+            line,
+            "```",
+            "",
+            "The speculative config alone (for your own `vllm serve`):",
+            "",
+            "```bash",
+            f"--speculative-config '{json.dumps(spec, separators=(',', ':'))}'",
+            "```",
+            "",
+        ]
+    return "\n".join(out).rstrip("\n")
+
+
+def command_table() -> str:
+    """One row per command of the package's table: its name, its help, the module it runs."""
+    rows = [
+        [f"`{c.name}`", cell(c.help), f"`{c.target.split(':')[0].removeprefix('kimidflash.').replace('.', '/')}.py`"]
+        for c in COMMANDS
+    ]
+    return "\n".join(table(["command", "what it does", "module"], rows))
 
 
 # ---------------------------------------------------------------- splicing
@@ -260,6 +316,8 @@ SECTIONS: dict[str, tuple[Callable[[], str], tuple[Path, ...]]] = {
     "patch-set": (patch_set_tables, (PATCHES_DOC,)),
     "backend-map": (backend_map_table, (PATCHES_DOC,)),
     "serve-commands": (serve_commands, (SERVING_DOC,)),
+    "mi300x-recipe": (mi300x_recipe, (MI300X_DOC,)),
+    "command-table": (command_table, (ARCHITECTURE_DOC,)),
     "sweep-cpu-reference": (sweep_results, (ACCEPTANCE_DOC,)),
 }
 

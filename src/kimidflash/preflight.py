@@ -59,7 +59,10 @@ def check_devices(config: Config, dev_root: Path) -> list[Check]:
             "GPUs",
             n >= tp,
             f"{n} render nodes for TENSOR_PARALLEL_SIZE={tp}",
-            f"lower TENSOR_PARALLEL_SIZE to {n} or use a host with {tp} GPUs",
+            f"lower TENSOR_PARALLEL_SIZE to {n} or use a host with {tp} GPUs"
+            if n
+            else f"no GPU is visible: use a host with {tp} MI300X GPUs and the amdgpu driver (in a container, "
+            "pass --device /dev/dri); on a machine without GPUs serve a CPU config (configs/cpu-reference.env)",
         )
     )
     return checks

@@ -43,5 +43,6 @@ def test_a_connection_closed_unanswered_is_sent_again():
 
 def test_a_server_that_never_answers_still_fails():
     url, _ = closing_server(unanswered=2)
-    with api_client(url, 10) as client, pytest.raises(httpx.RemoteProtocolError):
+    # closed unanswered twice: a clean close, or a reset when the host is loaded
+    with api_client(url, 10) as client, pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
         client.post("/v1/chat/completions", json={"x": 1})

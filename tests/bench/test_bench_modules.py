@@ -59,10 +59,18 @@ def test_options_first_means_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert default.startswith("error: --base-url is required")
 
 
-def test_help_lists_the_commands_and_a_typo_gets_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--help"]) == 0
-    out = capsys.readouterr().out
-    for name in ("run", "compare", "validate", "export-prompts"):
-        assert f"  {name} " in out
+def test_help_shows_the_seed_options_and_names_the_other_commands_and_a_typo_gets_a_suggestion(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The seed's users type `benchmark_multi_turn.py --help` for the benchmark's options: they get run's,
+    with the other commands named in its description."""
+    with pytest.raises(SystemExit) as done:  # argparse's own --help
+        main(["--help"])
+    assert done.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for option in ("--base-url", "--sessions", "--turns-per-session", "--max-tokens", "--output"):
+        assert option in out, option
+    for name in ("compare", "validate", "export-prompts"):
+        assert f"benchmark_multi_turn.py {name} -h" in out, name
     assert main(["compaer", "a.json"]) == 2
     assert "did you mean 'compare'?" in capsys.readouterr().err

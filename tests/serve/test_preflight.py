@@ -120,6 +120,15 @@ def test_missing_devices_and_too_few_gpus(tmp_path, kwargs, failing):
     assert {c.name for c in exc.value.failed} == failing
 
 
+@pytest.mark.parametrize("gpus, fix", [(4, "lower TENSOR_PARALLEL_SIZE to 4 or"), (0, "no GPU is visible")])
+def test_too_few_gpus_get_a_fix_that_fits_and_none_is_never_told_to_lower_tp_to_zero(tmp_path, gpus, fix):
+    proc, dev = fake_host(tmp_path, numa="0", gpus=gpus)
+    with pytest.raises(PreflightError) as exc:
+        preflight(rocm_config(tmp_path), proc, dev, is_root=True)
+    (failed,) = exc.value.failed
+    assert fix in failed.fix and "TENSOR_PARALLEL_SIZE to 0" not in failed.fix
+
+
 def test_missing_dri_counts_as_missing_and_zero_gpus(tmp_path):
     proc, dev = fake_host(tmp_path, numa="0")
     for p in (dev / "dri").iterdir():

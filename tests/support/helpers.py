@@ -48,15 +48,16 @@ def random_llama(path: Path, **config) -> Path:
 
 
 class _ResendOnDisconnect(httpx.HTTPTransport):
-    """Sends a request once more when the server closed its connection without answering: uvicorn's
-    keep-alive timer closing a connection the pool just handed out (seen in CI at 8 in flight on two
-    busy cores). A server that is gone fails the second send too. The tests' requests are greedy and
+    """Sends a request once more when the server closed its connection without answering (a clean
+    close, or a reset read as a ReadError on a loaded host): uvicorn's keep-alive timer closing a
+    connection the pool just handed out (seen in CI at 8 in flight on two busy cores). A server that
+    is gone fails the second send too. The tests' requests are greedy and
     safe to repeat; the benchmark counts such an error instead."""
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         try:
             return super().handle_request(request)
-        except httpx.RemoteProtocolError:
+        except (httpx.RemoteProtocolError, httpx.ReadError):
             return super().handle_request(request)
 
 

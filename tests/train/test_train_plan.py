@@ -235,3 +235,29 @@ def test_k26_eagle3_plan_refuses_perfectblend_on_one_nodes_disk(tmp_path):
     plan = make_plan(cfg, tmp_path, tplan.count_data(cfg, tmp_path, samples=1_160_000, tokens_per_sample=1500))
     (refusal,) = plan.refusals
     assert "captured hidden states need 69703 GiB, 13800 GiB available" in refusal and "43013 bytes" in refusal
+
+
+@pytest.mark.parametrize(
+    "config, rc, words",
+    [
+        ("train-kimi-k2.6.json", 2, ["1160000 samples", "98429 samples of this data's mean length"]),
+        ("train-kimi-k2.6-eagle3.json", 0, ["90000 samples", "fits"]),
+    ],
+)
+def test_the_shipped_k26_configs_plan_their_own_data_on_a_machine_without_it(tmp_path, capsys, config, rc, words):
+    """A fresh machine has no PerfectBlend: the configs say what they plan for (the seed's data for the
+    DFlash drafter, refused on one node's disk with the largest that fits; the head's 90k samples)."""
+    from kimidflash.train.cli import main
+
+    assert not tcfg.load(CONFIGS / config).data.prompts.startswith("synthetic")
+    assert main([str(CONFIGS / config), "--plan", "--run-dir", str(tmp_path)]) == rc
+    out = capsys.readouterr().out
+    assert "the config's data.planned_samples" in out
+    for w in words:
+        assert w in out, w
+
+
+@pytest.mark.parametrize("planned", [{"data.planned_samples": 10}, {"data.planned_tokens_per_sample": 0}])
+def test_planned_data_needs_both_numbers(planned):
+    with pytest.raises(TrainConfigError, match="data.planned_samples and data.planned_tokens_per_sample go together"):
+        tcfg.load(CONFIGS / "train-cpu-reference.json", planned)

@@ -67,7 +67,7 @@ def _run_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Multi-turn streaming benchmark for an "
         "OpenAI-compatible server (vLLM), with spec-decode acceptance from /metrics. "
-        f"Other commands: '{PROG} compare -h', '{PROG} validate -h'.",
+        "Other commands: " + ", ".join(f"'{PROG} {c.name} -h' ({c.help})" for c in COMMANDS if c.name != "run") + ".",
     )
     p.add_argument(
         "--base-url", help="the server's OpenAI root, e.g. http://127.0.0.1:8262/v1 (default: from --recipe-config)"

@@ -62,6 +62,10 @@ class DataOptions(_Section):
     prompts: str = "synthetic:1000"
     heldout_fraction: float = 0.05
     min_free_disk_gb: float = 5
+    # What the prompts will come to, for `--plan` before the prompts file is on this machine (a
+    # Kimi-scale config planned on a laptop): samples, and their mean tokens (prompt and answer).
+    planned_samples: int | None = None
+    planned_tokens_per_sample: int | None = None
 
 
 @dataclass(frozen=True)
@@ -354,6 +358,12 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConf
         raise TrainConfigError(f"{path}: train.engine {cfg['train']['engine']!r}: expected one of {', '.join(ENGINES)}")
     if cfg["train"]["method"] not in METHODS:
         raise TrainConfigError(f"{path}: train.method {cfg['train']['method']!r}: expected one of {', '.join(METHODS)}")
+    planned = [cfg["data"]["planned_samples"], cfg["data"]["planned_tokens_per_sample"]]
+    if (planned[0] is None) != (planned[1] is None) or any(v is not None and v < 1 for v in planned):
+        raise TrainConfigError(
+            f"{path}: data.planned_samples and data.planned_tokens_per_sample go together, each at least 1; "
+            f"got {planned[0]} and {planned[1]}"
+        )
     if cfg["run_dir"] is None:
         _check(TrainConfig, "name", cfg["name"], f"{path}: name")
         cfg["run_dir"] = str(cache_dir() / "train-runs" / cfg["name"])

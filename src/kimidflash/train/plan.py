@@ -201,10 +201,17 @@ def count_data(cfg: TrainConfig, run: Path, samples: int | None = None, tokens_p
     elif prompts.is_file():
         with open(prompts) as f:
             n = sum(1 for line in f if line.strip())
+    elif cfg.data.planned_samples and cfg.data.planned_tokens_per_sample:
+        n, per = cfg.data.planned_samples, tokens_per_sample or cfg.data.planned_tokens_per_sample
+        return Data(
+            n,
+            n * per,
+            f"the config's data.planned_samples: {n} samples x {per} tokens ({prompts} is not here)",
+        )
     else:
         raise TrainConfigError(
             f"--plan: no records in {run} and the prompts file {prompts} is not here; "
-            "give --samples and --tokens-per-sample"
+            "give --samples and --tokens-per-sample, or set data.planned_samples and data.planned_tokens_per_sample"
         )
     if cfg.regen.records:  # regen answers only the first regen.records prompts
         n = min(n, cfg.regen.records)
@@ -359,7 +366,7 @@ def speculators_plan(cfg: TrainConfig, data: Data, b: Budget) -> Plan:
             "speculators trains on GPUs (torchrun); cluster.gpus_per_node is 0. Set it, or "
             "speculators.dry_run=true to build and save the drafter without training"
         )
-    refusals += _disk_refusal(disk_need, b.disk, per_token)
+    refusals += _disk_refusal(disk_need, b.disk, per_token, data)
     plan = Plan(
         "speculators",
         memory,
@@ -378,12 +385,16 @@ def speculators_plan(cfg: TrainConfig, data: Data, b: Budget) -> Plan:
     return _fitted(plan, " Add GPUs (cluster.nodes, cluster.gpus_per_node) or shorten speculators.max_length.")
 
 
-def _disk_refusal(need: float, have: float, per_token: int) -> list[str]:
+def _disk_refusal(need: float, have: float, per_token: int, data: Data) -> list[str]:
+    """The disk refusal, with the largest data that fits: in tokens, and in samples of this data's mean length."""
     if need <= have:
         return []
+    tokens = int(max(have, 0) // per_token)
+    samples = tokens * data.samples // max(1, data.tokens)
     return [
         f"captured hidden states need {need / GiB:.0f} GiB, {have / GiB:.0f} GiB available: about "
-        f"{int(max(have, 0) // per_token)} tokens fit ({per_token} bytes each); cap regen.records or use a larger disk"
+        f"{tokens} tokens fit ({per_token} bytes each), {samples} samples of this data's mean length; "
+        "cap regen.records or use a larger disk"
     ]
 
 
@@ -400,7 +411,7 @@ def eagle3_plan(cfg: TrainConfig, data: Data, b: Budget) -> Plan:
     world = max(1, cl.nodes * cl.gpus_per_node)
     per_token = plan_eagle3.disk_bytes_per_token(head, cfg)
     disk_need = float(data.tokens * per_token)
-    refusals += _disk_refusal(disk_need, b.disk, per_token)
+    refusals += _disk_refusal(disk_need, b.disk, per_token, data)
     flops = plan_eagle3.flops_per_step(head, cfg, seq_len)
     epochs = tc.steps * world * tc.batch_size / max(1, data.samples)
     seconds: float | None = None

@@ -63,6 +63,11 @@ COMMANDS = (
         "give an exported drafter its own head over fewer tokens (a draft vocabulary, d2t)",
     ),
     Command(
+        "self-synth",
+        "kimidflash.selfsynth.cli:main",
+        "conversations the target writes itself (Magpie), in committed shards later sessions extend",
+    ),
+    Command(
         "ab",
         "kimidflash.bench.ab_cli:main",
         "A/B on your traffic: drafters of either family, ngram and no speculation, interleaved",

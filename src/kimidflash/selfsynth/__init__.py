@@ -1,0 +1,2 @@
+"""Conversations the target writes itself: user turns from its chat template's user prefix, answered
+greedily (Magpie)."""

@@ -1,0 +1,272 @@
+"""Conversations the target writes itself, in committed shards that later sessions extend.
+
+Magpie's recipe (Xu et al., 2024): an aligned model given only its chat template's user prefix
+writes a user request. The served target samples that request through `/v1/completions` on the
+rendered prefix (temperature and top-p from the settings, one seed per request, stopped at the
+template's end-of-turn marker), then answers it greedily through `/v1/chat/completions`, as
+serving verifies, with the token ids it saw and wrote (`return_token_ids`): the answer is a regen
+record, so a training run reads the shards as its `regen.jsonl`. Requests are filtered
+(`text.refusal`, near duplicates across every shard so far, the evaluation sets' 13-grams) before
+they are answered; answers caught in a repetition loop are dropped.
+
+A shard is written whole (gzip, then an atomic rename), and the manifest after it, so an
+interrupted run loses at most the shard in flight and the next run starts at the next index.
+Shard k's seeds are fixed by k, so a shard written again is the same shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ..errors import DataError, RegenError
+from ..fsio import read_json_object, sha256_file, utc_now, write_json_atomic
+from ..train.data import Record, make_record, synthetic_prompts
+from .text import Contamination, Diversity, Limits, NearDuplicates, refusal, repeat_share, words
+
+SENTINEL = "\u2063KIMIDFLASH-USER-TURN\u2063"
+SOURCE = "selfsynth"
+MANIFEST = "manifest.json"
+DIVERSITY_SAMPLE = 10_000
+
+
+@dataclass(frozen=True)
+class Template:
+    """The chat template cut at the user's content: what the target is given, and where its turn ends."""
+
+    prefix: str
+    stop: str
+
+    @classmethod
+    def of(cls, render: Callable[[list[dict[str, str]]], str]) -> Template:
+        """`render(messages)` is the chat template applied as text without a generation prompt."""
+        text = render([{"role": "user", "content": SENTINEL}])
+        if text.count(SENTINEL) != 1:
+            raise DataError("the chat template does not place a user message's content once: no user prefix")
+        prefix, suffix = text.split(SENTINEL)
+        stop = suffix.strip().split("\n")[0].strip() or suffix
+        if not stop:
+            raise DataError("the chat template ends a user turn with nothing: no end-of-turn marker to stop at")
+        return cls(prefix, stop)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a shard is made with; the manifest records it, and a run with other settings is refused."""
+
+    model: str
+    temperature: float = 1.0
+    top_p: float = 0.95
+    user_max_tokens: int = 128
+    answer_max_tokens: int = 256
+    per_shard: int = 256  # requests sampled per shard (kept: fewer, after the filters)
+    seed: int = 0
+    limits: Limits = field(default_factory=Limits)
+
+
+@dataclass
+class ShardResult:
+    records: list[Record]
+    users: list[str]
+    refused: Counter[str]
+    contaminated: int
+    generated_tokens: int
+    seconds: float
+
+
+async def _sample(client: httpx.AsyncClient, body: dict[str, Any], path: str) -> dict[str, Any]:
+    r = await client.post(path, json=body)
+    if r.status_code != 200:
+        raise RegenError(f"{path}: HTTP {r.status_code}: {r.text[:300]}")
+    return r.json()
+
+
+async def _shard(
+    base_url: str, template: Template, s: Settings, k: int, near: NearDuplicates, contam: Contamination, conc: int
+) -> ShardResult:
+    sem = asyncio.Semaphore(conc)
+    refused: Counter[str] = Counter()
+    t0 = time.monotonic()
+    async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
+
+        async def user(i: int) -> tuple[int, str, int]:
+            async with sem:
+                js = await _sample(
+                    client,
+                    {
+                        "model": s.model,
+                        "prompt": template.prefix,
+                        "max_tokens": s.user_max_tokens,
+                        "temperature": s.temperature,
+                        "top_p": s.top_p,
+                        "seed": s.seed * 1_000_003 + k * s.per_shard + i,
+                        "stop": [template.stop],
+                    },
+                    "/v1/completions",
+                )
+            choice = js["choices"][0]
+            text = choice["text"].strip() if choice.get("finish_reason") == "stop" else ""
+            return i, text, js.get("usage", {}).get("completion_tokens", 0)
+
+        sampled = await asyncio.gather(*(user(i) for i in range(s.per_shard)))
+        kept, contaminated, generated = [], 0, sum(n for _, _, n in sampled)
+        for i, text, _ in sampled:  # in seed order, so near-duplicate choices are reproducible
+            why = "cut_at_max_tokens" if not text else refusal(text, s.limits)
+            if why is None and contam.hits(text):
+                why, contaminated = "contaminated", contaminated + 1
+            why = why or near.check(text)
+            if why:
+                refused[why] += 1
+            else:
+                kept.append((i, text))
+
+        async def answer(i: int, text: str) -> Record | None:
+            async with sem:
+                js = await _sample(
+                    client,
+                    {
+                        "model": s.model,
+                        "messages": [{"role": "user", "content": text}],
+                        "max_tokens": s.answer_max_tokens,
+                        "temperature": 0.0,
+                        "return_token_ids": True,
+                    },
+                    "/v1/chat/completions",
+                )
+            choice = js["choices"][0]
+            out = choice.get("token_ids")
+            if out is None or js.get("prompt_token_ids") is None:
+                raise RegenError("the server returned no token ids: it must support return_token_ids (vLLM >= 0.10)")
+            if repeat_share(words(choice["message"]["content"] or "")) > s.limits.max_repeat:
+                refused["answer_repetition"] += 1
+                return None
+            return make_record(f"{SOURCE}-{k:05d}-{i:04d}", text, js["prompt_token_ids"], out, choice["finish_reason"])
+
+        answered = await asyncio.gather(*(answer(i, t) for i, t in kept))
+    records = [r for r in answered if r is not None]
+    generated += sum(r.n_response for r in records)
+    return ShardResult(records, [r.prompt for r in records], refused, contaminated, generated, time.monotonic() - t0)
+
+
+def shard_path(out: Path, k: int) -> Path:
+    return out / f"shard-{k:05d}.jsonl.gz"
+
+
+def read_shard(path: Path) -> list[Record]:
+    with gzip.open(path, "rt") as f:
+        return [Record(**json.loads(line)) for line in f if line.strip()]
+
+
+def load_manifest(out: Path, settings: Settings, template: Template) -> dict[str, Any]:
+    """The run's manifest, new or as it is; another model, template or settings is refused by name."""
+    path = out / MANIFEST
+    want = {"source": SOURCE, "settings": asdict(settings), "template": asdict(template)}
+    if not path.is_file():
+        return {**want, "shards": []}
+    doc = read_json_object(path, "self-synthesis manifest", DataError)
+    for key in ("source", "settings", "template"):
+        if doc.get(key) != want[key]:
+            raise DataError(
+                f"{path}: its {key} differ from this run's ({json.dumps(doc.get(key))[:200]} against "
+                f"{json.dumps(want[key])[:200]}): give another --out, or the same settings"
+            )
+    return doc
+
+
+def synthesize(
+    base_url: str,
+    out: Path,
+    template: Template,
+    settings: Settings,
+    shards: int,
+    eval_texts: Sequence[str],
+    concurrency: int = 32,
+    provenance: dict[str, Any] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Write `shards` more shards after those `out` holds; return the manifest."""
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = load_manifest(out, settings, template)
+    near, contam = NearDuplicates(), Contamination(eval_texts)
+    users = []
+    for entry in manifest["shards"]:  # every request kept so far, so no later shard repeats one
+        for rec in read_shard(out / entry["file"]):
+            near.check(rec.prompt)
+            users.append(rec.prompt)
+    start = len(manifest["shards"])
+    for k in range(start, start + shards):
+        res = asyncio.run(_shard(base_url, template, settings, k, near, contam, concurrency))
+        path = shard_path(out, k)
+        tmp = path.with_name(path.name + ".tmp")
+        with gzip.open(tmp, "wt") as f:
+            f.write("".join(json.dumps(asdict(r), separators=(",", ":")) + "\n" for r in res.records))
+        tmp.replace(path)
+        users += res.users
+        manifest["shards"].append(
+            {
+                "file": path.name,
+                "sha256": sha256_file(path),
+                "requested": settings.per_shard,
+                "kept": len(res.records),
+                "refused": dict(sorted(res.refused.items())),
+                "contaminated": res.contaminated,
+                "response_tokens": sum(r.n_response for r in res.records),
+                "generated_tokens": res.generated_tokens,
+                "seconds": round(res.seconds, 1),
+                "output_tok_s": round(res.generated_tokens / res.seconds, 1) if res.seconds else None,
+                "written": utc_now(),
+                **({"provenance": provenance} if provenance else {}),
+            }
+        )
+        manifest["totals"] = totals(manifest["shards"])
+        manifest["contamination"] = {
+            "ngram": contam.n,
+            "eval_texts": contam.sources,
+            "refused": manifest["totals"]["contaminated"],
+        }
+        n = min(len(users), DIVERSITY_SAMPLE)  # distinct-n falls as a set grows: compare equal counts
+        manifest["diversity"] = {
+            "sample": n,
+            "kept": asdict(Diversity.of(users[:n])),
+            "synthetic_templates": asdict(Diversity.of([q["prompt"] for q in synthetic_prompts(n, 0)])),
+        }
+        write_json_atomic(out / MANIFEST, manifest)
+        log(
+            f"self-synth: shard {k}: kept {len(res.records)} of {settings.per_shard} "
+            f"({', '.join(f'{n} {w}' for w, n in sorted(res.refused.items())) or 'none refused'}), "
+            f"{res.generated_tokens / max(res.seconds, 1e-9):.0f} tok/s"
+        )
+    return manifest
+
+
+def totals(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    refused: Counter[str] = Counter()
+    for e in entries:
+        refused.update(e["refused"])
+    return {
+        "shards": len(entries),
+        "requested": sum(e["requested"] for e in entries),
+        "kept": sum(e["kept"] for e in entries),
+        "response_tokens": sum(e["response_tokens"] for e in entries),
+        "contaminated": sum(e["contaminated"] for e in entries),
+        "refused": dict(sorted(refused.items())),
+    }
+
+
+def verify(out: Path) -> dict[str, Any]:
+    """The manifest, each shard's sha256 checked: what a training run reads is what was written."""
+    doc = read_json_object(out / MANIFEST, "self-synthesis manifest", DataError)
+    for entry in doc["shards"]:
+        path = out / entry["file"]
+        if not path.is_file() or sha256_file(path) != entry["sha256"]:
+            raise DataError(f"{path}: missing, or not the shard its manifest names (sha256 {entry['sha256'][:12]})")
+    return doc

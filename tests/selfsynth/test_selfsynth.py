@@ -1,0 +1,187 @@
+"""Self-synthesised conversations (kimidflash.selfsynth): the template's user prefix, the filters,
+near-duplicate and contamination checks, and resumable shards with a manifest, against a scripted
+server over a real socket."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from kimidflash.errors import DataError
+from kimidflash.selfsynth.synth import Settings, Template, read_shard, synthesize, verify
+from kimidflash.selfsynth.text import Contamination, Diversity, Limits, NearDuplicates, refusal
+
+SMOL = (
+    "{% for m in messages %}{% if loop.first and m['role'] != 'system' %}<|im_start|>system\nYou are a helpful "
+    "AI assistant<|im_end|>\n{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+)
+KIMI = (
+    "{% for m in messages %}<|im_{{ m['role'] }}|>{{ m['role'] }}<|im_middle|>{{ m['content'] }}<|im_end|>{% endfor %}"
+)
+EVAL = "def truncate_number(number: float) -> float: given a positive floating point number it can be decomposed into"
+
+
+def jinja(template: str):
+    import jinja2
+
+    t = jinja2.Template(template)
+    return lambda messages: t.render(messages=messages)
+
+
+@pytest.mark.parametrize(
+    "template, prefix, stop",
+    [
+        (SMOL, "<|im_start|>system\nYou are a helpful AI assistant<|im_end|>\n<|im_start|>user\n", "<|im_end|>"),
+        (KIMI, "<|im_user|>user<|im_middle|>", "<|im_end|>"),
+    ],
+)
+def test_the_user_prefix_is_the_template_up_to_the_users_content(template, prefix, stop):
+    assert Template.of(jinja(template)) == Template(prefix, stop)
+
+
+def test_a_template_without_a_user_content_is_refused():
+    with pytest.raises(DataError, match="no user prefix"):
+        Template.of(lambda m: "<|im_start|>user\n<|im_end|>")
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("Hi there", "too_short"),
+        (" ".join(["word"] * 300), "too_long"),
+        ("Напишите короткое стихотворение о море и ветре", "language"),
+        ("tell me more tell me more tell me more tell me more tell me more", "repetition"),
+        ("How do I write a SQL query that joins two tables?", None),
+    ],
+)
+def test_each_filter_names_its_reason(text, why):
+    assert refusal(text, Limits()) == why
+
+
+def test_exact_and_near_duplicates_are_caught_and_distinct_requests_pass():
+    near = NearDuplicates()
+    base = "Can you explain how a vineyard plans its harvest festival, from the tasting menu to the music and tickets?"
+    assert near.check(base) is None
+    assert near.check(base.upper() + "!") == "exact_duplicate"
+    assert near.check(base.replace("tickets?", "the tickets?")) == "near_duplicate"
+    assert near.check("Write a Python function that merges two sorted lists into one sorted list.") is None
+
+
+def test_a_text_sharing_a_13_gram_with_an_evaluation_set_is_contaminated():
+    c = Contamination([EVAL])
+    assert c.hits(f"Please help: {EVAL} thanks") > 0
+    assert c.hits("Given a positive number, decompose it into parts.") == 0
+
+
+def test_diversity_counts_distinct_ngrams_and_openings():
+    d = Diversity.of(["how do I cook rice", "how do I cook pasta", "write a poem"])
+    assert d.texts == 3 and d.openings == 2 and d.top_opening_share == pytest.approx(2 / 3, abs=1e-3)
+    assert 0 < d.distinct[2] < 1
+
+
+USERS = [
+    "How do I write a SQL query that joins two tables and counts rows?",
+    "Plan a weekend trip to the mountains with a tight budget for two people.",
+    "ok",  # too short
+    "Объясните, как работает фотосинтез у растений",  # not Latin script
+    f"Please help: {EVAL} and so on",  # contaminated
+    "What are three tips for staying resilient when a project fails?",
+    "How do I write a SQL query that joins two tables and counts rows?",  # exact duplicate
+    "Explain how homemade ice cream gets smooth without an ice cream machine at all.",
+]
+
+
+class Scripted(BaseHTTPRequestHandler):
+    """User turn by seed (the list above, cycled; seed 5 of each cycle hits max_tokens), a greedy answer
+    by content (one answer caught in a loop)."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/v1/completions":
+            assert body["prompt"].endswith("<|im_start|>user\n") and body["stop"] == ["<|im_end|>"]
+            i = body["seed"] % 9
+            text, finish = (USERS[i], "stop") if i < len(USERS) else ("and then and then", "length")
+            out = {"choices": [{"text": " " + text, "finish_reason": finish}], "usage": {"completion_tokens": 12}}
+        else:
+            assert body["temperature"] == 0.0 and body["return_token_ids"]
+            content = body["messages"][0]["content"]
+            answer = "loop loop loop loop loop loop" if "resilient" in content else f"Here is how: {content[:20]}"
+            out = {
+                "prompt_token_ids": [1, 2, 3, len(content)],
+                "choices": [{"message": {"content": answer}, "token_ids": [7, 8, 9], "finish_reason": "stop"}],
+            }
+        data = json.dumps(out).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+TEMPLATE = Template("<|im_start|>system\nYou are a helpful AI assistant<|im_end|>\n<|im_start|>user\n", "<|im_end|>")
+
+
+def run(server: str, out: Path, shards: int, **over) -> dict:
+    settings = Settings("smollm2", per_shard=9, **over)
+    return synthesize(server, out, TEMPLATE, settings, shards, [EVAL], concurrency=4, log=lambda m: None)
+
+
+def test_a_shard_keeps_the_answered_requests_and_counts_every_refusal(server, tmp_path):
+    doc = run(server, tmp_path, 1)
+    (entry,) = doc["shards"]
+    assert entry["refused"] == {
+        "answer_repetition": 1,
+        "contaminated": 1,
+        "cut_at_max_tokens": 1,
+        "exact_duplicate": 1,
+        "language": 1,
+        "too_short": 1,
+    }
+    recs = read_shard(tmp_path / entry["file"])
+    assert [r.prompt for r in recs] == [USERS[0], USERS[1], USERS[7]] and entry["kept"] == 3
+    for r in recs:  # a regen record: the served prompt's ids, then the answer's, the loss on the answer only
+        assert r.input_ids[-3:] == [7, 8, 9] and r.loss_mask == [0, 0, 0, 0, 1, 1, 1]
+        assert r.id.startswith("selfsynth-00000-")
+    assert doc["contamination"] == {"ngram": 13, "eval_texts": 1, "refused": 1}
+    assert doc["diversity"]["sample"] == 3 and set(doc["diversity"]) == {"sample", "kept", "synthetic_templates"}
+    assert verify(tmp_path)["totals"]["kept"] == 3
+
+
+def test_a_second_run_adds_the_next_shard_and_refuses_what_earlier_shards_hold(server, tmp_path):
+    run(server, tmp_path, 1)
+    doc = run(server, tmp_path, 1)  # shard 1's seeds cycle the same list: every request is a duplicate now
+    assert [e["file"] for e in doc["shards"]] == ["shard-00000.jsonl.gz", "shard-00001.jsonl.gz"]
+    assert doc["shards"][1]["kept"] == 0 and doc["shards"][1]["refused"]["exact_duplicate"] >= 3
+    assert doc["totals"]["shards"] == 2 and doc["totals"]["kept"] == 3
+
+
+def test_other_settings_on_the_same_folder_are_refused_by_name(server, tmp_path):
+    run(server, tmp_path, 1)
+    with pytest.raises(DataError, match="its settings differ"):
+        run(server, tmp_path, 1, temperature=0.7)
+
+
+def test_a_shard_that_is_not_the_one_its_manifest_names_is_refused(server, tmp_path):
+    doc = run(server, tmp_path, 1)
+    shard = tmp_path / doc["shards"][0]["file"]
+    with gzip.open(shard, "wt") as f:
+        f.write("")
+    with pytest.raises(DataError, match="not the shard its manifest names"):
+        verify(tmp_path)
+    assert not list(tmp_path.glob("*.tmp"))

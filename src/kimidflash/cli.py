@@ -64,7 +64,7 @@ COMMANDS = (
     ),
     Command(
         "self-synth",
-        "kimidflash.selfsynth.cli:main",
+        "kimidflash.train.selfsynth_cli:main",
         "conversations the target writes itself (Magpie), in committed shards later sessions extend",
     ),
     Command(

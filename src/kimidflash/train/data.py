@@ -24,9 +24,11 @@ import random
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from ..bench.prompts import PromptError, load_builtin, load_file
 from ..errors import DataError
+from ..fsio import read_json_object, sha256_file
 from ..prompts_real import SPECS, RealPromptsError, training_prompts
 from .prompt_sets import TIERS
 
@@ -86,6 +88,8 @@ def load_prompts(spec: str, seed: int, *, evaluation_only: bool = False) -> list
         return synthetic_prompts(n, seed)
     if spec == "builtin":
         return [{"id": c.id, "prompt": c.turns[0]} for c in load_builtin()]
+    if spec.startswith(SELFSYNTH):
+        return [{"id": r.id, "prompt": r.prompt} for r in selfsynth_records(spec)]
     path = Path(spec).expanduser()
     if not path.is_file():
         raise DataError(f"prompts file not found: {path}")
@@ -93,6 +97,34 @@ def load_prompts(spec: str, seed: int, *, evaluation_only: bool = False) -> list
         return [{"id": c.id, "prompt": c.turns[0]} for c in load_file(path)]
     except PromptError as e:
         raise DataError(str(e)) from None
+
+
+SELFSYNTH = "selfsynth:"  # data.prompts: conversations the target wrote itself (train/selfsynth.py), answered too
+
+
+SHARDS_MANIFEST = "manifest.json"
+
+
+def read_shard(path: Path) -> list[Record]:
+    """One gzip JSONL shard of records, as `kimidflash self-synth` writes them."""
+    with gzip.open(path, "rt") as f:
+        return [Record(**json.loads(line)) for line in f if line.strip()]
+
+
+def verify_shards(folder: Path) -> dict[str, Any]:
+    """A shard folder's manifest, each shard's sha256 checked: what a run reads is what was written."""
+    doc = read_json_object(folder / SHARDS_MANIFEST, "self-synthesis manifest", DataError)
+    for entry in doc["shards"]:
+        path = folder / entry["file"]
+        if not path.is_file() or sha256_file(path) != entry["sha256"]:
+            raise DataError(f"{path}: missing, or not the shard its manifest names (sha256 {entry['sha256'][:12]})")
+    return doc
+
+
+def selfsynth_records(spec: str) -> list[Record]:
+    """The verified shards' records of `selfsynth:DIR` (regen copies them: their answers are the target's)."""
+    folder = Path(spec.removeprefix(SELFSYNTH)).expanduser()
+    return [r for entry in verify_shards(folder)["shards"] for r in read_shard(folder / entry["file"])]
 
 
 @dataclass

@@ -25,7 +25,7 @@ from ..logtail import Log
 from ..prepare import prepare
 from . import device
 from .config import TrainConfig
-from .data import load_prompts, read_records
+from .data import SELFSYNTH, RecordWriter, load_prompts, read_records, selfsynth_records
 from .engines import PhaseArgs, engine_for, method_for
 from .manifest import Manifest
 from .regen import regen
@@ -78,6 +78,22 @@ class _RegenOptions(TypedDict):
     limit: int | None
 
 
+def _copy_selfsynth(spec: str, out: Path, have: set[str], wanted: set[str]) -> int:
+    """The records of every `selfsynth:DIR` part of data.prompts that the run wants and lacks."""
+    recs = [
+        r
+        for part in spec.split("+")
+        if part.strip().startswith(SELFSYNTH)
+        for r in selfsynth_records(part.strip())
+        if r.id in wanted and r.id not in have
+    ]
+    if recs:
+        writer = RecordWriter(out)
+        writer.write_many(recs)
+        writer.close()
+    return len(recs)
+
+
 def phase_regen(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
     """The target's own answers to the prompts (served by the recipe or at regen.base_url, or regen.source=hf)."""
     prompts = [json.loads(line) for line in (run / "prompts.jsonl").read_text().splitlines() if line.strip()]
@@ -94,6 +110,10 @@ def phase_regen(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
     )
     out = run / "regen.jsonl"
     have = {x.id for x in read_records(out)}
+    copied = _copy_selfsynth(cfg.data.prompts, out, have, {p["id"] for p in prompts})
+    if copied:
+        log(f"regen: {copied} self-synthesised records copied (answered by the target when they were written)")
+        have = {x.id for x in read_records(out)}
     if len(have & {p["id"] for p in prompts}) == len(prompts):
         log("regen: every prompt already answered")
         return

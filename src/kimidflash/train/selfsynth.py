@@ -30,12 +30,12 @@ import httpx
 
 from ..errors import DataError, RegenError
 from ..fsio import read_json_object, sha256_file, utc_now, write_json_atomic
-from ..train.data import Record, make_record, synthetic_prompts
-from .text import Contamination, Diversity, Limits, NearDuplicates, refusal, repeat_share, words
+from .data import SHARDS_MANIFEST as MANIFEST
+from .data import Record, make_record, read_shard, synthetic_prompts
+from .selfsynth_text import Contamination, Diversity, Limits, NearDuplicates, refusal, repeat_share, words
 
 SENTINEL = "\u2063KIMIDFLASH-USER-TURN\u2063"
 SOURCE = "selfsynth"
-MANIFEST = "manifest.json"
 DIVERSITY_SAMPLE = 10_000
 
 
@@ -161,11 +161,6 @@ def shard_path(out: Path, k: int) -> Path:
     return out / f"shard-{k:05d}.jsonl.gz"
 
 
-def read_shard(path: Path) -> list[Record]:
-    with gzip.open(path, "rt") as f:
-        return [Record(**json.loads(line)) for line in f if line.strip()]
-
-
 def load_manifest(out: Path, settings: Settings, template: Template) -> dict[str, Any]:
     """The run's manifest, new or as it is; another model, template or settings is refused by name."""
     path = out / MANIFEST
@@ -260,13 +255,3 @@ def totals(entries: list[dict[str, Any]]) -> dict[str, Any]:
         "contaminated": sum(e["contaminated"] for e in entries),
         "refused": dict(sorted(refused.items())),
     }
-
-
-def verify(out: Path) -> dict[str, Any]:
-    """The manifest, each shard's sha256 checked: what a training run reads is what was written."""
-    doc = read_json_object(out / MANIFEST, "self-synthesis manifest", DataError)
-    for entry in doc["shards"]:
-        path = out / entry["file"]
-        if not path.is_file() or sha256_file(path) != entry["sha256"]:
-            raise DataError(f"{path}: missing, or not the shard its manifest names (sha256 {entry['sha256'][:12]})")
-    return doc

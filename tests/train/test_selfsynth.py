@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from kimidflash.errors import DataError
-from kimidflash.selfsynth.synth import Settings, Template, read_shard, synthesize, verify
-from kimidflash.selfsynth.text import Contamination, Diversity, Limits, NearDuplicates, refusal
+from kimidflash.train.data import read_shard, verify_shards
+from kimidflash.train.selfsynth import Settings, Template, synthesize
+from kimidflash.train.selfsynth_text import Contamination, Diversity, Limits, NearDuplicates, refusal
 
 SMOL = (
     "{% for m in messages %}{% if loop.first and m['role'] != 'system' %}<|im_start|>system\nYou are a helpful "
@@ -160,7 +161,7 @@ def test_a_shard_keeps_the_answered_requests_and_counts_every_refusal(server, tm
         assert r.id.startswith("selfsynth-00000-")
     assert doc["contamination"] == {"ngram": 13, "eval_texts": 1, "refused": 1}
     assert doc["diversity"]["sample"] == 3 and set(doc["diversity"]) == {"sample", "kept", "synthetic_templates"}
-    assert verify(tmp_path)["totals"]["kept"] == 3
+    assert verify_shards(tmp_path)["totals"]["kept"] == 3
 
 
 def test_a_second_run_adds_the_next_shard_and_refuses_what_earlier_shards_hold(server, tmp_path):
@@ -183,5 +184,20 @@ def test_a_shard_that_is_not_the_one_its_manifest_names_is_refused(server, tmp_p
     with gzip.open(shard, "wt") as f:
         f.write("")
     with pytest.raises(DataError, match="not the shard its manifest names"):
-        verify(tmp_path)
+        verify_shards(tmp_path)
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_training_run_reads_the_shards_as_prompts_and_regen_copies_their_answers(server, tmp_path):
+    from kimidflash.train.data import load_prompts, read_records
+    from kimidflash.train.phases import _copy_selfsynth
+
+    run(server, tmp_path / "synth", 1)
+    spec = f"selfsynth:{tmp_path / 'synth'}"
+    prompts = load_prompts(f"{spec}+synthetic:2", 0)
+    assert [p["prompt"] for p in prompts[:3]] == [USERS[0], USERS[1], USERS[7]] and len(prompts) == 5
+    out = tmp_path / "regen.jsonl"
+    wanted = {p["id"] for p in prompts}
+    assert _copy_selfsynth(f"{spec}+synthetic:2", out, set(), wanted) == 3
+    assert _copy_selfsynth(spec, out, {r.id for r in read_records(out)}, wanted) == 0  # nothing twice
+    assert [r.input_ids[-3:] for r in read_records(out)] == [[7, 8, 9]] * 3

@@ -8,8 +8,9 @@ import pytest
 
 from kimidflash.config import load_config
 from kimidflash.prompts_real.sets import humaneval_set
-from kimidflash.selfsynth.cli import template_of
-from kimidflash.selfsynth.synth import Settings, read_shard, synthesize, verify
+from kimidflash.train.data import read_shard, verify_shards
+from kimidflash.train.selfsynth import Settings, synthesize
+from kimidflash.train.selfsynth_cli import template_of
 
 from ..support.helpers import CONFIGS, SERVE_SH, api_client
 
@@ -26,7 +27,7 @@ def test_the_served_target_writes_requests_and_answers_them_greedily(shared_serv
     settings = Settings(config.served_model_name, per_shard=16, user_max_tokens=96, answer_max_tokens=48)
     evals = [t for r in humaneval_set().records for t in r["turns"]]
     doc = synthesize(server.base_url, tmp_path, template, settings, 1, evals, concurrency=8, log=print)
-    (entry,) = verify(tmp_path)["shards"]
+    (entry,) = verify_shards(tmp_path)["shards"]
     assert entry["requested"] == 16 and entry["kept"] + sum(entry["refused"].values()) == 16
     recs = read_shard(tmp_path / entry["file"])
     assert len(recs) >= 8, entry  # most sampled requests are usable

@@ -15,9 +15,9 @@ from ..errors import DataError
 from ..paths import cache_dir, portable
 from ..prepare import prepare
 from ..prompts_real.sets import bigbench_sets, humaneval_set, mtbench_set
-from . import synth as _domain
-from .synth import Settings, Template, synthesize
-from .text import Limits
+from . import selfsynth as _domain
+from .selfsynth import Settings, Template, synthesize
+from .selfsynth_text import Limits
 
 SERVE = ["SPECULATIVE_METHOD=none", "ENABLE_PREFIX_CACHING=true"]  # every request shares the template's prefix
 

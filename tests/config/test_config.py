@@ -566,3 +566,13 @@ def test_an_mla_target_names_its_last_layer_only_from_vllm_0_32(tmp_path, versio
     check_checkpoints(hidden_states_config(tmp_path, "cpu-kimi-tiny.env", "0,2", MLA_TEXT, VLLM_VERSION=version))
     for ok in ("0.32.0", "0.33.0"):
         check_checkpoints(hidden_states_config(tmp_path, "cpu-kimi-tiny.env", "0,3", MLA_TEXT, VLLM_VERSION=ok))
+
+
+def test_an_eagle3_mla_head_in_float32_on_cpu_names_its_own_backend():
+    """vLLM gives the head AMX_MLA on a host with AMX too, which refused its float32 weights at load."""
+    with pytest.raises(ConfigError) as err:
+        load_config(CONFIGS / "cpu-kimi-tiny-eagle3.env", {"DRAFT_ATTENTION_BACKEND": ""}, environ={})
+    assert err.value.key == "DRAFT_ATTENTION_BACKEND"
+    for w in ("(empty) with an EAGLE-3 MLA head in float32 on CPU", "AMX_MLA", "DRAFT_ATTENTION_BACKEND=CPU_MLA"):
+        assert w in str(err.value), w
+    load_config(CONFIGS / "cpu-kimi-tiny-eagle3.env", {"DTYPE": "bfloat16", "DRAFT_ATTENTION_BACKEND": ""}, environ={})

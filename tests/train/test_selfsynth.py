@@ -198,6 +198,6 @@ def test_a_training_run_reads_the_shards_as_prompts_and_regen_copies_their_answe
     assert [p["prompt"] for p in prompts[:3]] == [USERS[0], USERS[1], USERS[7]] and len(prompts) == 5
     out = tmp_path / "regen.jsonl"
     wanted = {p["id"] for p in prompts}
-    assert _copy_selfsynth(f"{spec}+synthetic:2", out, set(), wanted) == 3
-    assert _copy_selfsynth(spec, out, {r.id for r in read_records(out)}, wanted) == 0  # nothing twice
+    assert len(_copy_selfsynth(f"{spec}+synthetic:2", out, set(), wanted)) == 3
+    assert _copy_selfsynth(spec, out, {r.id for r in read_records(out)}, wanted) == set()  # nothing twice
     assert [r.input_ids[-3:] for r in read_records(out)] == [[7, 8, 9]] * 3

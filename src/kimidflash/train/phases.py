@@ -78,8 +78,9 @@ class _RegenOptions(TypedDict):
     limit: int | None
 
 
-def _copy_selfsynth(spec: str, out: Path, have: set[str], wanted: set[str]) -> int:
-    """The records of every `selfsynth:DIR` part of data.prompts that the run wants and lacks."""
+def _copy_selfsynth(spec: str, out: Path, have: set[str], wanted: set[str]) -> set[str]:
+    """Append the records of every `selfsynth:DIR` part of data.prompts that the run wants and lacks;
+    return their ids."""
     recs = [
         r
         for part in spec.split("+")
@@ -91,7 +92,7 @@ def _copy_selfsynth(spec: str, out: Path, have: set[str], wanted: set[str]) -> i
         writer = RecordWriter(out)
         writer.write_many(recs)
         writer.close()
-    return len(recs)
+    return {r.id for r in recs}
 
 
 def phase_regen(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) -> None:
@@ -112,8 +113,8 @@ def phase_regen(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
     have = {x.id for x in read_records(out)}
     copied = _copy_selfsynth(cfg.data.prompts, out, have, {p["id"] for p in prompts})
     if copied:
-        log(f"regen: {copied} self-synthesised records copied (answered by the target when they were written)")
-        have = {x.id for x in read_records(out)}
+        log(f"regen: {len(copied)} self-synthesised records copied (answered by the target when they were written)")
+        have |= copied
     if len(have & {p["id"] for p in prompts}) == len(prompts):
         log("regen: every prompt already answered")
         return

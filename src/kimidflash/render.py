@@ -107,6 +107,8 @@ def vllm_argv(config: Config) -> list[str]:
     spec = speculative_config(config)
     if spec is not None:
         argv += [BY_NAME["SPECULATIVE_METHOD"].flag, json.dumps(spec, separators=(",", ":"))]
+        if v.spec_decode_metrics != "none":
+            argv += [BY_NAME["SPEC_DECODE_METRICS"].flag, v.spec_decode_metrics]
     if v.speculative_method == "extract_hidden_states":
         connector = {
             "kv_connector": "ExampleHiddenStatesConnector",

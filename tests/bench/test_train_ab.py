@@ -128,7 +128,8 @@ def test_as_shipped_serves_the_config_as_it_is_and_is_checked_against_the_best_o
     out = tmp_path / "ab"
     own = write_env(tmp_path / "own.env", f"INCLUDE={CONFIGS / 'cpu-tiny.env'}\nDRAFT_MODEL_DIR={drafter}\n")
     assert command("ab", [str(own), *argv(out, drafter, "--as-shipped", "--rounds", "2")[1:]]) == 0
-    assert fake_serving[2] == [] and len(fake_serving) == 6  # no override: the schedule the file ships is served
+    # only the per-request stats are asked for (ab adds them to every variant): the schedule the file ships is served
+    assert fake_serving[2] == ["SPEC_DECODE_METRICS=summary"] and len(fake_serving) == 6
     check = json.loads((out / "shipped-check.json").read_text())
     assert [r["concurrency"] for r in check["rows"]] == [1, 2]
 

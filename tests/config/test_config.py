@@ -509,6 +509,7 @@ def test_rendered_flags_come_from_the_schema():
         "--enable-prefix-caching",
         "--no-enable-prefix-caching",
         "--speculative-config",
+        "--per-request-spec-decode-metrics",
         "--attention-backend",
         "--chat-template",
         "--tool-call-parser",
@@ -576,3 +577,17 @@ def test_an_eagle3_mla_head_in_float32_on_cpu_names_its_own_backend():
     for w in ("(empty) with an EAGLE-3 MLA head in float32 on CPU", "AMX_MLA", "DRAFT_ATTENTION_BACKEND=CPU_MLA"):
         assert w in str(err.value), w
     load_config(CONFIGS / "cpu-kimi-tiny-eagle3.env", {"DTYPE": "bfloat16", "DRAFT_ATTENTION_BACKEND": ""}, environ={})
+
+
+def test_per_request_spec_metrics_are_asked_for_only_where_a_drafter_runs_and_only_on_pins_that_have_them():
+    from kimidflash.render import render
+
+    argv = render(load_config(CONFIGS / "cpu-reference.env", ["SPEC_DECODE_METRICS=summary"])).argv
+    assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "summary"
+    none = load_config(CONFIGS / "cpu-reference.env", ["SPEC_DECODE_METRICS=summary", "SPECULATIVE_METHOD=none"])
+    assert "--per-request-spec-decode-metrics" not in render(none).argv  # vLLM refuses it without speculation
+    assert "--per-request-spec-decode-metrics" not in render(load_config(CONFIGS / "cpu-reference.env")).argv
+    with pytest.raises(ConfigError, match=r"SPEC_DECODE_METRICS.*VLLM_VERSION is 0\.20\.2"):
+        load_config(
+            CONFIGS / "production.env", ["SPEC_DECODE_METRICS=summary", "VLLM_VERSION=0.20.2"], check_files=False
+        )

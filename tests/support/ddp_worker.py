@@ -33,6 +33,9 @@ def main(out: Path) -> None:
             }
         )
     )
+    # Both ranks leave gloo together: a rank that tears it down while its peer still writes
+    # aborts that peer ("terminate called without an active exception", seen once in CI).
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 

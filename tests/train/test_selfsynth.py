@@ -201,3 +201,23 @@ def test_a_training_run_reads_the_shards_as_prompts_and_regen_copies_their_answe
     assert len(_copy_selfsynth(f"{spec}+synthetic:2", out, set(), wanted)) == 3
     assert _copy_selfsynth(spec, out, {r.id for r in read_records(out)}, wanted) == set()  # nothing twice
     assert [r.input_ids[-3:] for r in read_records(out)] == [[7, 8, 9]] * 3
+
+
+def test_a_selfsynth_folder_in_data_prompts_is_relative_to_the_config_as_other_paths_are(tmp_path):
+    from kimidflash.train import config as tcfg
+
+    from ..support.helpers import CONFIGS
+
+    cfg = tcfg.load(CONFIGS / "train-smollm2-selfsynth.json")
+    assert cfg.data.prompts == "selfsynth:" + str((CONFIGS.parent / "drafters" / "smollm2-selfsynth").resolve())
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.json").write_text(
+        json.dumps(
+            {
+                "name": "x",
+                "drafter_config": str(CONFIGS / "smollm2-dflash-draft.json"),
+                "data": {"prompts": "synthetic:10+selfsynth:../ss"},
+            }
+        )
+    )
+    assert tcfg.load(tmp_path / "sub" / "c.json").data.prompts == f"synthetic:10+selfsynth:{tmp_path / 'ss'}"

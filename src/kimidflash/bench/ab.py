@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..backends import family_draft_backend
+from ..backends import family_draft_backend, spec_decode_metrics_option
 from ..background import serving_process
 from ..checkpoint_layout import read_config
 from ..config import SCHEDULE_KEY, Config, load_config, parse_overrides
@@ -159,7 +159,13 @@ def run_ab(opts: AbOptions) -> list[Path]:
         )
     if config.runtime != "docker":  # serve's own step, run first so a --drafter it generates (the tiny pair)
         prepare(config, log=lambda m: print(f"ab: {m}", file=sys.stderr))  # exists when variants() reads it
-    todo = [(label, sets + list(opts.set)) for label, sets in variants(opts, config)]
+    # each drafting server sends per-request stats, for acceptance by prompt length (none ignores it)
+    metrics = (
+        []
+        if config.spec_decode_metrics != "none" or not spec_decode_metrics_option(config.vllm_version)
+        else ["SPEC_DECODE_METRICS=summary"]
+    )
+    todo = [(label, sets + metrics + list(opts.set)) for label, sets in variants(opts, config)]
     rounds = [r if opts.rounds > 1 else None for r in range(1, opts.rounds + 1)]
     if opts.interleave:
         return _run_interleaved(opts, out, todo, rounds, cats)

@@ -22,7 +22,7 @@ from ..fsio import write_text_atomic
 from .charts import draw_all
 from .markdown import render_markdown
 from .series import Acceptance, Row, acceptance_from_rows, load_inputs
-from .tables import Table, head_to_head, per_position, per_user_latency
+from .tables import Table, head_to_head, per_position, per_prompt_length, per_user_latency
 from .terminal import print_tables
 
 
@@ -43,10 +43,14 @@ def compare(
     charts: str | os.PathLike[str] | None = None,
     terminal: bool = True,
 ) -> CompareReport:
-    """Load result files, build the three tables, print/write them, draw charts."""
+    """Load result files, build the three tables (and acceptance by prompt length where the servers sent
+    per-request stats), print/write them, draw charts."""
     rows, published_acc, sources = load_inputs(paths)
     acc = published_acc + acceptance_from_rows(rows)
     tables = [head_to_head(rows, baseline), per_user_latency(rows), per_position(acc, rows, baseline)]
+    by_length = per_prompt_length(rows)
+    if by_length is not None:
+        tables.append(by_length)
     chart_paths = draw_all(rows, acc, Path(charts)) if charts is not None else []
     md_dir = Path(markdown).resolve().parent if markdown else None
     md = render_markdown(tables, sources, [p.resolve() for p in chart_paths] if md_dir else chart_paths, md_dir)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import hostcpu, stats
+from . import hostcpu, lengths, stats
 from .client import RequestRecord, worse_source
 from .metrics import (
     GENERATION_TOKENS,
@@ -113,46 +113,6 @@ def _structured(name: str | None, ok: list[RequestRecord]) -> dict[str, Any] | N
         kind = p.split(":")[0]
         kinds[kind] = kinds.get(kind, 0) + 1
     return {"workload": name, "checked": len(ok), "valid": len(ok) - len(problems), "problems": kinds}
-
-
-def _per_request_spec(records: list[RequestRecord]) -> dict[str, Any] | None:
-    """The server's per-request spec-decode stats (vLLM `--per-request-spec-decode-metrics`),
-    pooled over requests: an independent check of the /metrics deltas (summed
-    `num_spec_steps` should equal the drafts delta, and so on)."""
-    got = [r.spec_decode for r in records if r.spec_decode]
-    if not got:
-        return None
-
-    def total(key: str) -> float | None:
-        vals = [d[key] for d in got if isinstance(d.get(key), (int, float))]
-        return float(sum(vals)) if len(vals) == len(got) else None
-
-    def avg(key: str) -> float | None:
-        vals = [float(d[key]) for d in got if isinstance(d.get(key), (int, float))]
-        return round(sum(vals) / len(vals), 6) if vals else None
-
-    steps, drafted, accepted = total("num_spec_steps"), total("num_draft_tokens"), total("num_accepted_draft_tokens")
-    out: dict[str, Any] = {
-        "requests_with_stats": len(got),
-        "num_spec_steps": steps,
-        "num_draft_tokens": drafted,
-        "num_accepted_draft_tokens": accepted,
-        "acceptance_rate": round(accepted / drafted, 6) if (accepted is not None and drafted) else None,
-        "acceptance_length": round(1 + accepted / steps, 6) if (accepted is not None and steps) else None,
-        "mean_request_acceptance_length": avg("mean_acceptance_length"),
-        "mean_request_draft_acceptance_rate": avg("draft_acceptance_rate"),
-        "per_position_acceptance_rates": None,
-    }
-    # acceptance_histogram[j]: steps with exactly j drafts accepted; position i is
-    # reached by the steps with more than i accepted (vLLM's cumulative counts).
-    hists = [d["acceptance_histogram"] for d in got if isinstance(d.get("acceptance_histogram"), list)]
-    if len(hists) == len(got):
-        width = max(len(h) for h in hists)
-        pooled = [sum(h[j] for h in hists if j < len(h)) for j in range(width)]
-        n_steps = sum(pooled)
-        if n_steps:
-            out["per_position_acceptance_rates"] = [round(sum(pooled[i + 1 :]) / n_steps, 6) for i in range(width - 1)]
-    return out
 
 
 def _error_counts(records: list[RequestRecord]) -> dict[str, int]:
@@ -313,7 +273,11 @@ def build_result(run: RunData) -> dict[str, Any]:
         "server_cpu": hostcpu.summary(*run.server_cpu, _duration(run), counts["total_output_tokens"])
         if run.server_cpu
         else None,
-        "per_request_spec_decode": _per_request_spec(ok),
+        # vLLM's per-request stats (SPEC_DECODE_METRICS), pooled: a check of the /metrics deltas
+        "per_request_spec_decode": lengths.pool([r.spec_decode for r in ok if r.spec_decode]),
+        "per_request_spec_decode_by_prompt_length": lengths.by_prompt_length(
+            [(r.prompt_tokens, r.spec_decode) for r in ok]
+        ),
         "structured": _structured(run.config.get("workload"), ok),
         "warmup": {
             "requests": len(run.warmup),

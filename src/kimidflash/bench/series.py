@@ -37,6 +37,8 @@ class Row:
     per_user_tps: float | None = None
     spec: SpecDecodeStats | None = None
     partial: bool = False
+    # per request: (prompt_tokens, vLLM's per-request spec-decode stats), where the server sent them
+    request_spec: list[tuple[int | None, dict[str, Any]]] = field(default_factory=list)
 
 
 @dataclass
@@ -111,6 +113,11 @@ def rows_from_result(doc: dict[str, Any], path: str) -> Row:
         per_user_tps=_num(doc.get("mean_per_user_output_throughput")),
         spec=spec,
         partial=bool(doc.get("partial")),
+        request_spec=[
+            (q.get("prompt_tokens"), q["spec_decode"])
+            for q in doc.get("requests") or []
+            if isinstance(q, dict) and isinstance(q.get("spec_decode"), dict)
+        ],
     )
 
 

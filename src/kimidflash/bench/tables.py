@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .lengths import by_prompt_length
 from .series import Acceptance, Row, by_series_concurrency, pick_baseline, series_order, speedups
 
 DASH = "—"
@@ -178,3 +179,32 @@ def per_position(acc: list[Acceptance], rows: list[Row], baseline: str | None = 
             + ", ".join(f_pct(x) for x in a.conditional)
         )
     return Table("Per-position acceptance", headers, body, right=set(range(1, len(headers) - 1)), notes=notes)
+
+
+def per_prompt_length(rows: list[Row]) -> Table | None:
+    """Acceptance per prompt-length bucket and series, every run of the series pooled, from the
+    servers' per-request stats (SPEC_DECODE_METRICS); None where no run has them."""
+    body: list[list[str]] = []
+    for s in series_order(rows):
+        pairs = [p for r in rows if r.series == s for p in r.request_spec]
+        for b in by_prompt_length(list(pairs)) or []:
+            rates = b["per_position_acceptance_rates"] or []
+            body.append(
+                [
+                    s,
+                    b["prompt_tokens"],
+                    str(b["requests_with_stats"]),
+                    DASH if b["num_spec_steps"] is None else f"{b['num_spec_steps']:.0f}",
+                    DASH if b["acceptance_length"] is None else f"{b['acceptance_length']:.2f}",
+                    ", ".join(f_pct(x) for x in rates) or DASH,
+                ]
+            )
+    if not body:
+        return None
+    headers = ["Series", "Prompt tokens", "Requests", "Draft steps", "Mean acceptance length", "Per position"]
+    notes = [
+        "From each request's own spec-decode stats (vLLM --per-request-spec-decode-metrics, SPEC_DECODE_METRICS), "
+        "by the request's prompt_tokens (the chat template and, in a session, earlier turns included); "
+        "acceptance length 1 + accepted / draft steps."
+    ]
+    return Table("Acceptance by prompt length", headers, body, right={2, 3, 4}, notes=notes)

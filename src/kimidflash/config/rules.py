@@ -201,6 +201,11 @@ def check_config(config: Config) -> None:
         fail(*refused)
     if v.tool_strict_level and not v.tool_call_parser:
         fail("TOOL_STRICT_LEVEL", "applies to tool calls, and TOOL_CALL_PARSER is empty: set a parser or empty it")
+    if v.spec_decode_metrics != "none" and not backends.spec_decode_metrics_option(v.vllm_version):
+        fail(
+            "SPEC_DECODE_METRICS",
+            f"--per-request-spec-decode-metrics was read from vLLM 0.32 on; VLLM_VERSION is {v.vllm_version}: set none",
+        )
     if v.speculative_method == "ngram" and v.ngram_prompt_lookup_min > v.ngram_prompt_lookup_max:
         fail("NGRAM_PROMPT_LOOKUP_MIN", "must not exceed NGRAM_PROMPT_LOOKUP_MAX")
 

@@ -25,6 +25,7 @@ from ..eagle3 import AUX_IDS, Eagle3Error, Eagle3Head
 from ..errors import TrainConfigError
 from ..formats.drafter import DrafterShape, read_json_file
 from ..paths import cache_dir
+from .data import SELFSYNTH
 
 __all__ = [
     "DEFAULTS",
@@ -133,6 +134,10 @@ class TrainOptions(_Section):
     method: str = "dflash"
     ttt_steps: int = 4  # eagle3: draft steps unrolled in training (training-time test)
     anchor_l2: float = 0.0  # eagle3 fine-tune: L2 pull toward train.init_from_drafter's weights, per step
+    # Every N steps rank 0 walks select_records held-out records at eval.k[0] and keeps the best
+    # checkpoint as checkpoints/best.pt, which eval and export take (select.py). None: the last.
+    select_every: int | None = None
+    select_records: int = 256
 
     @classmethod
     def coerce(cls, tc: TrainOptions | dict[str, Any]) -> TrainOptions:
@@ -352,6 +357,13 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConf
             node = node[k]
         _check(_SECTION_CLASSES.get(keys[0], TrainConfig), keys[-1], node[keys[-1]], f"{path}: {'.'.join(keys)}")
         node[keys[-1]] = _resolve(node[keys[-1]], folder)
+    # a self-synthesised folder is a path, relative to the config as the keys above are
+    cfg["data"]["prompts"] = "+".join(
+        SELFSYNTH + str(_resolve(part.strip()[len(SELFSYNTH) :], folder))
+        if part.strip().startswith(SELFSYNTH)
+        else part
+        for part in str(cfg["data"]["prompts"]).split("+")
+    )
     if not cfg["drafter_config"]:
         raise TrainConfigError(f"{path}: 'drafter_config' is required")
     if cfg["train"]["engine"] not in ENGINES:

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..errors import TrainConfigError
-from ..fsio import cpuinfo_field
+from ..fsio import cpuinfo_field, open_atomic
 
 DEVICES = ("auto", "cpu", "cuda")
 AUTOCAST = ("auto", "bfloat16", "none")
@@ -102,6 +102,12 @@ def autocast(device: torch.device, mode: str) -> torch.autocast:
 def load_to_cpu(path: Path) -> dict:
     """A checkpoint, every tensor on the CPU (RNG states must be; the model moves later)."""
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def atomic_save(obj_: object, path: Path) -> None:
+    """torch.save, published atomically: a checkpoint is the old one or the whole new one."""
+    with open_atomic(path) as f:
+        torch.save(obj_, f)
 
 
 @contextlib.contextmanager

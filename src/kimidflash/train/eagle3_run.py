@@ -45,7 +45,7 @@ from .manifest import Manifest, portable_train
 from .progress import bar
 from .target import target_info
 from .target_weights import load_target_head
-from .trainer import atomic_save, lr_lambda
+from .trainer import lr_lambda
 
 Seq = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -235,7 +235,7 @@ def train(
                 row["heldout_loss"] = round(heldout_loss(objective, held, cfg, device), 5)
                 if row["heldout_loss"] < best:
                     best = row["heldout_loss"]
-                    atomic_save({"model": model.state_dict(), "step": step, "heldout_loss": best}, best_path)
+                    dev.atomic_save({"model": model.state_dict(), "step": step, "heldout_loss": best}, best_path)
             history.append(row)
             if save:
                 gens = [gen.get_state()]
@@ -243,7 +243,7 @@ def train(
                     gens = [None] * world
                     torch.distributed.all_gather_object(gens, gen.get_state())
                 if rank == 0:
-                    atomic_save(
+                    dev.atomic_save(
                         {
                             "model": model.state_dict(),
                             "optimizer": opt.state_dict(),

@@ -123,9 +123,17 @@ def offline_acceptance(
     }
 
 
+def checkpoint_path(run: Path) -> Path:
+    """The checkpoint a run measures and exports: best.pt where train.select_every kept one
+    (select.py), else last.pt."""
+    best = run / "checkpoints" / "best.pt"
+    return best if best.is_file() else run / "checkpoints" / "last.pt"
+
+
 def load_checkpoint_model(run: Path, model_dir: str | Path) -> tuple[DFlashDrafter, dict[str, Any]]:
-    """The drafter of the run's last checkpoint (its shape is the one recorded there) on the CPU, and the checkpoint."""
-    st = dev.load_to_cpu(run / "checkpoints" / "last.pt")
+    """The drafter of the run's checkpoint (checkpoint_path; its shape is the one recorded there) on
+    the CPU, and the checkpoint."""
+    st = dev.load_to_cpu(checkpoint_path(run))
     embed, head = load_target_head(model_dir)
     model = DFlashDrafter(st["shape"], embed, head)
     model.load_state_dict(st["model"])
@@ -167,7 +175,7 @@ def evaluate_run(
     if too_long:  # before any record is scored, so no k's result is computed and then lost
         raise TrainConfigError(
             f"eval.k {too_long[0]}: needs a block of {too_long[0] + 1} > the drafter's block size "
-            f"{block} ({drafter if drafter is not None else (checkpoint_run or run) / 'checkpoints' / 'last.pt'})"
+            f"{block} ({drafter if drafter is not None else checkpoint_path(checkpoint_run or run)})"
         )
     model.to(dev.resolve(cfg.train.device))
     split = cfg.eval.split

@@ -22,6 +22,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 
 from ..errors import TrainConfigError
 from ..formats.drafter import DrafterShape
-from ..fsio import open_atomic, write_text_atomic
+from ..fsio import write_text_atomic
 from ..logtail import Log
 from . import device as dev
 from . import objective as obj
@@ -53,6 +54,7 @@ from .distill import soft_cross_entropy
 from .manifest import Manifest, portable_train
 from .model import DFlashDrafter
 from .progress import bar
+from .select import WalkSelect
 from .target import target_info
 from .target_weights import load_target_head
 from .warmstart import drafter_tensors, target_layer_tensors
@@ -150,12 +152,6 @@ def sample_batch(
     return collate(items, block_size, mask_id, [store.topk(i) for i in idx])
 
 
-def atomic_save(obj_: Any, path: Path) -> None:
-    """torch.save, published atomically: a checkpoint is the old one or the whole new one."""
-    with open_atomic(path) as f:
-        torch.save(obj_, f)
-
-
 @dataclass
 class _Run:
     """Everything a training step changes, and what a checkpoint saves and restores."""
@@ -226,7 +222,7 @@ def _save(r: _Run, last: Path) -> None:
         gens = allg
     if r.rank != 0:
         return
-    atomic_save(
+    dev.atomic_save(
         {
             "model": r.model.state_dict(),
             "optimizer": r.opt.state_dict(),
@@ -287,9 +283,11 @@ def train_loop(
     frequent: torch.Tensor | None = None,
     init: dict[str, torch.Tensor] | None = None,
     max_seconds: float | None = None,
+    select: Callable[[DFlashDrafter, int, int], float | None] | None = None,
 ) -> dict[str, Any]:
     """Train to tc.steps (or stop at `stop_at`, or at the first step that ends after
-    `max_seconds`, a wall-clock chunk); returns the final state summary."""
+    `max_seconds`, a wall-clock chunk); returns the final state summary. `select` (select.py)
+    runs on rank 0 after each step; what it returns goes into that step's history."""
     shape, tc = DrafterShape.coerce(shape), TrainOptions.coerce(tc)
     r = _start(shape, tc, embed, head, seed, init)
     weights = obj.loss_weights(tc.block_size, tc.gamma).to(r.device)
@@ -305,6 +303,9 @@ def train_loop(
     with bar("train", tc.steps, start=r.step) as advance:
         while r.step < end:
             loss, info = _step(r, store, weights, fwd, frequent)
+            walk = select(r.model, r.step, end) if select is not None and r.rank == 0 else None
+            if walk is not None:
+                r.history[-1]["select_walk"] = walk
             if progress:
                 advance(loss=f"{loss.item():.3f}", acc1=f"{info['acc1']:.2f}")
             out_of_time = max_seconds is not None and time.monotonic() - t0 >= max_seconds
@@ -392,6 +393,7 @@ def train(
         frequent=frequent,
         init=init,
         max_seconds=max_seconds,
+        select=WalkSelect.for_run(cfg, run, resume, log),
     )
     hist = res["history"]
     tail = hist[-50:]

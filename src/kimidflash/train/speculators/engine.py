@@ -48,6 +48,10 @@ def train_speculators(cfg: TrainConfig, run: Path, resume: bool, max_steps: int 
     """Run `speculators train` (torchrun on GPUs, or a dry run); returns its save path."""
     spec, shape, info, sp, cl = folder(run), cfg.shape(), target_info(cfg), cfg.speculators, cfg.cluster
     world = cl.nodes * cl.gpus_per_node
+    if cfg.train.select_every:
+        raise TrainConfigError(
+            f"{cfg.path}: train.select_every is our engine's (train.engine ours); speculators keeps its own checkpoints"
+        )
     if not sp.dry_run and not world:
         raise TrainConfigError(
             f"{cfg.path}: speculators trains on GPUs under torchrun and cluster.gpus_per_node is "

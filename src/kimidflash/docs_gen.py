@@ -15,9 +15,9 @@
   prints with `RUNTIME=docker`, and its `--speculative-config` on its own.
 - `command-table` (docs/architecture.md): every command of `python -m kimidflash`, what it
   does and the module that parses it, from the command table itself.
-- `sweep-cpu-reference` (docs/acceptance-analysis.md): the committed sweep's
-  table and the advisor's predictions beside the measurements, from its
-  summary.json, with the provenance its files record.
+- `sweep-cpu-reference` (benchmarks/advisor/LOG.md, the advisor's lab log): the
+  committed sweep's table and the advisor's predictions beside the measurements,
+  from its summary.json, with the provenance its files record.
 
 Prose around the markers stays hand-written; tests/core/test_docs.py fails when a
 generated table is stale (`python -m kimidflash config-docs` rewrites them).
@@ -26,6 +26,7 @@ generated table is stale (`python -m kimidflash config-docs` rewrites them).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from .fsio import read_json_object
 from .mdtable import table
 from .paths import CONFIGS_DIR, REPO_ROOT
 from .render import render, speculative_config
-from .settings import FIELDS, GROUPS, Settings
+from .settings import FIELDS, GROUPS, Field, Settings
 from .sweep.report import advisor_lines, results_table
 from .train import config as train_config
 from .train.target import capture_overrides
@@ -46,7 +47,7 @@ START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 TARGETS = (REPO_ROOT / "docs" / "configuration.md",)  # the one config reference
 PATCHES_DOC = REPO_ROOT / "docs" / "patches.md"
 SERVING_DOC = REPO_ROOT / "docs" / "serving.md"
-ACCEPTANCE_DOC = REPO_ROOT / "docs" / "acceptance-analysis.md"
+ADVISOR_LOG = REPO_ROOT / "benchmarks" / "advisor" / "LOG.md"  # a lab log: measurements live beside their files
 MI300X_DOC = REPO_ROOT / "docs" / "mi300x.md"
 ARCHITECTURE_DOC = REPO_ROOT / "docs" / "architecture.md"
 SWEEP_RUN = REPO_ROOT / "benchmarks" / "sweep" / "cpu-reference"
@@ -62,6 +63,11 @@ def _default(value: object) -> str:
     return f"`{value}`" if value != "" else "(empty)"
 
 
+def _type(f: Field) -> str:
+    """A key's type; a numeric range as code, since its bounds are values, not figures."""
+    return f"`{f.describe_type()}`" if f.kind in ("int", "float") and "[" in f.describe_type() else f.describe_type()
+
+
 def cell(text: str) -> str:
     """A table cell: a bare `|` (even inside backticks) would end it."""
     return text.replace("|", "\\|")
@@ -69,7 +75,7 @@ def cell(text: str) -> str:
 
 def reference_table() -> str:
     rows = [
-        [f"`{f.name}`", f.describe_type(), _default(f.default), cell(f.doc)]
+        [f"`{f.name}`", _type(f), _default(f.default), cell(f.doc)]
         for group in GROUPS
         for f in FIELDS
         if f.group == group
@@ -300,7 +306,7 @@ def sweep_results() -> str:
     manifest = read_json_object(SWEEP_RUN / "manifest.json")
     first = read_json_object(min((SWEEP_RUN / "points").glob("*/*-r1.json")))["provenance"]
     git, host = manifest["git"], manifest["host"]
-    rel = "../" + SWEEP_RUN.relative_to(REPO_ROOT).as_posix()
+    rel = os.path.relpath(SWEEP_RUN, ADVISOR_LOG.parent).replace(os.sep, "/")
     head = (
         f"Measured by `{manifest['command']}` (`{rel}/`), started {manifest['created']}, summarised "
         f"{summary['date']}; git {(git['revision'] or 'unknown')[:12]}{' (dirty)' if git['dirty'] else ''}; "
@@ -318,7 +324,7 @@ SECTIONS: dict[str, tuple[Callable[[], str], tuple[Path, ...]]] = {
     "serve-commands": (serve_commands, (SERVING_DOC,)),
     "mi300x-recipe": (mi300x_recipe, (MI300X_DOC,)),
     "command-table": (command_table, (ARCHITECTURE_DOC,)),
-    "sweep-cpu-reference": (sweep_results, (ACCEPTANCE_DOC,)),
+    "sweep-cpu-reference": (sweep_results, (ADVISOR_LOG,)),
 }
 
 

@@ -113,7 +113,7 @@ class Settings:
     )
     health_timeout: int = key(
         1200,
-        "Seconds to wait for /health before giving up (Kimi K2.6 loads in ~5 min on MI300X).",
+        "Seconds to wait for /health before giving up (Kimi K2.6 takes minutes to load on MI300X).",
         "deployment",
         minimum=10,
         maximum=7200,
@@ -286,7 +286,7 @@ class Settings:
         "",
         (
             "Attention backend of the draft, e.g. ROCM_ATTN for a DFlash drafter, TRITON_MLA for an EAGLE-3 MLA head."
-            " vLLM >= 0.21: passed as speculative_config.attention_backend. 0.20.x has no such option: only the "
+            " From vLLM 0.21: passed as speculative_config.attention_backend. 0.20.x has no such option: only the "
             "backend that pin picks itself is accepted (ROCM_ATTN on ROCm), and nothing is passed. Empty: vLLM "
             "decides. DFlash: ROCM_AITER_FA and MLA backends are refused. EAGLE-3: a backend of the head's own "
             "attention family (MLA for an MLA head)."
@@ -347,7 +347,8 @@ class Settings:
     )
     max_num_seqs: int = key(
         32,
-        "Concurrent sequences per step (each slot adds ~15.8 tok/s in the seed's runs).",
+        "Concurrent sequences per step (in the seed's runs each slot added about one user's throughput: "
+        "docs/results.md).",
         "scheduler",
         minimum=1,
         maximum=4096,
@@ -502,10 +503,14 @@ class Field:
         if self.kind == "choice":
             return " \\| ".join(self.choices)
         if self.kind in ("int", "float") and (self.minimum is not None or self.maximum is not None):
-            lo = "" if self.minimum is None else f"{self.minimum:g}"
-            hi = "" if self.maximum is None else f"{self.maximum:g}"
+            lo = "" if self.minimum is None else self._bound(self.minimum)
+            hi = "" if self.maximum is None else self._bound(self.maximum)
             return f"{self.kind} [{lo}, {hi}]"
         return self.kind
+
+    def _bound(self, value: float) -> str:
+        """A range's bound as written: an int key's exactly (1048576, not 1.04858e+06)."""
+        return str(int(value)) if self.kind == "int" else f"{value:g}"
 
 
 def _kind(hint: Any) -> tuple[Kind, tuple[str, ...]]:

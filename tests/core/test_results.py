@@ -14,7 +14,26 @@ from ..support.helpers import ROOT
 RESULTS = ROOT / "docs" / "results.md"
 GUIDES = [
     ROOT / "README.md",
-    *(ROOT / "docs" / f"{n}.md" for n in ("mi300x", "tuning", "drafter-training", "playbook", "serving")),
+    *(
+        ROOT / "docs" / f"{n}.md"
+        for n in (
+            "mi300x",
+            "tuning",
+            "drafter-training",
+            "playbook",
+            "serving",
+            "fp8-kv",
+            "structured-outputs",
+            "preshard",
+            "fleet",
+            "benchmarking",
+            "acceptance-analysis",
+            "sweep",
+            "patches",
+            "configuration",
+            "development",
+        )
+    ),
 ]
 LINKED = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "benchmarks").glob("*/LOG.md"))]
 

@@ -126,7 +126,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
 
 @pytest.mark.parametrize("name", ["seed-profile", "cpu-reference-k7-c8", "cpu-reference-k7-c1"])
 def test_the_committed_advice_files_are_what_the_advisor_says_today(name, tmp_path, capsys):
-    """docs/acceptance-analysis.md quotes these files: rerun their commands and compare."""
+    """docs/acceptance-analysis.md and benchmarks/advisor/LOG.md quote these files: rerun their commands and compare."""
     committed = json.loads((ROOT / "benchmarks" / "advisor" / f"{name}.json").read_text())
     argv = committed["provenance"]["command"].split()[2:]
     out = tmp_path / "again.json"

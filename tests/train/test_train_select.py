@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from kimidflash.errors import TrainConfigError
-from kimidflash.formats.drafter import DrafterShape
 from kimidflash.train import config as tcfg
 from kimidflash.train import select
-from kimidflash.train.evaluate import checkpoint_path, offline_acceptance
+from kimidflash.train.evaluate import checkpoint_path, checkpoint_state, offline_acceptance
 from kimidflash.train.trainer import build_model, train_loop
 
 from ..support.helpers import CONFIGS
@@ -26,8 +25,22 @@ def _selector(tmp_path, logs, every=2):
         every=every,
         autocast="none",
         path=tmp_path / "checkpoints" / "best.pt",
-        shape=DrafterShape.coerce(SHAPE),
         log=logs.append,
+    )
+
+
+def _train(tmp_path, sel):
+    """TRAIN's six steps in float32 from seed 0, `sel` called after each."""
+    return train_loop(
+        SHAPE,
+        dict(TRAIN, autocast="none"),
+        FakeStore(),
+        *head(),
+        tmp_path / "checkpoints",
+        seed=0,
+        resume=False,
+        progress=False,
+        select=sel,
     )
 
 
@@ -42,17 +55,7 @@ def test_best_pt_holds_the_weights_of_the_step_that_walked_best_not_the_last(tmp
 
     monkeypatch.setattr(select, "offline_acceptance", scripted)
     logs: list[str] = []
-    res = train_loop(
-        SHAPE,
-        dict(TRAIN, autocast="none"),
-        FakeStore(),
-        *head(),
-        tmp_path / "checkpoints",
-        seed=0,
-        resume=False,
-        progress=False,
-        select=_selector(tmp_path, logs),
-    )
+    res = _train(tmp_path, _selector(tmp_path, logs))
     assert [(h["step"], h["select_walk"]) for h in res["history"] if "select_walk" in h] == [
         (2, 1.2),
         (4, 1.5),
@@ -69,17 +72,7 @@ def test_best_pt_holds_the_weights_of_the_step_that_walked_best_not_the_last(tmp
 def test_the_kept_checkpoint_walks_what_it_was_kept_for(tmp_path):
     """Unscripted: best.pt's weights, loaded again, walk exactly the figure it was kept at."""
     sel = _selector(tmp_path, [], every=3)
-    train_loop(
-        SHAPE,
-        dict(TRAIN, autocast="none"),
-        FakeStore(),
-        *head(),
-        tmp_path / "checkpoints",
-        seed=0,
-        resume=False,
-        progress=False,
-        select=sel,
-    )
+    _train(tmp_path, sel)
     best = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=False)
     model = build_model(SHAPE, *head(), seed=0, std=0.1)
     model.load_state_dict(best["model"])
@@ -89,6 +82,21 @@ def test_the_kept_checkpoint_walks_what_it_was_kept_for(tmp_path):
 
 def test_without_a_best_checkpoint_eval_takes_the_last(tmp_path):
     assert checkpoint_path(tmp_path) == tmp_path / "checkpoints" / "last.pt"
+
+
+def test_eval_and_export_get_best_weights_and_step_with_last_pts_shape_and_history(tmp_path):
+    """What export reads besides the weights (shape, history, options) is last.pt's; the weights and
+    the step are best.pt's."""
+    res = _train(tmp_path, _selector(tmp_path, [], every=2))
+    last = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=False)
+    best = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=False)
+    st = checkpoint_state(tmp_path)
+    assert st["step"] == best["step"] and st["walk"] == best["walk"]
+    assert st["model"].keys() == best["model"].keys()
+    assert all(torch.equal(st["model"][n], best["model"][n]) for n in best["model"])
+    assert st["shape"] == last["shape"] and st["history"] == last["history"] == res["history"]
+    (tmp_path / "checkpoints" / "best.pt").unlink()
+    assert checkpoint_state(tmp_path)["step"] == last["step"] == 6
 
 
 def _capture(run, heldout):

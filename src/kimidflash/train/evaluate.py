@@ -124,16 +124,25 @@ def offline_acceptance(
 
 
 def checkpoint_path(run: Path) -> Path:
-    """The checkpoint a run measures and exports: best.pt where train.select_every kept one
-    (select.py), else last.pt."""
+    """The checkpoint whose weights a run measures and exports: best.pt where train.select_every kept
+    one (select.py), else last.pt."""
     best = run / "checkpoints" / "best.pt"
     return best if best.is_file() else run / "checkpoints" / "last.pt"
 
 
+def checkpoint_state(run: Path) -> dict[str, Any]:
+    """last.pt (shape, history, options), its weights and step replaced by best.pt's where there is one."""
+    st = dev.load_to_cpu(run / "checkpoints" / "last.pt")
+    if checkpoint_path(run).name == "best.pt":
+        best = dev.load_to_cpu(checkpoint_path(run))
+        st = {**st, "model": best["model"], "step": best["step"], "walk": best["walk"]}
+    return st
+
+
 def load_checkpoint_model(run: Path, model_dir: str | Path) -> tuple[DFlashDrafter, dict[str, Any]]:
-    """The drafter of the run's checkpoint (checkpoint_path; its shape is the one recorded there) on
+    """The drafter of the run's checkpoint (checkpoint_state; its shape is the one recorded there) on
     the CPU, and the checkpoint."""
-    st = dev.load_to_cpu(checkpoint_path(run))
+    st = checkpoint_state(run)
     embed, head = load_target_head(model_dir)
     model = DFlashDrafter(st["shape"], embed, head)
     model.load_state_dict(st["model"])

@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 
 from ..errors import TrainConfigError
-from ..formats.drafter import DrafterShape
 from ..logtail import Log
 from . import device as dev
 from .capture import SequenceStore, ShardStore, check_mode
@@ -38,7 +37,6 @@ class WalkSelect:
     every: int
     autocast: str
     path: Path
-    shape: DrafterShape
     log: Log
     best: float = float("-inf")
 
@@ -60,7 +58,7 @@ class WalkSelect:
                 f"(train.select_records), {run / 'capture'} holds {len(held)}: raise data.heldout_fraction"
             )
         path = run / "checkpoints" / "best.pt"
-        sel = cls(held, cfg.eval.k[0], tc.select_records, tc.select_every, tc.autocast, path, cfg.shape(), log)
+        sel = cls(held, cfg.eval.k[0], tc.select_records, tc.select_every, tc.autocast, path, log)
         if path.is_file():
             if not resume:  # a fresh run: the old run's best says nothing about this one
                 path.unlink()
@@ -81,9 +79,7 @@ class WalkSelect:
         kept = walk > self.best
         if kept:
             self.best = walk
-            dev.atomic_save(
-                {"model": model.state_dict(), "step": step, "walk": walk, "shape": self.shape.as_dict()}, self.path
-            )
+            dev.atomic_save({"model": model.state_dict(), "step": step, "walk": walk}, self.path)
         self.log(
             f"train: step {step}: walk {walk:.4f} at k={self.k} on {self.records} held-out records"
             + (" (best so far: best.pt)" if kept else f" (best {self.best:.4f})")

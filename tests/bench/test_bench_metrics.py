@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
+import httpx
 import pytest
 
+from kimidflash.bench import server
 from kimidflash.bench.metrics import (
     ACCEPTED_PER_POS,
     DRAFTS,
@@ -173,3 +176,41 @@ def test_a_fleet_reads_as_one_server_and_each_replica_keeps_its_share() -> None:
     assert fleet.seconds == max(a.seconds, b.seconds, c.seconds)
     assert shares({"a": a, "b": b, "c": c}) == {"a": 0.75, "b": 0.25, "c": 0.0}
     assert shares({"idle": c}) == {"idle": None}
+
+
+def _scrape_through(handler) -> Snapshot:
+    async def go() -> Snapshot:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await server.scrape(client, "http://stub/metrics", {}, "m")
+
+    return asyncio.run(go())
+
+
+def test_a_scrape_that_times_out_once_is_tried_again(monkeypatch) -> None:
+    monkeypatch.setattr(server.asyncio, "sleep", _no_sleep)
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        if len(calls) == 1:
+            raise httpx.ReadTimeout("loaded host", request=request)
+        return httpx.Response(200, text=TEXT_BEFORE)
+
+    assert _scrape_through(handler).total(GENERATION_TOKENS) == 150.0 and len(calls) == 2
+
+
+def test_a_server_that_never_answers_fails_the_scrape_after_its_tries(monkeypatch) -> None:
+    monkeypatch.setattr(server.asyncio, "sleep", _no_sleep)
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        raise httpx.ConnectError("refused", request=request)
+
+    with pytest.raises(httpx.ConnectError):
+        _scrape_through(handler)
+    assert len(calls) == server.SCRAPE_TRIES
+
+
+async def _no_sleep(_s: float) -> None:
+    return None

@@ -381,7 +381,9 @@ def test_ab_on_real_vllm_serves_each_variant_and_reads_its_counters(tmp_path):
         cat = next(c for c in sorted(cats, key=len, reverse=True) if name.endswith(f"-{c}-c2.json"))
         turns = 2 if "multi-turn" in name else 1
         assert doc["completed"] == 4 * turns and doc["total_output_tokens"] == 4 * turns * 24, name
-        assert doc["server_metrics"]["output_tokens_match_server"] is True, name
+        sm = doc["server_metrics"]
+        assert sm["available"], (name, sm["error"])
+        assert sm["output_tokens_match_server"] is True, name
         assert doc["config"]["kind"] == kinds[cat], name
         cpu = {r["process"]: r for r in doc["server_cpu"]["processes"]}  # vLLM's processes, each by its role
         assert {"VLLM::Worker", "VLLM::EngineCore", "api server", "launcher"} <= set(cpu), (name, list(cpu))

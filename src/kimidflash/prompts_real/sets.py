@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import RealPromptsError
+from ..downloads import downloads_dir
+from ..errors import DownloadError, RealPromptsError
 from ..fsio import sha256_file, write_json_atomic, write_text_atomic
 from .bigbench import CAP_SALT, CATEGORIES, CATEGORY_RULES, Catalog, cap, read_catalog
 from .humaneval import CHAT_PROMPT, read_problems
@@ -125,7 +126,7 @@ def bigbench_sets(
     sdist, fetched), read once: the wide set's cap keeps a superset of the others' prompts."""
     if wide_per_task < per_task:
         raise RealPromptsError(f"wide_per_task {wide_per_task} is below per_task {per_task}")
-    path = Path(archive) if archive is not None else BIGBENCH.fetch()
+    path = Path(archive) if archive is not None else _fetch_bigbench()
     cat: Catalog = read_catalog(path, max_chars=max_chars, per_task=wide_per_task)
     train, held = split_tasks({t.name: t.category for t in cat.tasks.values()}, fraction, salt)
     common = {
@@ -263,6 +264,59 @@ def mtbench_set(wheel: str | Path | None = None) -> PromptSet:
     )
 
 
+def _fetch_bigbench() -> Path:
+    try:
+        return BIGBENCH.fetch()
+    except DownloadError as e:
+        raise DownloadError(
+            f"{e}. An index may no longer hold {BIGBENCH.requirement} (PyPI offered only bigbench 0.0.1, "
+            "which has no task data, on 2026-12-05): pass a copy you have with --bigbench FILE (its sha256 "
+            f"is {BIGBENCH.sha256}), put it at {downloads_dir() / 'sdists' / BIGBENCH.filename}, or "
+            "write the HumanEval and MT-bench sets alone with --no-bigbench"
+        ) from None
+
+
+def _picked(sets: Mapping[str, PromptSet], names: tuple[str, ...], per_set: int, salt: str) -> dict[str, list]:
+    """heldout-mix's records of each set in `names`, in the order it takes them."""
+    if per_set < 1:
+        raise RealPromptsError(f"heldout-mix: per_set must be at least 1, not {per_set}")
+    picked: dict[str, list[dict[str, Any]]] = {}
+    for name in names:
+        records = sets[name].records
+        ordered = (
+            deal(records)
+            if name == "bigbench-heldout"
+            else sorted(records, key=lambda r: hashlib.sha256(f"{salt}:{r['id']}".encode()).hexdigest())
+        )
+        picked[name] = [{**r, "set": name} for r in ordered[:per_set]]
+    return picked
+
+
+def mix_parts(sets: Mapping[str, PromptSet], per_set: int = MIX_PER_SET, salt: str = SALT) -> dict[str, PromptSet]:
+    """`heldout-mix-<set>` for each set of `MIX_OF` in `sets`: exactly the records heldout-mix takes
+    from it (each set's draw is its own, so a part needs no other set), for a report per source."""
+    names = tuple(n for n in MIX_OF if n in sets)
+    parts: dict[str, PromptSet] = {}
+    for name, records in _picked(sets, names, per_set, salt).items():
+        part = f"heldout-mix-{name}"
+        parts[part] = PromptSet(
+            part,
+            "eval",
+            records,
+            {
+                "set": part,
+                "purpose": "eval",
+                "format": sets[name].manifest["format"] + "; each also names its `set`",
+                "source": sets[name].manifest["source"],
+                "selection": {"of": "heldout-mix", "set": name, "per_set": per_set, "salt": salt},
+                "note": "evaluation only: heldout-mix's records from one set, in its order",
+                "prompts": len(records),
+                "categories": _counts(records),
+            },
+        )
+    return parts
+
+
 def mix_set(sets: Mapping[str, PromptSet], per_set: int = MIX_PER_SET, salt: str = SALT) -> PromptSet:
     """`heldout-mix`: up to `per_set` records of each set in `MIX_OF`, interleaved set by set.
 
@@ -272,17 +326,7 @@ def mix_set(sets: Mapping[str, PromptSet], per_set: int = MIX_PER_SET, salt: str
     missing = [n for n in MIX_OF if n not in sets]
     if missing:
         raise RealPromptsError(f"heldout-mix needs the sets {', '.join(missing)}")
-    if per_set < 1:
-        raise RealPromptsError(f"heldout-mix: per_set must be at least 1, not {per_set}")
-    picked: dict[str, list[dict[str, Any]]] = {}
-    for name in MIX_OF:
-        records = sets[name].records
-        ordered = (
-            deal(records)
-            if name == "bigbench-heldout"
-            else sorted(records, key=lambda r: hashlib.sha256(f"{salt}:{r['id']}".encode()).hexdigest())
-        )
-        picked[name] = [{**r, "set": name} for r in ordered[:per_set]]
+    picked = _picked(sets, MIX_OF, per_set, salt)
     records = [q[i] for i in range(per_set) for q in picked.values() if i < len(q)]
     return PromptSet(
         "heldout-mix",
@@ -312,12 +356,16 @@ def build_sets(
     bigbench_archive: str | Path | None = None,
     humaneval_wheel: str | Path | None = None,
     mtbench_wheel: str | Path | None = None,
+    *,
+    bigbench: bool = True,
 ) -> dict[str, PromptSet]:
-    sets = {
-        s.name: s
-        for s in (*bigbench_sets(bigbench_archive), humaneval_set(humaneval_wheel), mtbench_set(mtbench_wheel))
-    }
-    return sets | {"heldout-mix": mix_set(sets)}
+    """Every set, heldout-mix and its parts; without `bigbench`, HumanEval's and MT-bench's sets and
+    their heldout-mix parts only (heldout-mix itself needs all three)."""
+    sets = {s.name: s for s in (humaneval_set(humaneval_wheel), mtbench_set(mtbench_wheel))}
+    if not bigbench:
+        return sets | mix_parts(sets)
+    sets = {s.name: s for s in bigbench_sets(bigbench_archive)} | sets
+    return sets | {"heldout-mix": mix_set(sets)} | mix_parts(sets)
 
 
 def write_sets(out: str | Path, sets: Mapping[str, PromptSet]) -> list[Path]:

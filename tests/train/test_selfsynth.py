@@ -221,3 +221,17 @@ def test_a_selfsynth_folder_in_data_prompts_is_relative_to_the_config_as_other_p
         )
     )
     assert tcfg.load(tmp_path / "sub" / "c.json").data.prompts == f"synthetic:10+selfsynth:{tmp_path / 'ss'}"
+
+
+def test_a_manifest_records_a_selfsynth_folder_without_the_machines_layout():
+    from kimidflash.train import config as tcfg
+    from kimidflash.train.manifest import portable_config, portable_prompts
+
+    from ..support.helpers import CONFIGS
+
+    cfg = tcfg.load(CONFIGS / "train-smollm2-selfsynth.json")
+    assert portable_prompts(cfg.data.prompts) == "selfsynth:drafters/smollm2-selfsynth"
+    assert portable_prompts("synthetic:10+" + cfg.data.prompts) == "synthetic:10+selfsynth:drafters/smollm2-selfsynth"
+    raw = json.loads((CONFIGS / "train-smollm2-selfsynth.json").read_text())
+    raw["data"]["prompts"] = cfg.data.prompts
+    assert portable_config(raw)["data"]["prompts"] == "selfsynth:drafters/smollm2-selfsynth"

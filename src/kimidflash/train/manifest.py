@@ -21,7 +21,7 @@ from ..errors import TrainConfigError
 from ..fsio import git_info, read_json, read_json_object, sha256_file, utc_now, write_json_atomic
 from ..paths import REPO_ROOT, portable
 from .config import PATH_KEYS
-from .data import read_records
+from .data import SELFSYNTH, read_records
 
 
 def versions() -> dict[str, str | None]:
@@ -39,15 +39,27 @@ def versions() -> dict[str, str | None]:
     return out
 
 
+def portable_prompts(spec: str) -> str:
+    """A `data.prompts` spec as results record it: each part that is a path (a prompt file, or the
+    folder of a `selfsynth:` part, both resolved from the config) made portable."""
+    return "+".join(
+        SELFSYNTH + portable(part[len(SELFSYNTH) :]) if part.startswith(SELFSYNTH) else portable(part)
+        for part in (p.strip() for p in spec.split("+"))
+    )
+
+
 def portable_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """The training config as the manifest records it: no `_` keys, path keys portable."""
     out = copy.deepcopy({k: v for k, v in cfg.items() if not k.startswith("_")})
-    for keys in (*PATH_KEYS, ("data", "prompts")):
+    for keys in PATH_KEYS:
         node: dict[str, Any] | None = out
         for k in keys[:-1]:
             node = node.get(k) if isinstance(node, dict) else None
         if isinstance(node, dict) and isinstance(node.get(keys[-1]), str):
             node[keys[-1]] = portable(node[keys[-1]])
+    data = out.get("data")
+    if isinstance(data, dict) and isinstance(data.get("prompts"), str):
+        data["prompts"] = portable_prompts(data["prompts"])
     return out
 
 
@@ -87,7 +99,7 @@ class Manifest:
         }
         if mask is not None:
             self.data["mask_token"] = mask
-        self.data["prompts"] = {"source": portable(cfg["data"]["prompts"]), "count": n_prompts}
+        self.data["prompts"] = {"source": portable_prompts(cfg["data"]["prompts"]), "count": n_prompts}
         self.data["versions"] = versions()
         self.save()
 

@@ -17,15 +17,13 @@ pool as `data.prompts = "bigbench:train"`.
 from ..errors import RealPromptsError
 from .bigbench import CATEGORIES, category, read_catalog
 from .humaneval import read_problems
+from .mix import build_sets, mix_parts, mix_set
 from .mtbench import read_questions
 from .sets import (
     SPECS,
     PromptSet,
     bigbench_sets,
-    build_sets,
     humaneval_set,
-    mix_parts,
-    mix_set,
     mtbench_set,
     split_tasks,
     training_prompts,

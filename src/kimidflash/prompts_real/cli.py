@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from .sets import build_sets, write_sets
+from .mix import build_sets
+from .sets import write_sets
 
 
 def main(argv: list[str] | None = None) -> int:

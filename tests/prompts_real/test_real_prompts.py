@@ -392,7 +392,7 @@ def test_the_command_writes_every_set_and_says_what_is_in_it(fake_sdist, fake_wh
     assert "mt-bench [eval]: 6 prompts: coding 2 (2 tasks), math 2 (2 tasks), writing 2 (2 tasks)" in out
     mixed = (tmp_path / "heldout-mix.jsonl").read_text().splitlines()
     assert f"heldout-mix [eval]: {len(mixed)} prompts" in out and len(mixed) > 7 + 6
-    assert len(list(tmp_path.glob("*.jsonl"))) == 9 and len(list(tmp_path.glob("*.manifest.json"))) == 9
+    assert len(list(tmp_path.glob("*.jsonl"))) == 10 and len(list(tmp_path.glob("*.manifest.json"))) == 10
     by_set: dict[str, list[str]] = {}
     for line in mixed:
         by_set.setdefault(json.loads(line)["set"], []).append(line)
@@ -410,7 +410,13 @@ def test_without_bigbench_the_command_writes_the_other_sets_and_the_same_parts(
     assert main([str(tmp_path / "all"), "--bigbench", str(fake_sdist), *wheels]) == 0
     assert main([str(tmp_path / "some"), "--no-bigbench", *wheels]) == 0
     written = sorted(p.name for p in (tmp_path / "some").glob("*.jsonl"))
-    assert written == ["heldout-mix-humaneval.jsonl", "heldout-mix-mt-bench.jsonl", "humaneval.jsonl", "mt-bench.jsonl"]
+    assert written == [
+        "heldout-mix-humaneval.jsonl",
+        "heldout-mix-mt-bench.jsonl",
+        "humaneval-long.jsonl",
+        "humaneval.jsonl",
+        "mt-bench.jsonl",
+    ]
     for name in written:
         assert (tmp_path / "some" / name).read_bytes() == (tmp_path / "all" / name).read_bytes(), name
     with pytest.raises(SystemExit):

@@ -140,7 +140,7 @@ TEMPLATE = Template("<|im_start|>system\nYou are a helpful AI assistant<|im_end|
 
 def run(server: str, out: Path, shards: int, **over) -> dict:
     settings = Settings("smollm2", per_shard=9, **over)
-    return synthesize(server, out, TEMPLATE, settings, shards, [EVAL], concurrency=4, log=lambda m: None)
+    return synthesize(server, out, TEMPLATE, settings, shards, {"evals": [EVAL]}, concurrency=4, log=lambda m: None)
 
 
 def test_a_shard_keeps_the_answered_requests_and_counts_every_refusal(server, tmp_path):
@@ -159,7 +159,8 @@ def test_a_shard_keeps_the_answered_requests_and_counts_every_refusal(server, tm
     for r in recs:  # a regen record: the served prompt's ids, then the answer's, the loss on the answer only
         assert r.input_ids[-3:] == [7, 8, 9] and r.loss_mask == [0, 0, 0, 0, 1, 1, 1]
         assert r.id.startswith("selfsynth-00000-")
-    assert doc["contamination"] == {"ngram": 13, "eval_texts": 1, "refused": 1}
+    assert doc["contamination"] == {"ngram": 13, "eval_texts": 1, "sets": {"evals": 1}, "refused": 1}
+    assert entry["checked_against"] == {"evals": 1}
     assert doc["diversity"]["sample"] == 3 and set(doc["diversity"]) == {"sample", "kept", "synthetic_templates"}
     assert verify_shards(tmp_path)["totals"]["kept"] == 3
 
@@ -235,3 +236,49 @@ def test_a_manifest_records_a_selfsynth_folder_without_the_machines_layout():
     raw = json.loads((CONFIGS / "train-smollm2-selfsynth.json").read_text())
     raw["data"]["prompts"] = cfg.data.prompts
     assert portable_config(raw)["data"]["prompts"] == "selfsynth:drafters/smollm2-selfsynth"
+
+
+def test_the_contamination_sets_are_named_and_bigbench_can_be_left_out(monkeypatch, capsys):
+    from kimidflash.prompts_real.sets import PromptSet
+    from kimidflash.train import selfsynth_cli
+
+    def one(name: str, *turns: str):
+        return lambda *a: PromptSet(name, "eval", [{"turns": list(turns)}], {})
+
+    def gone(archive=None):
+        raise AssertionError("BIG-bench was read")
+
+    monkeypatch.setattr(selfsynth_cli, "humaneval_set", one("humaneval", "a"))
+    monkeypatch.setattr(selfsynth_cli, "mtbench_set", one("mt-bench", "b", "c"))
+    monkeypatch.setattr(selfsynth_cli, "bigbench_sets", gone)
+    assert selfsynth_cli.eval_texts(no_bigbench=True) == {"humaneval": ["a"], "mt-bench": ["b", "c"]}
+    monkeypatch.setattr(selfsynth_cli, "bigbench_sets", lambda archive=None: [one("bigbench-heldout", archive)()])
+    assert selfsynth_cli.eval_texts("bb.tar.gz")["bigbench-heldout"] == ["bb.tar.gz"]
+    with pytest.raises(SystemExit):
+        selfsynth_cli.main(["configs/cpu-reference.env", "--out", "x", "--bigbench", "f", "--no-bigbench"])
+    assert "exclude each other" in capsys.readouterr().err
+
+
+def test_the_server_is_benchmarked_on_the_kept_requests_beside_the_regens_rate(server, tmp_path):
+    from kimidflash.errors import DataError
+    from kimidflash.train.selfsynth_bench import bench_beside
+
+    from ..support.fakeserver import FakeServer, Plan
+
+    doc = run(server, tmp_path / "shards", 1)
+    (entry,) = doc["shards"]
+    kept = [r.prompt for r in read_shard(tmp_path / "shards" / entry["file"])]
+    settings = Settings("smollm2", per_shard=9)
+    with FakeServer(Plan(chunks=(1, 1, 1, 1, 1)), model="smollm2") as fake:
+        root = fake.base_url.removesuffix("/v1")
+        t = bench_beside(root, tmp_path / "shards", doc, 0, settings, 2, tmp_path / "bench.json")
+        measured = [b for b in fake.bodies if b["max_tokens"] == settings.answer_max_tokens]  # not the warm-up's
+        assert sorted(b["messages"][-1]["content"] for b in measured) == sorted(kept)
+        with pytest.raises(DataError, match="3 kept requests cannot keep 4 in flight"):
+            bench_beside(root, tmp_path / "shards", doc, 0, settings, 4, tmp_path / "b4.json")
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert t["server_output_tok_s"] == round(result["output_throughput"], 1) > 0
+    assert t["regen_output_tok_s"] == round(entry["generated_tokens"] / entry["seconds"], 1)
+    assert t["regen_vs_server"] == round(entry["generated_tokens"] / entry["seconds"] / result["output_throughput"], 3)
+    assert t["concurrency"] == 2 and t["shards"] == [entry["file"]]
+    assert json.loads((tmp_path / "shards" / "manifest.json").read_text())["throughput"] == t

@@ -25,7 +25,7 @@ def test_the_served_target_writes_requests_and_answers_them_greedily(shared_serv
     template = template_of(config.model_dir, config.chat_template)
     assert template.prefix.endswith("<|im_start|>user\n") and template.stop == "<|im_end|>"
     settings = Settings(config.served_model_name, per_shard=16, user_max_tokens=96, answer_max_tokens=48)
-    evals = [t for r in humaneval_set().records for t in r["turns"]]
+    evals = {"humaneval": [t for r in humaneval_set().records for t in r["turns"]]}
     doc = synthesize(server.base_url, tmp_path, template, settings, 1, evals, concurrency=8, log=print)
     (entry,) = verify_shards(tmp_path)["shards"]
     assert entry["requested"] == 16 and entry["kept"] + sum(entry["refused"].values()) == 16

@@ -24,6 +24,7 @@ class Problem:
     task_id: str  # "HumanEval/0"
     entry_point: str
     code: str  # the problem's prompt: what the model is asked to complete
+    solution: str = ""  # its canonical solution (the body people wrote), context for humaneval-long
 
     @property
     def id(self) -> str:
@@ -39,7 +40,14 @@ def read_problems(wheel: str | Path) -> list[Problem]:
     out: list[Problem] = []
     for where, obj in jsonl_records(wheel, MEMBER, gzipped=True):
         try:
-            out.append(Problem(str(obj["task_id"]), str(obj["entry_point"]), str(obj["prompt"])))
+            out.append(
+                Problem(
+                    str(obj["task_id"]),
+                    str(obj["entry_point"]),
+                    str(obj["prompt"]),
+                    str(obj.get("canonical_solution", "")),
+                )
+            )
         except KeyError as e:
             raise RealPromptsError(f"{where}: not a HumanEval problem (no {e})") from None
     if not out:

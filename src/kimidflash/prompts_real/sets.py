@@ -16,7 +16,9 @@ Each set is written as the benchmark's conversation JSONL (`{"id", "kind",
   both turns people wrote);
 - `heldout-mix`: `MIX_PER_SET` records of each evaluation set above, interleaved, so one
   file stands for prompts people wrote of every kind: what `kimidflash sweep --prompts`
-  chooses a draft schedule on (a sweep takes one prompt file per case).
+  chooses a draft schedule on (a sweep takes one prompt file per case);
+- `humaneval-long`: heldout-mix's first HumanEval questions asked after modules of other
+  problems' code at several context lengths, for acceptance by length (`longctx.py`).
 
 The split is by task, never by example: within each category the tasks are
 ranked by sha256(`SALT`:name) and the first round(`HELDOUT_FRACTION` x n) (at

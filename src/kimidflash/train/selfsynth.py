@@ -21,7 +21,7 @@ import gzip
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,15 +183,18 @@ def synthesize(
     template: Template,
     settings: Settings,
     shards: int,
-    eval_texts: Sequence[str],
+    eval_texts: Mapping[str, Sequence[str]],
     concurrency: int = 32,
     provenance: dict[str, Any] | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Write `shards` more shards after those `out` holds; return the manifest."""
+    """Write `shards` more shards after those `out` holds; return the manifest. `eval_texts`: the
+    texts of each evaluation set (by name) no request or answer may share a long n-gram with; each
+    shard records the sets it was checked against, since a machine may lack one (BIG-bench's)."""
     out.mkdir(parents=True, exist_ok=True)
     manifest = load_manifest(out, settings, template)
-    near, contam = NearDuplicates(), Contamination(eval_texts)
+    near, contam = NearDuplicates(), Contamination([t for texts in eval_texts.values() for t in texts])
+    checked = {name: len(texts) for name, texts in eval_texts.items()}
     users = []
     for entry in manifest["shards"]:  # every request kept so far, so no later shard repeats one
         for rec in read_shard(out / entry["file"]):
@@ -214,6 +217,7 @@ def synthesize(
                 "kept": len(res.records),
                 "refused": dict(sorted(res.refused.items())),
                 "contaminated": res.contaminated,
+                "checked_against": checked,
                 "response_tokens": sum(r.n_response for r in res.records),
                 "generated_tokens": res.generated_tokens,
                 "seconds": round(res.seconds, 1),
@@ -226,6 +230,7 @@ def synthesize(
         manifest["contamination"] = {
             "ngram": contam.n,
             "eval_texts": contam.sources,
+            "sets": checked,  # this run's; each shard's own is its checked_against
             "refused": manifest["totals"]["contaminated"],
         }
         n = min(len(users), DIVERSITY_SAMPLE)  # distinct-n falls as a set grows: compare equal counts

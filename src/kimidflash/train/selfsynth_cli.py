@@ -17,15 +17,20 @@ from ..prepare import prepare
 from ..prompts_real.sets import bigbench_sets, humaneval_set, mtbench_set
 from . import selfsynth as _domain
 from .selfsynth import Settings, Template, synthesize
+from .selfsynth_bench import bench_beside
 from .selfsynth_text import Limits
 
 SERVE = ["SPECULATIVE_METHOD=none", "ENABLE_PREFIX_CACHING=true"]  # every request shares the template's prefix
 
 
-def eval_texts() -> list[str]:
-    """Every turn of the sets a drafter is judged on: HumanEval, MT-bench and the held-out BIG-bench tasks."""
-    sets = [humaneval_set(), mtbench_set(), next(s for s in bigbench_sets() if s.name == "bigbench-heldout")]
-    return [t for s in sets for r in s.records for t in r["turns"]]
+def eval_texts(bigbench: str | None = None, *, no_bigbench: bool = False) -> dict[str, list[str]]:
+    """Every turn of the sets a drafter is judged on, by set: HumanEval, MT-bench and the held-out
+    BIG-bench tasks (from `bigbench`, else the pinned archive); with `no_bigbench`, the first two
+    alone, for a machine that cannot have BIG-bench's archive (the shards record which sets)."""
+    sets = [humaneval_set(), mtbench_set()]
+    if not no_bigbench:
+        sets.append(next(s for s in bigbench_sets(bigbench) if s.name == "bigbench-heldout"))
+    return {s.name: [t for r in s.records for t in r["turns"]] for s in sets}
 
 
 def template_of(model_dir: str, chat_template: str) -> Template:
@@ -50,7 +55,21 @@ def main(argv: list[str]) -> int:
     p.add_argument("--answer-max-tokens", type=int, default=256, help="the greedy answer's length cap")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--base-url", help="a target already serving (its root, without /v1); default: serve CONFIG")
+    p.add_argument("--bigbench", help="a bigbench-1.0.0.tar.gz for the contamination check's held-out tasks")
+    p.add_argument(
+        "--no-bigbench",
+        action="store_true",
+        help="check contamination against HumanEval and MT-bench alone, where no BIG-bench archive can be had",
+    )
+    p.add_argument(
+        "--bench-result",
+        type=Path,
+        help="then benchmark the same server at --concurrency on this run's kept requests, write the result "
+        "here, and record the regen's tok/s against the server's in the manifest (`throughput`)",
+    )
     a = p.parse_args(argv)
+    if a.no_bigbench and a.bigbench:
+        p.error("--no-bigbench and --bigbench exclude each other")
     if a.shards < 1 or a.per_shard < 1 or a.concurrency < 1:
         raise DataError("--shards, --per-shard and --concurrency must be at least 1")
     config = load_config(a.config, [*SERVE, *a.set])
@@ -68,7 +87,7 @@ def main(argv: list[str]) -> int:
     if config.runtime != "docker":
         prepare(config, log=say)  # the model the template is read from
     template = template_of(config.model_dir, config.chat_template)
-    texts = eval_texts()
+    texts = eval_texts(a.bigbench, no_bigbench=a.no_bigbench)
     provenance = {**local_provenance(["kimidflash", "self-synth", *argv]), "serve_config": portable(a.config)}
     log_dir = cache_dir() / "self-synth-logs"  # the server's log stays out of the committed folder
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -76,5 +95,12 @@ def main(argv: list[str]) -> int:
         base = a.base_url
         if base is None:
             _, base = stack.enter_context(serving_process(a.config, [*SERVE, *a.set], log_dir / f"{a.out.name}.log"))
-        synthesize(base, a.out, template, settings, a.shards, texts, a.concurrency, provenance, say)
+        manifest = synthesize(base, a.out, template, settings, a.shards, texts, a.concurrency, provenance, say)
+        if a.bench_result:
+            first = len(manifest["shards"]) - a.shards
+            t = bench_beside(base, a.out, manifest, first, settings, a.concurrency, a.bench_result, argv)
+            say(
+                f"self-synth: regen {t['regen_output_tok_s']} tok/s, the server benchmarked at "
+                f"{a.concurrency} in flight {t['server_output_tok_s']} tok/s ({t['regen_vs_server']}x)"
+            )
     return 0

@@ -45,6 +45,28 @@ def test_the_user_prefix_is_the_template_up_to_the_users_content(template, prefi
     assert Template.of(jinja(template)) == Template(prefix, stop)
 
 
+@pytest.mark.parametrize(
+    "template, reply, next_user",
+    [
+        (SMOL, "<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>\n<|im_start|>user\n"),
+        (KIMI, "<|im_end|><|im_assistant|>assistant<|im_middle|>", "<|im_end|><|im_user|>user<|im_middle|>"),
+    ],
+)
+def test_a_later_turn_follows_the_conversation_as_the_template_renders_it(template, reply, next_user):
+    t = Template.of(jinja(template), turns=2)
+    assert (t.reply, t.next_user) == (reply, next_user) and Template.of(jinja(template)).reply == ""
+    render = jinja(template)
+    history = ["Q1", "A1", "Q2", "A2"]
+    whole = render([{"role": ("user", "assistant")[n % 2], "content": m} for n, m in enumerate([*history, "Q3"])])
+    assert whole.startswith(t.continued(history)) and whole[len(t.continued(history)) :].startswith("Q3")
+    with pytest.raises(DataError, match="whole exchanges"):
+        t.continued(["Q1"])
+    with pytest.raises(DataError, match="second user turn"):  # a template that drops replies
+        Template.of(
+            jinja("{% for m in messages %}{% if m['role'] == 'user' %}U:{{ m['content'] }};{% endif %}{% endfor %}"), 2
+        )
+
+
 def test_a_template_without_a_user_content_is_refused():
     with pytest.raises(DataError, match="no user prefix"):
         Template.of(lambda m: "<|im_start|>user\n<|im_end|>")
@@ -104,8 +126,11 @@ class Scripted(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    bodies: list[dict] = []  # every request, in arrival order (the tests that read it clear it first)
+
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Scripted.bodies.append(body)
         if self.path == "/v1/completions":
             assert body["prompt"].endswith("<|im_start|>user\n") and body["stop"] == ["<|im_end|>"]
             i = body["seed"] % 9
@@ -138,9 +163,11 @@ def server():
 TEMPLATE = Template("<|im_start|>system\nYou are a helpful AI assistant<|im_end|>\n<|im_start|>user\n", "<|im_end|>")
 
 
-def run(server: str, out: Path, shards: int, **over) -> dict:
+def run(server: str, out: Path, shards: int, template: Template | None = None, **over) -> dict:
     settings = Settings("smollm2", per_shard=9, **over)
-    return synthesize(server, out, TEMPLATE, settings, shards, {"evals": [EVAL]}, concurrency=4, log=lambda m: None)
+    return synthesize(
+        server, out, template or TEMPLATE, settings, shards, {"evals": [EVAL]}, concurrency=4, log=lambda m: None
+    )
 
 
 def test_a_shard_keeps_the_answered_requests_and_counts_every_refusal(server, tmp_path):
@@ -282,3 +309,41 @@ def test_the_server_is_benchmarked_on_the_kept_requests_beside_the_regens_rate(s
     assert t["regen_vs_server"] == round(entry["generated_tokens"] / entry["seconds"] / result["output_throughput"], 3)
     assert t["concurrency"] == 2 and t["shards"] == [entry["file"]]
     assert json.loads((tmp_path / "shards" / "manifest.json").read_text())["throughput"] == t
+
+
+MULTI = Template(
+    TEMPLATE.prefix, TEMPLATE.stop, "<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>\n<|im_start|>user\n"
+)
+
+
+def test_a_later_turn_is_written_after_the_conversation_and_answered_with_it(server, tmp_path):
+    Scripted.bodies.clear()
+    doc = run(server, tmp_path, 1, template=MULTI, turns=2)
+    (entry,) = doc["shards"]
+    recs = read_shard(tmp_path / entry["file"])
+    first = [r for r in recs if not r.id.endswith("-t2")]
+    later = [r for r in recs if r.id.endswith("-t2")]
+    assert [r.prompt for r in first] == [USERS[0], USERS[1], USERS[7]]  # turn 1 as in a one-turn shard
+    assert later and all(r.id.removesuffix("-t2") in {f.id for f in first} for r in later)
+    answers = {b["messages"][0]["content"]: b for b in Scripted.bodies if "messages" in b and len(b["messages"]) == 1}
+    for r in later:  # each second turn sampled after the first exchange and answered with the whole history
+        seconds = [b for b in Scripted.bodies if len(b.get("messages", ())) == 3]
+        (chat,) = [b for b in seconds if b["messages"][-1]["content"] == r.prompt]
+        u1 = chat["messages"][0]["content"]
+        a1 = f"Here is how: {u1[:20]}"
+        assert [m["role"] for m in chat["messages"]] == ["user", "assistant", "user"] and u1 in answers
+        assert chat["messages"][1]["content"] == a1
+        assert any(b.get("prompt") == MULTI.continued([u1, a1]) for b in Scripted.bodies)
+    assert any(k.startswith("turn2_") for k in entry["refused"]), entry["refused"]  # named by turn
+    assert entry["kept"] == len(recs) == 3 + len(later)
+
+
+def test_a_folder_written_before_turns_existed_takes_one_turn_runs_and_refuses_two(server, tmp_path):
+    run(server, tmp_path, 1)
+    path = tmp_path / "manifest.json"
+    doc = json.loads(path.read_text())
+    del doc["settings"]["turns"], doc["template"]["reply"], doc["template"]["next_user"]
+    path.write_text(json.dumps(doc))
+    assert len(run(server, tmp_path, 1)["shards"]) == 2
+    with pytest.raises(DataError, match="its settings differ"):
+        run(server, tmp_path, 1, template=MULTI, turns=2)

@@ -9,6 +9,12 @@ record, so a training run reads the shards as its `regen.jsonl`. Requests are fi
 (`text.refusal`, near duplicates across every shard so far, the evaluation sets' 13-grams) before
 they are answered; answers caught in a repetition loop are dropped.
 
+With `turns` above 1, each answered conversation goes on: the target writes the next user turn
+after the conversation so far (the template's text between turns, `Template.continued`), and
+answers it greedily with the whole history, so each later turn is a record whose prompt holds every
+earlier one. A later turn is filtered as a first one is, but for near duplicates (its context makes
+its record differ), and a refused one ends its conversation; its refusals are named by turn.
+
 A shard is written whole (gzip, then an atomic rename), and the manifest after it, so an
 interrupted run loses at most the shard in flight and the next run starts at the next index.
 Shard k's seeds are fixed by k, so a shard written again is the same shard.
@@ -41,13 +47,17 @@ DIVERSITY_SAMPLE = 10_000
 
 @dataclass(frozen=True)
 class Template:
-    """The chat template cut at the user's content: what the target is given, and where its turn ends."""
+    """The chat template cut at the user's content: what the target is given, and where its turn ends.
+    For later turns, what the template puts between a user's content and the reply (`reply`) and
+    between a reply and the next user's content (`next_user`); empty for one-turn shards."""
 
     prefix: str
     stop: str
+    reply: str = ""
+    next_user: str = ""
 
     @classmethod
-    def of(cls, render: Callable[[list[dict[str, str]]], str]) -> Template:
+    def of(cls, render: Callable[[list[dict[str, str]]], str], turns: int = 1) -> Template:
         """`render(messages)` is the chat template applied as text without a generation prompt."""
         text = render([{"role": "user", "content": SENTINEL}])
         if text.count(SENTINEL) != 1:
@@ -56,7 +66,23 @@ class Template:
         stop = suffix.strip().split("\n")[0].strip() or suffix
         if not stop:
             raise DataError("the chat template ends a user turn with nothing: no end-of-turn marker to stop at")
-        return cls(prefix, stop)
+        if turns == 1:
+            return cls(prefix, stop)
+        marks = [f"{SENTINEL}{n}{SENTINEL}" for n in range(3)]
+        roles = ("user", "assistant", "user")
+        text = render([{"role": r, "content": m} for r, m in zip(roles, marks, strict=True)])
+        head, *pieces = text.split(SENTINEL)
+        if head != prefix or len(pieces) != 6 or pieces[0::2] != ["0", "1", "2"]:
+            raise DataError("the chat template does not render a second user turn after the first and a reply")
+        return cls(prefix, stop, pieces[1], pieces[3])
+
+    def continued(self, messages: Sequence[str]) -> str:
+        """The prefix for the next user turn after `messages` (user, reply, user, reply, ...)."""
+        if not self.next_user or len(messages) % 2:
+            raise DataError("a later turn needs a template made for several turns and whole exchanges")
+        return self.prefix + "".join(
+            u + self.reply + a + self.next_user for u, a in zip(messages[0::2], messages[1::2], strict=True)
+        )
 
 
 @dataclass(frozen=True)
@@ -71,6 +97,7 @@ class Settings:
     per_shard: int = 256  # requests sampled per shard (kept: fewer, after the filters)
     seed: int = 0
     limits: Limits = field(default_factory=Limits)
+    turns: int = 1  # user turns per conversation: each later one written and answered after the last
 
 
 @dataclass
@@ -90,52 +117,48 @@ async def _sample(client: httpx.AsyncClient, body: dict[str, Any], path: str) ->
     return r.json()
 
 
+def _reason(why: str, turn: int) -> str:
+    """A refusal's name in the manifest: a later turn's carries its number (`turn2_language`)."""
+    return why if turn == 1 else f"turn{turn}_{why}"
+
+
 async def _shard(
     base_url: str, template: Template, s: Settings, k: int, near: NearDuplicates, contam: Contamination, conc: int
 ) -> ShardResult:
     sem = asyncio.Semaphore(conc)
     refused: Counter[str] = Counter()
+    contaminated = generated = 0
     t0 = time.monotonic()
     async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
 
-        async def user(i: int) -> tuple[int, str, int]:
+        async def user(prompt: str, seed: int) -> tuple[str, int]:
             async with sem:
                 js = await _sample(
                     client,
                     {
                         "model": s.model,
-                        "prompt": template.prefix,
+                        "prompt": prompt,
                         "max_tokens": s.user_max_tokens,
                         "temperature": s.temperature,
                         "top_p": s.top_p,
-                        "seed": s.seed * 1_000_003 + k * s.per_shard + i,
+                        "seed": seed,
                         "stop": [template.stop],
                     },
                     "/v1/completions",
                 )
             choice = js["choices"][0]
             text = choice["text"].strip() if choice.get("finish_reason") == "stop" else ""
-            return i, text, js.get("usage", {}).get("completion_tokens", 0)
+            return text, js.get("usage", {}).get("completion_tokens", 0)
 
-        sampled = await asyncio.gather(*(user(i) for i in range(s.per_shard)))
-        kept, contaminated, generated = [], 0, sum(n for _, _, n in sampled)
-        for i, text, _ in sampled:  # in seed order, so near-duplicate choices are reproducible
-            why = "cut_at_max_tokens" if not text else refusal(text, s.limits)
-            if why is None and contam.hits(text):
-                why, contaminated = "contaminated", contaminated + 1
-            why = why or near.check(text)
-            if why:
-                refused[why] += 1
-            else:
-                kept.append((i, text))
-
-        async def answer(i: int, text: str) -> Record | None:
+        async def answer(rid: str, history: list[str], turn: int) -> tuple[Record, str] | None:
+            roles = ("user", "assistant")
+            messages = [{"role": roles[n % 2], "content": m} for n, m in enumerate(history)]
             async with sem:
                 js = await _sample(
                     client,
                     {
                         "model": s.model,
-                        "messages": [{"role": "user", "content": text}],
+                        "messages": messages,
                         "max_tokens": s.answer_max_tokens,
                         "temperature": 0.0,
                         "return_token_ids": True,
@@ -146,19 +169,56 @@ async def _shard(
             out = choice.get("token_ids")
             if out is None or js.get("prompt_token_ids") is None:
                 raise RegenError("the server returned no token ids: it must support return_token_ids (vLLM >= 0.10)")
-            if repeat_share(words(choice["message"]["content"] or "")) > s.limits.max_repeat:
-                refused["answer_repetition"] += 1
+            reply = choice["message"]["content"] or ""
+            if repeat_share(words(reply)) > s.limits.max_repeat:
+                refused[_reason("answer_repetition", turn)] += 1
                 return None
-            return make_record(f"{SOURCE}-{k:05d}-{i:04d}", text, js["prompt_token_ids"], out, choice["finish_reason"])
+            return make_record(rid, history[-1], js["prompt_token_ids"], out, choice["finish_reason"]), reply
 
-        answered = await asyncio.gather(*(answer(i, t) for i, t in kept))
-    records = [r for r in answered if r is not None]
+        records: list[Record] = []
+        sessions: list[tuple[int, list[str]]] = [(i, []) for i in range(s.per_shard)]
+        for turn in range(1, s.turns + 1):
+            # turn 1 from the template's user prefix; later ones after the conversation so far
+            prompts = [template.prefix if turn == 1 else template.continued(h) for _, h in sessions]
+            seeds = [s.seed * 1_000_003 + k * s.per_shard + i + (turn - 1) * 100_000_000 for i, _ in sessions]
+            sampled = await asyncio.gather(*(user(p, seed) for p, seed in zip(prompts, seeds, strict=True)))
+            generated += sum(n for _, n in sampled)
+            kept: list[tuple[int, list[str]]] = []
+            for (i, history), (text, _) in zip(sessions, sampled, strict=True):  # in seed order: reproducible
+                why = "cut_at_max_tokens" if not text else refusal(text, s.limits)
+                if why is None and contam.hits(text):
+                    why, contaminated = "contaminated", contaminated + 1
+                if turn == 1:  # a later turn's record differs by its context even where its words repeat
+                    why = why or near.check(text)
+                if why:
+                    refused[_reason(why, turn)] += 1
+                else:
+                    kept.append((i, [*history, text]))
+            rid = f"{SOURCE}-{k:05d}-{{:04d}}" + ("" if turn == 1 else f"-t{turn}")
+            answered = await asyncio.gather(*(answer(rid.format(i), h, turn) for i, h in kept))
+            sessions = []
+            for (i, history), got in zip(kept, answered, strict=True):
+                if got is not None:
+                    records.append(got[0])
+                    sessions.append((i, [*history, got[1]]))
     generated += sum(r.n_response for r in records)
-    return ShardResult(records, [r.prompt for r in records], refused, contaminated, generated, time.monotonic() - t0)
+    users = [r.prompt for r in records]
+    return ShardResult(records, users, refused, contaminated, generated, time.monotonic() - t0)
 
 
 def shard_path(out: Path, k: int) -> Path:
     return out / f"shard-{k:05d}.jsonl.gz"
+
+
+# Fields added after a folder was first written, at the values that folder was made with: a
+# manifest that lacks them was written with these, so it is not refused for lacking them.
+ADDED_DEFAULTS: dict[str, Any] = {"turns": 1, "reply": "", "next_user": ""}
+
+
+def _lean(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    return {k: v for k, v in value.items() if not (k in ADDED_DEFAULTS and ADDED_DEFAULTS[k] == v)}
 
 
 def load_manifest(out: Path, settings: Settings, template: Template) -> dict[str, Any]:
@@ -169,7 +229,7 @@ def load_manifest(out: Path, settings: Settings, template: Template) -> dict[str
         return {**want, "shards": []}
     doc = read_json_object(path, "self-synthesis manifest", DataError)
     for key in ("source", "settings", "template"):
-        if doc.get(key) != want[key]:
+        if _lean(doc.get(key)) != _lean(want[key]):
             raise DataError(
                 f"{path}: its {key} differ from this run's ({json.dumps(doc.get(key))[:200]} against "
                 f"{json.dumps(want[key])[:200]}): give another --out, or the same settings"

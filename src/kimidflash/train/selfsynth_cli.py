@@ -33,13 +33,14 @@ def eval_texts(bigbench: str | None = None, *, no_bigbench: bool = False) -> dic
     return {s.name: [t for r in s.records for t in r["turns"]] for s in sets}
 
 
-def template_of(model_dir: str, chat_template: str) -> Template:
-    """The served chat template (CHAT_TEMPLATE, else the checkpoint's) cut at the user's content."""
+def template_of(model_dir: str, chat_template: str, turns: int = 1) -> Template:
+    """The served chat template (CHAT_TEMPLATE, else the checkpoint's) cut at the user's content
+    (and, for several turns, between turns)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     text = Path(chat_template).read_text() if chat_template else None
-    return Template.of(lambda m: str(tok.apply_chat_template(m, tokenize=False, chat_template=text)))
+    return Template.of(lambda m: str(tok.apply_chat_template(m, tokenize=False, chat_template=text)), turns)
 
 
 def main(argv: list[str]) -> int:
@@ -54,6 +55,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--user-max-tokens", type=int, default=128)
     p.add_argument("--answer-max-tokens", type=int, default=256, help="the greedy answer's length cap")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--turns", type=int, default=1, help="user turns per conversation (default 1)")
     p.add_argument("--base-url", help="a target already serving (its root, without /v1); default: serve CONFIG")
     p.add_argument("--bigbench", help="a bigbench-1.0.0.tar.gz for the contamination check's held-out tasks")
     p.add_argument(
@@ -70,8 +72,8 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     if a.no_bigbench and a.bigbench:
         p.error("--no-bigbench and --bigbench exclude each other")
-    if a.shards < 1 or a.per_shard < 1 or a.concurrency < 1:
-        raise DataError("--shards, --per-shard and --concurrency must be at least 1")
+    if min(a.shards, a.per_shard, a.concurrency, a.turns) < 1:
+        raise DataError("--shards, --per-shard, --concurrency and --turns must be at least 1")
     config = load_config(a.config, [*SERVE, *a.set])
     settings = Settings(
         config.served_model_name,
@@ -82,11 +84,12 @@ def main(argv: list[str]) -> int:
         a.per_shard,
         a.seed,
         Limits(),
+        a.turns,
     )
     say = lambda m: print(m, file=sys.stderr)  # noqa: E731
     if config.runtime != "docker":
         prepare(config, log=say)  # the model the template is read from
-    template = template_of(config.model_dir, config.chat_template)
+    template = template_of(config.model_dir, config.chat_template, a.turns)
     texts = eval_texts(a.bigbench, no_bigbench=a.no_bigbench)
     provenance = {**local_provenance(["kimidflash", "self-synth", *argv]), "serve_config": portable(a.config)}
     log_dir = cache_dir() / "self-synth-logs"  # the server's log stays out of the committed folder

@@ -286,6 +286,15 @@ def test_the_contamination_sets_are_named_and_bigbench_can_be_left_out(monkeypat
     assert "exclude each other" in capsys.readouterr().err
 
 
+def test_a_bench_result_that_cannot_be_written_is_refused_before_any_shard(tmp_path):
+    from kimidflash.errors import BenchError
+    from kimidflash.train import selfsynth_cli
+
+    with pytest.raises(BenchError, match=f"cannot write --bench-result {tmp_path}: it is a directory"):
+        selfsynth_cli.main(["configs/cpu-reference.env", "--out", str(tmp_path / "x"), "--bench-result", str(tmp_path)])
+    assert not (tmp_path / "x").exists()
+
+
 def test_the_server_is_benchmarked_on_the_kept_requests_beside_the_regens_rate(server, tmp_path):
     from kimidflash.errors import DataError
     from kimidflash.train.selfsynth_bench import bench_beside

@@ -133,13 +133,13 @@ def write_result(path: str | os.PathLike[str], doc: dict[str, Any]) -> Path:
     return write_text_atomic(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
 
 
-def check_output(path: str | os.PathLike[str]) -> None:
-    """Refuse (BenchError naming the path) an output that could not be written,
+def check_output(path: str | os.PathLike[str], flag: str = "--output") -> None:
+    """Refuse (BenchError naming `flag` and the path) an output that could not be written,
     before a run rather than after it."""
     try:
         check_writable(path)
     except OSError as e:
-        raise BenchError(f"cannot write --output {path}: {e.strerror or e}") from None
+        raise BenchError(f"cannot write {flag} {path}: {e.strerror or e}") from None
 
 
 def load_json(path: str | os.PathLike[str]) -> dict[str, Any]:

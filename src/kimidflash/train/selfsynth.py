@@ -202,8 +202,7 @@ async def _shard(
                     records.append(got[0])
                     sessions.append((i, [*history, got[1]]))
     generated += sum(r.n_response for r in records)
-    users = [r.prompt for r in records]
-    return ShardResult(records, users, refused, contaminated, generated, time.monotonic() - t0)
+    return ShardResult(records, [r.prompt for r in records], refused, contaminated, generated, time.monotonic() - t0)
 
 
 def shard_path(out: Path, k: int) -> Path:

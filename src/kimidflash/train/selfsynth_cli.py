@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..background import serving_process, sigterm_as_interrupt
 from ..bench.provenance import local_provenance
+from ..bench.resultfile import check_output
 from ..cliargs import add_config
 from ..config import load_config
 from ..errors import DataError
@@ -74,6 +75,8 @@ def main(argv: list[str]) -> int:
         p.error("--no-bigbench and --bigbench exclude each other")
     if min(a.shards, a.per_shard, a.concurrency, a.turns) < 1:
         raise DataError("--shards, --per-shard, --concurrency and --turns must be at least 1")
+    if a.bench_result:
+        check_output(a.bench_result, "--bench-result")  # before the shards' hours, not after them
     config = load_config(a.config, [*SERVE, *a.set])
     settings = Settings(
         config.served_model_name,

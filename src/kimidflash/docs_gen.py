@@ -35,6 +35,7 @@ from .cli import COMMANDS  # names each CLI module by its path; imports none of 
 from .config import Config, load_config
 from .docker.run import dry_run_line
 from .fsio import read_json_object
+from .mdtable import escape as cell
 from .mdtable import table
 from .paths import CONFIGS_DIR, REPO_ROOT
 from .render import render, speculative_config
@@ -66,11 +67,6 @@ def _default(value: object) -> str:
 def _type(f: Field) -> str:
     """A key's type; a numeric range as code, since its bounds are values, not figures."""
     return f"`{f.describe_type()}`" if f.kind in ("int", "float") and "[" in f.describe_type() else f.describe_type()
-
-
-def cell(text: str) -> str:
-    """A table cell: a bare `|` (even inside backticks) would end it."""
-    return text.replace("|", "\\|")
 
 
 def reference_table() -> str:

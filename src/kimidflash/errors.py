@@ -66,6 +66,7 @@ EXIT_REFUSED = 3  # the launcher refuses to start vLLM: the runtime does not mat
 EXIT_PARTIAL = 3  # bench run: a result written but partial (the server died), not an error; launch never returns it
 EXIT_NOT_RUNNABLE = 127  # the launcher could not exec vLLM (a shell's status for a command it cannot run)
 EXIT_INTERRUPTED = 130  # Ctrl-C; whatever partial result the command keeps is written first
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15): serve stopped by a signal before its server was ready
 
 
 class KimidflashError(Exception):

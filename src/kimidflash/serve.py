@@ -27,6 +27,7 @@ from .config import FIELDS, Config, check_checkpoints
 from .cpu_reference.generated import PREPARE_KIND
 from .docker import run as docker_run
 from .docker.engine import require_client
+from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED
 from .logtail import STOP_GRACE_S, Log, LogTail
 from .paths import LAUNCHER
 from .preflight import PreflightError, preflight
@@ -150,7 +151,7 @@ def serve(
         say(f"prepared {config.path or 'defaults'} ({config.runtime}); nothing started")
         return 0
     if not run_preflight(config, say, proc_root, dev_root, allow_numa_balancing):
-        return 1
+        return EXIT_FAILED
     return run_server(config, start, console, say, log_path, quiet)
 
 
@@ -203,7 +204,7 @@ def run_server(config: Config, start: Starter, console: Console, say: Log, log_p
             server = start(log, echo)
         except Exception as exc:  # ContainerError and docker API errors: one line, no traceback
             say(f"[red]could not start the server: {exc}[/red]")
-            return 1
+            return EXIT_FAILED
         try:
             return supervise(config, server, console, say, stop, got)
         finally:
@@ -225,12 +226,12 @@ def supervise(config: Config, server: Any, console: Console, say: Log, stop: thr
         if stop.is_set():
             say("interrupted before the server was ready; stopping it")
             server.stop()
-            return 130 if signal.SIGINT in got else 143
+            return EXIT_INTERRUPTED if signal.SIGINT in got else EXIT_TERMINATED
         code = server.poll()
         reason = f"exited with code {code}" if code is not None else f"not healthy after {config.health_timeout}s"
         server.stop()
         report_death(server, console, say, reason)
-        return 1
+        return EXIT_FAILED
     say(
         f"[green]ready[/green] in {time.monotonic() - t0:.0f}s: {config.base_url}/v1 "
         f"(model {config.served_model_name}); try:"

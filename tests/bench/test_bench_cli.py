@@ -28,6 +28,9 @@ def server() -> Iterator[FakeServer]:
     s.stop()
 
 
+RUN = "benchmark_multi_turn.py run: "  # the dispatcher's prefix for the default command's errors
+
+
 def cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     # cwd=/ proves the script finds its package from its own location, not from the cwd.
     return subprocess.run(
@@ -156,13 +159,13 @@ def test_bad_input_is_one_line_naming_the_culprit(args: list[str], culprit: str)
     r = cli(*args)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and culprit in lines[0], r.stderr
+    assert len(lines) == 1 and lines[0].startswith(RUN) and culprit in lines[0], r.stderr
 
 
 def test_unknown_model_names_the_served_ones(server: FakeServer, tmp_path: Path) -> None:
     r = cli("--base-url", server.base_url, "--model", "kimi", "--output", str(tmp_path / "x.json"))
     assert r.returncode == 2
-    assert r.stderr.strip() == f"error: model 'kimi' is not served at {server.base_url}; it serves: fake-model"
+    assert r.stderr.strip() == f"{RUN}model 'kimi' is not served at {server.base_url}; it serves: fake-model"
     assert not (tmp_path / "x.json").exists()
 
 
@@ -218,7 +221,7 @@ def test_an_unwritable_output_is_refused_before_the_first_request(server: FakeSe
     )
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and str(out) in lines[0], r.stderr
+    assert len(lines) == 1 and lines[0].startswith(RUN) and str(out) in lines[0], r.stderr
     assert server.bodies == []  # nothing was sent
 
 
@@ -233,5 +236,5 @@ def test_nonsense_limits_are_refused(server: FakeServer, args: list[str], culpri
     r = cli("--base-url", server.base_url, "--model", server.model, "--sessions", "1", *args)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and culprit in lines[0], r.stderr
+    assert len(lines) == 1 and lines[0].startswith(RUN) and culprit in lines[0], r.stderr
     assert server.bodies == []

@@ -56,7 +56,7 @@ def test_options_first_means_run(capsys: pytest.CaptureFixture[str]) -> None:
     default = capsys.readouterr().err
     assert main(["run", "--model", "m"]) == 2
     assert capsys.readouterr().err == default
-    assert default.startswith("error: --base-url is required")
+    assert default.startswith("benchmark_multi_turn.py run: --base-url is required")
 
 
 def test_help_shows_the_seed_options_and_names_the_other_commands_and_a_typo_gets_a_suggestion(

@@ -154,7 +154,7 @@ def test_compare_command_line(results: dict[str, Any], tmp_path: Path, capsys: p
     out = capsys.readouterr().out
     assert "Head-to-head" in out and "Per-position acceptance" in out and "Sources" in out
     assert main(["compare", str(tmp_path / "missing.json")]) == 2
-    assert "error: result file not found" in capsys.readouterr().err
+    assert "benchmark_multi_turn.py compare: result file not found" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -81,7 +81,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, needle):
     )
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("kimidflash train: ") and needle in lines[0]
 
 
 def test_record_keeps_prompt_zero_response_one(tmp_path):
@@ -136,13 +136,16 @@ CHILD = """
 import sys, time
 from pathlib import Path
 from kimidflash.background import serving_process
+from kimidflash.commands import Command, dispatch
 from kimidflash.train.cli import guarded
 fake_serve = [sys.executable, "-c", "import time; print('serve: ready in 0.1s', flush=True); time.sleep(600)"]
 def body():
     with serving_process("cfg.env", [], Path(sys.argv[1]) / "serve.log", cmd=fake_serve) as (proc, _):
         (Path(sys.argv[1]) / "server.pid").write_text(str(proc.pid))
         time.sleep(600)
-sys.exit(guarded(body, "rerun"))
+def main(argv):
+    return guarded(body, "rerun")
+sys.exit(dispatch([Command("t", "__main__:main", "")], ["t"], prog="p", description=""))
 """
 
 

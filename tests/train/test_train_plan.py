@@ -158,9 +158,23 @@ def test_plan_command_prints_the_plan_and_exits_2_when_refused(tmp_path):
     assert missing.returncode == 2 and "--tokens-per-sample" in missing.stderr
 
 
-def test_unknown_engine_is_refused():
-    with pytest.raises(TrainConfigError, match="train.engine 'deepspeed'"):
-        tcfg.load(K26, {"train.engine": "deepspeed"})
+@pytest.mark.parametrize(
+    ("key", "bad", "choices"),
+    [
+        ("engine", "deepspeed", "ours, speculators"),
+        ("method", "medusa", "dflash, eagle3"),
+        ("device", "tpu", "auto, cpu, cuda"),
+        ("autocast", "fp8", "auto, bfloat16, none"),
+    ],
+)
+def test_a_choice_outside_its_literal_is_refused_naming_the_key(tmp_path, key, bad, choices):
+    with pytest.raises(TrainConfigError, match=f'--set train.{key}={bad}: expected one of {choices}, got "{bad}"'):
+        tcfg.load(K26, {f"train.{key}": bad})
+    raw = json.loads(K26.read_text())
+    raw["train"][key] = bad
+    (tmp_path / "t.json").write_text(json.dumps(raw))
+    with pytest.raises(TrainConfigError, match=f"t.json: train.{key}: expected one of {choices}"):
+        tcfg.load(tmp_path / "t.json")
 
 
 def test_without_records_the_prompts_count_at_their_longest_answer_capped_by_regen_records(tmp_path):
@@ -238,19 +252,24 @@ def test_k26_eagle3_plan_refuses_perfectblend_on_one_nodes_disk(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "config, rc, words",
+    "config, refused, words",
     [
-        ("train-kimi-k2.6.json", 2, ["1160000 samples", "98429 samples of this data's mean length"]),
-        ("train-kimi-k2.6-eagle3.json", 0, ["90000 samples", "fits"]),
+        ("train-kimi-k2.6.json", True, ["1160000 samples", "98429 samples of this data's mean length"]),
+        ("train-kimi-k2.6-eagle3.json", False, ["90000 samples", "fits"]),
     ],
 )
-def test_the_shipped_k26_configs_plan_their_own_data_on_a_machine_without_it(tmp_path, capsys, config, rc, words):
+def test_the_shipped_k26_configs_plan_their_own_data_on_a_machine_without_it(tmp_path, capsys, config, refused, words):
     """A fresh machine has no PerfectBlend: the configs say what they plan for (the seed's data for the
     DFlash drafter, refused on one node's disk with the largest that fits; the head's 90k samples)."""
     from kimidflash.train.cli import main
 
     assert not tcfg.load(CONFIGS / config).data.prompts.startswith("synthetic")
-    assert main([str(CONFIGS / config), "--plan", "--run-dir", str(tmp_path)]) == rc
+    args = [str(CONFIGS / config), "--plan", "--run-dir", str(tmp_path)]
+    if refused:
+        with pytest.raises(TrainConfigError, match="does not fit"):
+            main(args)
+    else:
+        assert main(args) == 0
     out = capsys.readouterr().out
     assert "the config's data.planned_samples" in out
     for w in words:

@@ -163,7 +163,7 @@ def test_a_wall_clock_chunk_stops_with_a_checkpoint_and_resumes(tmp_path):
         (["--eval-run", "bb=configs/eval-real-bigbench-heldout.json"], "has no capture/ folder"),
     ],
 )
-def test_train_compare_refuses_bad_input_before_training(tmp_path, capsys, monkeypatch, args, words):
+def test_train_compare_refuses_bad_input_before_training(tmp_path, monkeypatch, args, words):
     from kimidflash.train import compare_cli as compare
 
     monkeypatch.setenv("KIMIDFLASH_CACHE", str(tmp_path / "cache"))  # the eval run's folder: empty
@@ -180,8 +180,9 @@ def test_train_compare_refuses_bad_input_before_training(tmp_path, capsys, monke
         "--variant",
         "a",
     ]
-    assert compare.main(base + args) == 2
-    assert words in capsys.readouterr().err
+    with pytest.raises(TrainConfigError) as refused:
+        compare.main(base + args)
+    assert words in str(refused.value)
     assert not (tmp_path / "out").exists()
 
 

@@ -126,26 +126,15 @@ def test_an_exported_drafter_is_measured_as_it_computes(tmp_path, monkeypatch):
     assert ev.offline_acceptance(loaded, FakeStore(), 3, 5) == ev.offline_acceptance(src.eval(), FakeStore(), 3, 5)
 
 
-def test_drafter_is_only_for_the_eval_phase_alone(tmp_path, capsys):
+def test_drafter_is_only_for_the_eval_phase_alone(tmp_path):
+    from kimidflash.errors import TrainConfigError
     from kimidflash.train.cli import main
 
     from ..support.helpers import CONFIGS
 
-    assert (
-        main(
-            [
-                str(CONFIGS / "train-cpu-reference.json"),
-                "train",
-                "eval",
-                "--drafter",
-                str(tmp_path),
-                "--run-dir",
-                str(tmp_path / "run"),
-            ]
-        )
-        == 2
-    )
-    assert "--drafter measures an exported drafter: run the eval phase alone" in capsys.readouterr().err
+    argv = [str(CONFIGS / "train-cpu-reference.json"), "train", "eval", "--drafter", str(tmp_path)]
+    with pytest.raises(TrainConfigError, match="--drafter measures an exported drafter: run the eval phase alone"):
+        main([*argv, "--run-dir", str(tmp_path / "run")])
 
 
 @pytest.mark.parametrize(

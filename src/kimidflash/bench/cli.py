@@ -30,10 +30,7 @@ from ..errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_PARTIAL,
-    EXIT_USAGE,
     BenchError,
-    PromptError,
-    ReportError,
     ResultError,
 )
 from .prompts import export_jsonl
@@ -261,24 +258,20 @@ def config_from_args(a: argparse.Namespace, argv: Sequence[str]) -> BenchConfig:
 def cmd_run(argv: Sequence[str]) -> int:
     """One run: exit 0, 2 (bad input, nothing written), 3 (partial) or 130 (interrupted, partial written)."""
     a = _run_parser().parse_args(argv)
+    cfg = config_from_args(a, argv)
+    runner = Runner(cfg)
+    if a.output:
+        check_output(a.output)  # before the first request, not after the whole run
     try:
-        cfg = config_from_args(a, argv)
-        runner = Runner(cfg)
-        if a.output:
-            check_output(a.output)  # before the first request, not after the whole run
         doc = asyncio.run(runner.run())
-    except BenchError as e:
-        _err(str(e))
-        return EXIT_USAGE
     except KeyboardInterrupt:  # a second Ctrl-C, or one before the handlers were installed
         _err("interrupted; no result written (a single Ctrl-C during a run writes a partial result)")
-        return EXIT_INTERRUPTED
+        raise
     if a.output:
         try:
             write_result(a.output, doc)
         except OSError as e:
-            _err(f"cannot write {a.output}: {e}")
-            return EXIT_USAGE
+            raise BenchError(f"cannot write {a.output}: {e}") from None
     if not a.quiet:
         print_summary(doc)
     if a.output:
@@ -297,11 +290,7 @@ def cmd_run(argv: Sequence[str]) -> int:
 def cmd_compare(argv: Sequence[str]) -> int:
     """Tables (and optionally Markdown and charts) from result files."""
     a = _compare_parser().parse_args(argv)
-    try:
-        compare(a.files, baseline=a.baseline, markdown=a.markdown, charts=a.charts, terminal=not a.quiet)
-    except (ReportError, ResultError) as e:
-        _err(str(e))
-        return EXIT_USAGE
+    compare(a.files, baseline=a.baseline, markdown=a.markdown, charts=a.charts, terminal=not a.quiet)
     return EXIT_OK
 
 
@@ -326,17 +315,16 @@ def cmd_validate(argv: Sequence[str]) -> int:
                 m for m, on in (("partial", doc.get("partial")), ("no request completed", no_completion(doc))) if on
             ]
             print(f"{f}: valid{' (' + ', '.join(marks) + ')' if marks else ''}")
-    return EXIT_USAGE if bad else EXIT_OK
+    if bad:
+        raise ResultError(f"{bad} of {len(a.files)} files are not valid results (named above)")
+    return EXIT_OK
 
 
 def cmd_export(argv: Sequence[str]) -> int:
     """The prompts a run would send, for `vllm bench serve`'s custom dataset."""
     a = _export_parser().parse_args(argv)
-    try:
-        n = export_jsonl(a.output, a.sessions, a.seed, a.warmup, a.prompts)
-    except (PromptError, OSError) as e:
-        _err(str(e))
-        return EXIT_USAGE
+    check_output(a.output)
+    n = export_jsonl(a.output, a.sessions, a.seed, a.warmup, a.prompts)
     print(f"{a.output}: {n} prompts", file=sys.stderr)
     return EXIT_OK
 

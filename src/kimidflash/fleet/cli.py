@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ..background import sigterm_as_interrupt
+from ..errors import EXIT_FAILED
 from ..paths import cache_dir
 from .router import SESSION_HEADER, router_argv, router_url
 from .run import check_remotes, running_fleet
@@ -79,7 +80,7 @@ def main(argv: list[str]) -> int:
                     f"(log {log_dir / 'router.log'})",
                     flush=True,
                 )
-                return 1
+                return EXIT_FAILED
         except KeyboardInterrupt:
             print("fleet: stopped", flush=True)
             return 0

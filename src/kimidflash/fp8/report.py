@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..mdtable import table
+from ..mdtable import escape, table
 
 
 def _f(v: Any, fmt: str = ".3f") -> str:
@@ -17,7 +17,7 @@ def _f(v: Any, fmt: str = ".3f") -> str:
 
 
 def _cell(s: Any, limit: int = 60) -> str:
-    text = str(s).replace("\n", " ").replace("|", "\\|")
+    text = escape(str(s).replace("\n", " "))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..background import sigterm_as_interrupt
 from ..cliargs import add_config
-from ..errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, RecipeError, TrainConfigError
+from ..errors import EXIT_OK, TrainConfigError
 from ..fsio import utc_now
 from ..paths import CONFIGS_DIR, portable_argv
 from . import config as tcfg
@@ -117,17 +117,15 @@ def run(a: argparse.Namespace, argv: list[str]) -> None:
 
 
 def guarded(body: Callable[[], None], on_interrupt: str) -> int:
-    """The training commands' exit status: bad input is one line and 2, Ctrl-C or SIGTERM says how to
-    go on and 130 (SIGTERM as Ctrl-C, so a server the phase started in its own session is stopped too)."""
+    """Run a training command's body. Ctrl-C or SIGTERM (taken as Ctrl-C, so a server the phase started in
+    its own session is stopped too) first says how to go on; the dispatcher gives it, and every error, its
+    exit status."""
     try:
         with sigterm_as_interrupt():
             body()
-    except (RecipeError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"interrupted; {on_interrupt}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        raise
     return EXIT_OK
 
 

@@ -19,7 +19,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from ..eagle3 import AUX_IDS, Eagle3Error, Eagle3Head
 from ..errors import TrainConfigError
@@ -37,6 +37,19 @@ __all__ = [
     "load",
     "parse_set",
 ]
+
+
+# The choices a string option takes: each a Literal, so the type checker follows an edit, and the
+# loader refuses any other value naming the key (_type_error reads them by their alias's name).
+Engine = Literal["ours", "speculators"]
+MethodName = Literal["dflash", "eagle3"]
+Device = Literal["auto", "cpu", "cuda"]
+Autocast = Literal["auto", "bfloat16", "none"]
+ENGINES: tuple[str, ...] = get_args(Engine)
+METHODS: tuple[str, ...] = get_args(MethodName)
+DEVICES: tuple[str, ...] = get_args(Device)
+AUTOCAST: tuple[str, ...] = get_args(Autocast)
+_CHOICES = {"Engine": ENGINES, "MethodName": METHODS, "Device": DEVICES, "Autocast": AUTOCAST}
 
 
 class _Section:
@@ -115,8 +128,8 @@ class TrainOptions(_Section):
     warmup_steps: int = 50
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
-    autocast: str = "auto"
-    device: str = "auto"
+    autocast: Autocast = "auto"
+    device: Device = "auto"
     checkpoint_every: int = 100
     log_every: int = 10
     threads: int = 0
@@ -128,10 +141,10 @@ class TrainOptions(_Section):
     distill: bool = False  # CE against the captured top-k distribution (capture.topk) instead of the greedy token
     # "ours" (this package's trainer: CPU and one device) or "speculators" (vllm-project/speculators under
     # torchrun with FSDP2: Kimi scale; train/speculators/). Both read the same records and export the same drafter.
-    engine: str = "ours"
+    engine: Engine = "ours"
     # The drafter family: "dflash" (drafter_config is a DFlash shape) or "eagle3" (drafter_config is an
     # EAGLE-3 head's config.json; our engine only, captured shards: train/eagle3_run.py).
-    method: str = "dflash"
+    method: MethodName = "dflash"
     ttt_steps: int = 4  # eagle3: draft steps unrolled in training (training-time test)
     anchor_l2: float = 0.0  # eagle3 fine-tune: L2 pull toward train.init_from_drafter's weights, per step
     # Every N steps rank 0 walks select_records held-out records at eval.k[0] and keeps the best
@@ -265,8 +278,6 @@ _SECTION_CLASSES: dict[str, type] = {
     "cluster": ClusterOptions,
     "speculators": SpeculatorsOptions,
 }
-ENGINES = ("ours", "speculators")
-METHODS = ("dflash", "eagle3")
 _TYPES = {
     "int": ((int,), "an integer"),
     "float": ((int, float), "a number"),
@@ -285,6 +296,8 @@ def _type_error(ann: str, value: Any) -> str | None:
         if not isinstance(value, list) or any(_type_error(inner, v) for v in value):
             return expected
         return None
+    if ann in _CHOICES:
+        return None if value in _CHOICES[ann] else f"one of {', '.join(_CHOICES[ann])}"
     types, expected = _TYPES[ann]
     ok = isinstance(value, types) and (ann == "bool" or not isinstance(value, bool))
     return None if ok else expected
@@ -366,10 +379,6 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConf
     )
     if not cfg["drafter_config"]:
         raise TrainConfigError(f"{path}: 'drafter_config' is required")
-    if cfg["train"]["engine"] not in ENGINES:
-        raise TrainConfigError(f"{path}: train.engine {cfg['train']['engine']!r}: expected one of {', '.join(ENGINES)}")
-    if cfg["train"]["method"] not in METHODS:
-        raise TrainConfigError(f"{path}: train.method {cfg['train']['method']!r}: expected one of {', '.join(METHODS)}")
     planned = [cfg["data"]["planned_samples"], cfg["data"]["planned_tokens_per_sample"]]
     if (planned[0] is None) != (planned[1] is None) or any(v is not None and v < 1 for v in planned):
         raise TrainConfigError(

@@ -25,9 +25,7 @@ import torch
 
 from ..errors import TrainConfigError
 from ..fsio import cpuinfo_field, open_atomic
-
-DEVICES = ("auto", "cpu", "cuda")
-AUTOCAST = ("auto", "bfloat16", "none")
+from .config import AUTOCAST, DEVICES
 
 
 def local_rank() -> int:

@@ -40,12 +40,19 @@ from .draft_vocab import choose, coverage
 from .eagle3_model import Eagle3Drafter
 from .eagle3_ttt import draft_chains, ttt_loss
 from .evaluate import acceptance_lengths, eval_anchors, summarize, walk
-from .export_run import drafter_readme, loss_curve_png
+from .export_run import Family, drafter_readme, loss_curve_png
 from .manifest import Manifest, portable_train
 from .progress import bar
 from .target import target_info
 from .target_weights import load_target_head
 from .trainer import lr_lambda
+
+EAGLE3 = Family(
+    "an EAGLE-3 head",
+    "head config",
+    "EAGLE-3",
+    lambda tc: f"{tc['ttt_steps']} TTT steps (the checkpoint with the lowest held-out loss kept)",
+)
 
 Seq = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -369,7 +376,11 @@ def export(cfg: TrainConfig, run: Path, log: Log = print) -> Path:
         extras["loss-curve.png"] = png.read_bytes()
     has_eval = "offline-acceptance.json" in extras
     extras["README.md"] = drafter_readme(
-        cfg, json.loads(extras["manifest.json"]), st, read_json_object(ev, error=TrainConfigError) if has_eval else None
+        cfg,
+        json.loads(extras["manifest.json"]),
+        st,
+        read_json_object(ev, error=TrainConfigError) if has_eval else None,
+        EAGLE3,
     ).encode()
     out = export_head(model.state_dict(), config, Path(cfg.export.out), cfg.export.dtype, extras)
     log(f"export: {which} (step {st['step']}) as an EAGLE-3 head")

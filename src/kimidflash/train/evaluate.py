@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
+from ..checkpoint_layout import require_config
 from ..errors import TrainConfigError
-from ..formats.drafter import DrafterShape, read_json_file
+from ..formats.drafter import DrafterShape
 from ..fsio import write_json_atomic
 from ..logtail import Log
 from ..paths import portable
@@ -154,7 +155,9 @@ def load_exported_model(drafter_dir: str | Path, model_dir: str | Path) -> DFlas
     and head, on the CPU: the same checks as train.init_from_drafter, so a mismatch names its key. A
     draft vocabulary limits its drafts to those tokens, scored by the same target head rows."""
     d = Path(drafter_dir)
-    shape = DrafterShape.from_dict(read_json_file(d / "config.json", "exported drafter config"), str(d / "config.json"))
+    shape = DrafterShape.from_dict(
+        require_config(d, "exported drafter config", TrainConfigError), str(d / "config.json")
+    )
     model = DFlashDrafter(shape, *load_target_head(model_dir))
     model.load_state_dict(drafter_tensors(d, shape), strict=True)
     model.draft_ids = draft_vocab_ids(d)

@@ -9,6 +9,8 @@ from those files only).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +57,32 @@ def autocast_meant(train_note: dict[str, Any]) -> str:
     return "" if on is None else f" (= {'bf16' if on else 'fp32'} on the training machine)"
 
 
-def drafter_readme(cfg: TrainConfig, manifest: dict[str, Any], st: dict[str, Any], ev: dict[str, Any] | None) -> str:
+@dataclass(frozen=True)
+class Family:
+    """How an exported folder's README speaks of its drafter family: each family's export passes its own,
+    so the README needs no branch on train.method."""
+
+    name: str  # "a DFlash drafter"
+    config_kind: str  # what drafter_config holds
+    vllm_format: str
+    per_batch: Callable[[dict[str, Any]], str]  # what one training row holds, from the train options
+
+
+DFLASH = Family(
+    "a DFlash drafter",
+    "drafter shape",
+    "DFlash",
+    lambda tc: f"{tc['anchors_per_seq']} anchors, block {tc['block_size']}",
+)
+
+
+def drafter_readme(
+    cfg: TrainConfig,
+    manifest: dict[str, Any],
+    st: dict[str, Any],
+    ev: dict[str, Any] | None,
+    family: Family = DFLASH,
+) -> str:
     """A human summary written from the manifest and eval file only (no number typed by hand)."""
     origin = (manifest.get("target") or {}).get("origin") or {}
     cap = manifest.get("capture", {})
@@ -64,24 +91,17 @@ def drafter_readme(cfg: TrainConfig, manifest: dict[str, Any], st: dict[str, Any
     tc = {**cfg.train.as_dict(), **(tr.get("config") or {})}
     loss = tr.get("final_loss_mean_last50")
     prompts = (manifest.get("prompts") or {}).get("source", cfg.data.prompts)  # setup's, not this phase's config
-    eagle3 = cfg.train.method == "eagle3"
-    family = "an EAGLE-3 head" if eagle3 else "a DFlash drafter"
     lines = [
-        f"# {cfg.name}: {family} trained by `./train-drafter.sh`",
+        f"# {cfg.name}: {family.name} trained by `./train-drafter.sh`",
         "",
         f"Target: `{(manifest.get('target') or {}).get('dir')}`" + (f" ({origin.get('note')})" if origin else ""),
         "",
-        f"- {'head config' if eagle3 else 'drafter shape'}: `{Path(cfg.drafter_config or '').name}`, exported "
-        f"in vLLM's {'EAGLE-3' if eagle3 else 'DFlash'} format",
+        f"- {family.config_kind}: `{Path(cfg.drafter_config or '').name}`, exported "
+        f"in vLLM's {family.vllm_format} format",
         f"- data: {cap.get('train_records')} regenerated training records ({cap.get('train_response_tokens')} "
         f"response tokens), {cap.get('heldout_records')} held out; prompts `{prompts}` "
         f"(seed {cfg.seed}), regen sampling {manifest.get('regen', {}).get('sampling')}",
-        f"- training: {st['step']} steps of batch {tc['batch_size']} x "
-        + (
-            f"{tc['ttt_steps']} TTT steps (the checkpoint with the lowest held-out loss kept)"
-            if eagle3
-            else f"{tc['anchors_per_seq']} anchors, block {tc['block_size']}"
-        )
+        f"- training: {st['step']} steps of batch {tc['batch_size']} x {family.per_batch(tc)}"
         + f", gamma {tc['gamma']}, lr {tc['lr']}, autocast {tc['autocast']}{autocast_meant(tr)}; "
         "loss curve `loss-curve.png`, history `loss-history.json`",
         f"- final mean loss over the last 50 steps: {loss if loss is None else round(loss, 6)}",

@@ -29,8 +29,9 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint_layout import require_config
 from ..errors import TrainConfigError
-from ..formats.drafter import DrafterShape, read_json_file
+from ..formats.drafter import DrafterShape
 from ..formats.drafter_export import DRAFT_D2T, DRAFT_HEAD
 from .target_weights import read_tensors, target_layout
 
@@ -99,7 +100,7 @@ def drafter_tensors(drafter_dir: str | Path, shape: DrafterShape) -> dict[str, t
             "the export phase is expected)"
         )
     src = DrafterShape.from_dict(
-        read_json_file(d / "config.json", "train.init_from_drafter config"), str(d / "config.json")
+        require_config(d, "train.init_from_drafter config", TrainConfigError), str(d / "config.json")
     )
     for key in SAME_AS_SOURCE:
         if getattr(src, key) != getattr(shape, key):

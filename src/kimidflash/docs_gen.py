@@ -1,6 +1,6 @@
 """Generate the tables the docs must never get wrong, each between its markers.
 
-- `config-reference` (README.md, docs/configuration.md): every env key, from the schema.
+- `config-reference` (docs/configuration.md): every env key, from the schema.
 - `patch-set` (docs/patches.md): the shipped patches and the retired ones, from
   patches/patchset.py.
 - `backend-map` (docs/patches.md): for every production config on every pin, the

@@ -1,4 +1,4 @@
-"""Generated docs: the config reference (README.md, docs/) from the schema; the patch
+"""Generated docs: the config reference (docs/configuration.md) from the schema; the patch
 table and the backend map (docs/patches.md) from the patch set and the configs."""
 
 from kimidflash import docs_gen

@@ -223,11 +223,11 @@ def greedy(base_url: str, model: str = MODEL) -> tuple[list[list[int]], list[lis
 
 def test_speculation_changes_no_token_on_the_mla_target(tmp_path, fresh):
     """No speculation, DFlash (the fresh pair's server), ngram and the EAGLE-3 MLA head
-    (cpu-kimi-tiny-eagle3.env, generated from nothing through serve.sh, whose server also runs
-    test_eagle3_slow.check_served_head), all on the freshly generated target."""
+    (cpu-kimi-tiny-eagle3.env with a per-batch-size schedule, generated from nothing through serve.sh,
+    whose server also runs test_eagle3_slow.check_served_head), all on the freshly generated target."""
     from ..serve.test_eagle3_slow import CONFIG as EAGLE3
     from ..serve.test_eagle3_slow import MODEL as EAGLE3_MODEL
-    from ..serve.test_eagle3_slow import check_served_head
+    from ..serve.test_eagle3_slow import SCHEDULE, check_served_head
 
     target = f"MODEL_DIR={fresh['target']}"
     runs, accepted = {"dflash": fresh["greedy"]}, {}
@@ -235,7 +235,8 @@ def test_speculation_changes_no_token_on_the_mla_target(tmp_path, fresh):
         with serving(CONFIG, target, f"SPECULATIVE_METHOD={method}") as server:
             runs[method] = greedy(server.base_url)
             accepted[method] = server.metrics().get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
-    with serving(EAGLE3, target, f"DRAFT_MODEL_DIR={tmp_path / 'head'}", cmd=[str(ROOT / "serve.sh")]) as server:
+    head = f"DRAFT_MODEL_DIR={tmp_path / 'head'}"
+    with serving(EAGLE3, target, head, SCHEDULE, cmd=[str(ROOT / "serve.sh")]) as server:
         runs["eagle3"] = greedy(server.base_url, EAGLE3_MODEL)
         check_served_head(server, tmp_path / "head")
     together, alone = runs["none"]

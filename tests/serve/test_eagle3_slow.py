@@ -50,6 +50,11 @@ def chat(client: httpx.Client, **body) -> dict:
     return r.json()["choices"][0]
 
 
+# The per-batch-size draft schedule under EAGLE-3 (vLLM's own dynamic speculation): the no-token-changed run
+# asks alone (k=3) and 8 at once (k=2), so its server shows both kinds of step.
+SCHEDULE = "NUM_SPECULATIVE_TOKENS_PER_BATCH_SIZE=1-1:3,2-8:2"
+
+
 def check_served_head(server, head_dir: Path) -> None:
     """What the EAGLE-3 server of tests/cpu_reference/test_cpu_kimi_slow.py's no-token-changed run must also show (one
     server start for both): vLLM built the head over the aux layers its config names, drafts were made
@@ -60,8 +65,9 @@ def check_served_head(server, head_dir: Path) -> None:
     assert "Resolved architecture: KimiK25ForConditionalGeneration" in log
     assert "Using auxiliary layers from speculative config: (1, 2, 3)" in log
     m = server.metrics()
-    drafts = m["vllm:spec_decode_num_drafts_total"]
-    assert drafts > 0 and m["vllm:spec_decode_num_draft_tokens_total"] == 3 * drafts
+    drafts, tokens = m["vllm:spec_decode_num_drafts_total"], m["vllm:spec_decode_num_draft_tokens_total"]
+    # SCHEDULE drafts 3 tokens a step for one request and 2 for more: both kinds of step ran
+    assert drafts > 0 and 2 * drafts < tokens < 3 * drafts, (drafts, tokens)
     with api_client(server.base_url, 300) as client:
         person = chat(
             client,

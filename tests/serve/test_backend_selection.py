@@ -265,9 +265,9 @@ def test_0_20_2_without_p3_or_p5_each_fails_as_its_reason_says(tmp_path, models)
 
 def test_0_33_0_an_eagle3_mla_head_gets_the_targets_mla_backend_and_e1_makes_it_mla(tmp_path, models):
     """The EAGLE-3 configs on the current pin, posed as MI300X with AITER: the head's MLA layer gets
-    the backend the config names (TRITON_MLA, as the target); left unset, ROCm's order gives it
-    ROCM_AITER_MLA. Its model config counts the kimi_k2 head as MLA (head size 576) only in the tree
-    patched with E1; in the unpatched tree the same argv gives standard attention, head size 64."""
+    the backend the config names (ROCM_AITER_MLA); left unset, ROCm's order gives it the same. Its model
+    config counts the kimi_k2 head as MLA (head size 576) only in the tree patched with E1; in the
+    unpatched tree the same argv gives standard attention, head size 64."""
     eagle3 = {"DRAFT_MODEL_DIR": str(models / "eagle3")}
     configs = {name: config_values(name, "0.33.0", models, **eagle3) for name in EAGLE3_PRODUCTION_CONFIGS}
     configs["production-eagle3.env, draft backend unset"] = config_values(

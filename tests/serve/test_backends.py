@@ -33,11 +33,13 @@ def test_every_production_config_runs_triton_mla_and_rocm_attn_on_both_pins(name
 
 
 @pytest.mark.parametrize("name", EAGLE3_PRODUCTION_CONFIGS)
-def test_every_eagle3_config_runs_triton_mla_for_target_and_head_on_the_current_pin_only(name):
-    """The head's one MLA layer runs the target's MLA backend, named per draft; the legacy pin, where the
-    recipe never read EAGLE-3, refuses the config in one line naming VLLM_VERSION."""
+def test_every_eagle3_config_runs_the_pins_own_mla_backend_for_its_head_on_the_current_pin_only(name):
+    """The head's one MLA layer runs what 0.33.0's ROCm order gives an MLA draft (ROCM_AITER_MLA), named
+    per draft, beside the seed's TRITON_MLA target; the legacy pin, where the recipe never read EAGLE-3,
+    refuses the config in one line naming VLLM_VERSION."""
     plan = backends.attention_plan(values(name, "0.33.0"))
-    assert (plan.target, plan.draft) == ("TRITON_MLA", "TRITON_MLA") and "speculative_config" in plan.draft_how
+    assert (plan.target, plan.draft) == ("TRITON_MLA", backends.ROCM_MLA_FIRST) == ("TRITON_MLA", "ROCM_AITER_MLA")
+    assert "speculative_config" in plan.draft_how
     assert backends.served_pins("eagle3") == ("0.33.0",)
     with pytest.raises(ConfigError, match="VLLM_VERSION.*0.32.0"):
         values(name, "0.20.2")
@@ -119,13 +121,13 @@ def test_the_backend_map_has_every_production_config_on_both_pins():
 
 
 def test_a_variant_of_the_other_family_takes_its_own_familys_draft_backend():
-    """ab serves an EAGLE-3 head on a DFlash config (and the other way round): the head takes the
-    target's MLA backend, not the DFlash drafter's ROCM_ATTN, and each config keeps its own."""
+    """ab serves an EAGLE-3 head on a DFlash config (and the other way round): the head takes what the
+    pin's ROCm order gives an MLA draft, not the DFlash drafter's ROCM_ATTN, and each config keeps its own."""
     dflash, eagle3 = values("production.env", "0.33.0"), values("production-eagle3.env", "0.33.0")
-    assert backends.family_draft_backend(dflash, "eagle3") == "TRITON_MLA"
+    assert backends.family_draft_backend(dflash, "eagle3") == "ROCM_AITER_MLA"
     assert backends.family_draft_backend(dflash, "dflash") == "ROCM_ATTN"
     assert backends.family_draft_backend(eagle3, "dflash") == "ROCM_ATTN"
-    assert backends.family_draft_backend(eagle3, "eagle3") == "TRITON_MLA"
+    assert backends.family_draft_backend(eagle3, "eagle3") == "ROCM_AITER_MLA"
     for v in (dflash, eagle3):
         for method in ("dflash", "eagle3"):
             assert (

@@ -36,8 +36,8 @@ def test_shipped_training_configs_load_and_match_their_drafter_shapes():
     for name in ("train-cpu-reference.json", "train-overfit-gate.json", "train-kimi-k2.6.json"):
         cfg = tcfg.load(CONFIGS / name)
         shape = tcfg.drafter_shape(cfg)
-        assert cfg["train"]["block_size"] >= (cfg["export"]["block_size"] or shape["block_size"])
-        assert max(cfg["eval"]["k"]) + 1 <= cfg["train"]["block_size"]
+        assert cfg.train.block_size >= (cfg.export.block_size or shape["block_size"])
+        assert max(cfg.eval.k) + 1 <= cfg.train.block_size
         assert max(shape["dflash_config"]["target_layer_ids"]) < shape["num_target_layers"] - 1
 
 
@@ -58,7 +58,7 @@ def test_last_target_layer_is_refused(tmp_path):
 
 def test_set_overrides_parse_json_values():
     cfg = tcfg.load(CONFIGS / "train-cpu-reference.json", tcfg.parse_set(["train.steps=7", "eval.k=[3]"]))
-    assert cfg["train"]["steps"] == 7 and cfg["eval"]["k"] == [3]
+    assert cfg.train.steps == 7 and cfg.eval.k == [3]
     with pytest.raises(tcfg.TrainConfigError, match="unknown key 'nope'"):
         tcfg.load(CONFIGS / "train-cpu-reference.json", {"train.nope": 1})
 

@@ -6,8 +6,8 @@ back to a default; a value of the wrong type (in the file or from `--set
 train.steps=abc`) is refused with the key and the expected type, so it cannot
 travel as a string into the phase that first does arithmetic with it. The
 options are typed, frozen sections (target, data, regen, capture, train,
-eval, export, cluster, speculators), like the env schema; indexing (`cfg["train"]["steps"]`) reads
-them too, and `as_dict()` is the JSON form the manifest and checkpoints record.
+eval, export, cluster, speculators), like the env schema, read by attribute
+(`cfg.train.steps`); `as_dict()` is the JSON form the manifest and checkpoints record.
 The drafter's shape lives in its own JSON (shape.py) so serving and training
 share it.
 """
@@ -53,12 +53,7 @@ _CHOICES = {"Engine": ENGINES, "MethodName": METHODS, "Device": DEVICES, "Autoca
 
 
 class _Section:
-    """Read access by key as well as by attribute, and the JSON form."""
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in {f.name for f in fields(self)}:  # type: ignore[arg-type]
-            raise KeyError(key)
-        return getattr(self, key)
+    """A typed section: read by attribute only (so the type checker follows an edit), and its JSON form."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)  # type: ignore[call-overload]
@@ -218,9 +213,6 @@ class TrainConfig(_Section):
     cluster: ClusterOptions = field(default_factory=ClusterOptions)
     speculators: SpeculatorsOptions = field(default_factory=SpeculatorsOptions)
     path: str = ""  # the config file, absolute
-
-    def __getitem__(self, key: str) -> Any:
-        return self.path if key == "_path" else super().__getitem__(key)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)

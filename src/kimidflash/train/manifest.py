@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import TrainConfigError
 from ..fsio import git_info, read_json, read_json_object, sha256_file, utc_now, write_json_atomic
 from ..paths import REPO_ROOT, portable
-from .config import PATH_KEYS
+from .config import PATH_KEYS, TrainConfig
 from .data import SELFSYNTH, read_records
 
 
@@ -82,16 +82,16 @@ class Manifest:
         write_json_atomic(self.path, self.data)
 
     def set_setup(
-        self, cfg: dict[str, Any], drafter: dict[str, Any], target: Path, mask: dict[str, Any] | None, n_prompts: int
+        self, cfg: TrainConfig, drafter: dict[str, Any], target: Path, mask: dict[str, Any] | None, n_prompts: int
     ) -> None:
-        """`cfg`: the training config's JSON form (TrainConfig.as_dict()); `drafter`: the drafter config's
-        JSON; `mask`: a DFlash drafter's mask token ({id, token}), None for an EAGLE-3 head."""
+        """`cfg`: the training config (recorded in its JSON form); `drafter`: the drafter config's JSON;
+        `mask`: a DFlash drafter's mask token ({id, token}), None for an EAGLE-3 head."""
         stamp = target / ".kimidflash-smollm2.json"
         self.data.setdefault("created", utc_now())
-        self.data["config"] = portable_config(cfg)
-        self.data["config_file"] = portable(cfg["_path"])
+        self.data["config"] = portable_config(cfg.as_dict())
+        self.data["config_file"] = portable(cfg.path)
         self.data["drafter_shape"] = drafter
-        self.data["seed"] = cfg["seed"]
+        self.data["seed"] = cfg.seed
         self.data["target"] = {
             "dir": portable(target),
             "config_sha256": sha256_file(target / "config.json"),
@@ -99,7 +99,7 @@ class Manifest:
         }
         if mask is not None:
             self.data["mask_token"] = mask
-        self.data["prompts"] = {"source": portable_prompts(cfg["data"]["prompts"]), "count": n_prompts}
+        self.data["prompts"] = {"source": portable_prompts(cfg.data.prompts), "count": n_prompts}
         self.data["versions"] = versions()
         self.save()
 

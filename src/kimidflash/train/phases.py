@@ -60,7 +60,7 @@ def phase_setup(cfg: TrainConfig, run: Path, args: PhaseArgs, log: Log = print) 
     if free < cfg.data.min_free_disk_gb:
         raise TrainConfigError(f"{run}: {free:.1f} GiB free, config asks for {cfg.data.min_free_disk_gb}")
     write_text_atomic(run / "prompts.jsonl", "".join(json.dumps(p) + "\n" for p in prompts))
-    Manifest.open(run).set_setup(cfg.as_dict(), drafter, target, mask, len(prompts))
+    Manifest.open(run).set_setup(cfg, drafter, target, mask, len(prompts))
     log(
         f"setup: run folder {run}; {len(prompts)} prompts; target {target}; "
         + (f"mask token {mask['id']} ({mask['token']!r}); " if mask else f"{cfg.train.method} drafter; ")

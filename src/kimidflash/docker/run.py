@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -119,21 +120,51 @@ class ContainerServer:
             self._exit = int(self.container.attrs["State"]["ExitCode"])
         return self._exit
 
-    def stop(self, grace: float = STOP_GRACE_S) -> int:
-        """docker stop (SIGTERM through tini, SIGKILL after `grace`), then remove. Returns the exit code."""
+    def stop(self, grace: float = STOP_GRACE_S, settle: float = 120.0) -> int:
+        """docker stop (SIGTERM through tini, SIGKILL after `grace`), then remove. Returns the exit code.
+
+        An engine can refuse a stop (dockerd: "tried to kill container, but did not receive an exit
+        event") while a process of the container is still being torn down by the kernel; the container
+        then exits later. Waiting up to `settle` more seconds for that, then removing it, leaves no
+        container behind to block the next start under the same name."""
         if not self._removed:
             try:
                 self.container.stop(timeout=int(grace))
                 code = int(self.container.wait(timeout=grace + 30).get("StatusCode", -1))
             except Exception:
-                polled = self.poll()
-                code = polled if polled is not None else -1
+                code = self._settled(settle)
             self._exit = code if self._exit is None else self._exit
             self._pump.join(timeout=5)
-            with contextlib.suppress(Exception):  # already gone
-                self.container.remove(force=True)
+            self._remove(settle)
             self._removed = True
         return self._exit if self._exit is not None else -1
+
+    def _settled(self, settle: float) -> int:
+        """The exit code once a container that refused a stop has exited (-1 if it has not in `settle` s)."""
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):  # the engine may refuse the kill again; it is retried
+                self.container.kill()
+            polled = self.poll()
+            if polled is not None:
+                return polled
+            time.sleep(2)
+        return -1
+
+    def _remove(self, settle: float) -> None:
+        import docker
+
+        deadline = time.monotonic() + settle
+        while True:
+            try:
+                self.container.remove(force=True)
+                return
+            except docker.errors.NotFound:  # already gone
+                return
+            except Exception:
+                if time.monotonic() >= deadline:
+                    return  # the next start's _clear_stale removes it once it has exited
+                time.sleep(2)
 
     def __enter__(self) -> ContainerServer:
         return self

@@ -131,17 +131,18 @@ class ContainerServer:
             try:
                 self.container.stop(timeout=int(grace))
                 code = int(self.container.wait(timeout=grace + 30).get("StatusCode", -1))
+                deadline = time.monotonic() + settle
             except Exception:
-                code = self._settled(settle)
+                deadline = time.monotonic() + settle  # one budget for the exit and the removal
+                code = self._settled(deadline)
             self._exit = code if self._exit is None else self._exit
             self._pump.join(timeout=5)
-            self._remove(settle)
+            self._remove(deadline)
             self._removed = True
         return self._exit if self._exit is not None else -1
 
-    def _settled(self, settle: float) -> int:
-        """The exit code once a container that refused a stop has exited (-1 if it has not in `settle` s)."""
-        deadline = time.monotonic() + settle
+    def _settled(self, deadline: float) -> int:
+        """The exit code once a container that refused a stop has exited (-1 if it has not by `deadline`)."""
         while time.monotonic() < deadline:
             with contextlib.suppress(Exception):  # the engine may refuse the kill again; it is retried
                 self.container.kill()
@@ -151,10 +152,9 @@ class ContainerServer:
             time.sleep(2)
         return -1
 
-    def _remove(self, settle: float) -> None:
+    def _remove(self, deadline: float) -> None:
         import docker
 
-        deadline = time.monotonic() + settle
         while True:
             try:
                 self.container.remove(force=True)

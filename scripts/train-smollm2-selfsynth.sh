@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
-# Continue the shipped SmolLM2 DFlash drafter on the conversations the target wrote itself
-# (configs/train-smollm2-selfsynth.json, data in drafters/smollm2-selfsynth/), keep the checkpoint that
-# walks best on the held-out ones, export it, then A/B it against the shipped drafter and no
-# speculation on heldout-mix, split into its three sources. Resumable: run it again after a stop.
+# Continue a committed SmolLM2 drafter on the conversations the target wrote itself (data in
+# drafters/smollm2-selfsynth/), keep the checkpoint that does best on the held-out ones, export it, then
+# A/B it against the shipped DFlash drafter and no speculation on heldout-mix, split into its three
+# sources. Resumable: run it again after a stop.
 #
-#   scripts/train-smollm2-selfsynth.sh [RUN_DIR]
+#   scripts/train-smollm2-selfsynth.sh [dflash|eagle3] [RUN_DIR]
 #
+# dflash (the default): the shipped DFlash drafter, configs/train-smollm2-selfsynth.json, the best walk kept.
+# eagle3: the committed EAGLE-3 head, configs/train-smollm2-eagle3-selfsynth.json, the lowest held-out loss kept.
 # Training runs in wall-clock chunks (TRAIN_CHUNK_S, default 1200 s) until train.steps or until
-# TRAIN_STEPS (a smaller stop for one session); the A/B writes benchmarks/drafter/selfsynth-vs-shipped/.
+# TRAIN_STEPS (a smaller stop for one session); the A/B writes benchmarks/drafter/selfsynth-vs-shipped/
+# (dflash) or benchmarks/drafter/selfsynth-eagle3-vs-shipped/ (eagle3).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
-config=configs/train-smollm2-selfsynth.json
+family="${1:-dflash}"
+case "$family" in
+  dflash) config=configs/train-smollm2-selfsynth.json; name=smollm2-135m-dflash-selfsynth; ab=selfsynth-vs-shipped ;;
+  eagle3) config=configs/train-smollm2-eagle3-selfsynth.json; name=smollm2-135m-eagle3-selfsynth; ab=selfsynth-eagle3-vs-shipped ;;
+  *) echo "train-smollm2-selfsynth: the family is dflash or eagle3, not '$family'" >&2; exit 2 ;;
+esac
 cache="${KIMIDFLASH_CACHE:-$HOME/.cache/kimidflash}"
-run="${1:-$cache/train-runs/smollm2-135m-dflash-selfsynth}"
+run="${2:-$cache/train-runs/$name}"
 stop="${TRAIN_STEPS:-$(python3 -c "import json; print(json.load(open('$config'))['train']['steps'])")}"
 ./train-drafter.sh "$config" setup regen capture --run-dir "$run"
 until [ -f "$run/loss-history.json" ] && python3 -c "import json,sys; h=json.load(open('$run/loss-history.json')); \
@@ -38,6 +46,6 @@ for set in bigbench-heldout humaneval mt-bench; do
   [ -s "$prompts/heldout-mix-$set.jsonl" ] && categories+=(--category "${set%-heldout}=$prompts/heldout-mix-$set.jsonl")
 done
 "$KIMIDFLASH_PY" -m kimidflash ab configs/cpu-reference.env --none \
-  --drafter selfsynth=drafters/smollm2-135m-dflash-selfsynth --drafter shipped=drafters/smollm2-135m-dflash --k 3 \
+  --drafter "selfsynth=drafters/$name" --drafter shipped=drafters/smollm2-135m-dflash --k 3 \
   "${categories[@]}" --concurrency 1 --sessions "${AB_SESSIONS:-12}" \
-  --max-tokens 64 --warmup 2 --rounds 3 --interleave --out benchmarks/drafter/selfsynth-vs-shipped
+  --max-tokens 64 --warmup 2 --rounds 3 --interleave --out "benchmarks/drafter/$ab"

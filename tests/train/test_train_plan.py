@@ -280,3 +280,15 @@ def test_the_shipped_k26_configs_plan_their_own_data_on_a_machine_without_it(tmp
 def test_planned_data_needs_both_numbers(planned):
     with pytest.raises(TrainConfigError, match="data.planned_samples and data.planned_tokens_per_sample go together"):
         tcfg.load(CONFIGS / "train-cpu-reference.json", planned)
+
+
+def test_count_data_counts_a_selfsynth_folders_answered_records_before_any_regen(tmp_path):
+    """A self-synthesised folder holds answered records, so --plan counts them exactly, as after regen."""
+    from kimidflash.train.data import is_heldout, selfsynth_records
+
+    cfg = tcfg.load(CONFIGS / "train-smollm2-eagle3-selfsynth.json")
+    data = tplan.count_data(cfg, tmp_path)  # no regen.jsonl in the run
+    kept = [r for r in selfsynth_records(cfg.data.prompts) if not is_heldout(r.id, cfg.data.heldout_fraction)]
+    assert data.samples == len(kept) > 1000
+    assert data.tokens == sum(len(r.input_ids) for r in kept)
+    assert data.source == "selfsynth:drafters/smollm2-selfsynth (training split)"

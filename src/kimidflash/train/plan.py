@@ -36,8 +36,9 @@ from ..errors import TrainConfigError
 from ..formats.drafter import DrafterShape
 from . import plan_eagle3
 from .config import TrainConfig
-from .data import read_records, split
+from .data import SELFSYNTH, read_records, selfsynth_records, split
 from .device import describe, memory_bytes, resolve
+from .manifest import portable_prompts
 from .speculators.commands import options_from
 from .target import target_info
 
@@ -192,9 +193,12 @@ def count_data(cfg: TrainConfig, run: Path, samples: int | None = None, tokens_p
             raise TrainConfigError("--samples needs --tokens-per-sample (the mean record length in tokens)")
         return Data(samples, samples * tokens_per_sample, f"given: {samples} samples x {tokens_per_sample} tokens")
     regen = run / "regen.jsonl"
-    if regen.is_file():
-        train, _ = split(read_records(regen), cfg.data.heldout_fraction)
-        return Data(len(train), sum(len(r.input_ids) for r in train), f"{regen} (training split)")
+    spec = cfg.data.prompts
+    if regen.is_file() or (spec.startswith(SELFSYNTH) and "+" not in spec):  # answered records: counted, not bounded
+        records = read_records(regen) if regen.is_file() else selfsynth_records(spec)
+        train, _ = split(records, cfg.data.heldout_fraction)
+        where = regen if regen.is_file() else portable_prompts(spec)
+        return Data(len(train), sum(len(r.input_ids) for r in train), f"{where} (training split)")
     prompts = Path(cfg.data.prompts)
     if cfg.data.prompts.startswith("synthetic:"):
         n = int(cfg.data.prompts.split(":", 1)[1])

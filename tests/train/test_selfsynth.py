@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -127,6 +128,8 @@ class Scripted(BaseHTTPRequestHandler):
         pass
 
     bodies: list[dict] = []  # every request, in arrival order (the tests that read it clear it first)
+    done: list[str] = []  # "user" or "answer" as each reply is sent
+    slow_user = 0.0  # seconds the last user turn of each cycle takes
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -134,6 +137,8 @@ class Scripted(BaseHTTPRequestHandler):
         if self.path == "/v1/completions":
             assert body["prompt"].endswith("<|im_start|>user\n") and body["stop"] == ["<|im_end|>"]
             i = body["seed"] % 9
+            if i == 8:
+                time.sleep(Scripted.slow_user)
             text, finish = (USERS[i], "stop") if i < len(USERS) else ("and then and then", "length")
             out = {"choices": [{"text": " " + text, "finish_reason": finish}], "usage": {"completion_tokens": 12}}
         else:
@@ -150,6 +155,7 @@ class Scripted(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+        Scripted.done.append("user" if self.path == "/v1/completions" else "answer")
 
 
 @pytest.fixture
@@ -190,6 +196,20 @@ def test_a_shard_keeps_the_answered_requests_and_counts_every_refusal(server, tm
     assert entry["checked_against"] == {"evals": 1}
     assert doc["diversity"]["sample"] == 3 and set(doc["diversity"]) == {"sample", "kept", "synthetic_templates"}
     assert verify_shards(tmp_path)["totals"]["kept"] == 3
+
+
+def test_every_generated_token_counts_in_the_rate_and_answers_start_before_the_last_request_is_in(
+    server, tmp_path, monkeypatch
+):
+    """The rate is what the server generated: refused answers too. And the server is kept busy: kept
+    requests are answered while later ones are still being written, in seed order all the same."""
+    monkeypatch.setattr(Scripted, "slow_user", 1.0)
+    monkeypatch.setattr(Scripted, "done", [])
+    doc = run(server, tmp_path, 1)
+    (entry,) = doc["shards"]
+    assert entry["generated_tokens"] == 9 * 12 + 4 * 3  # nine users, four answers (one refused for its loop)
+    assert Scripted.done.index("answer") < len(Scripted.done) - 1 - Scripted.done[::-1].index("user")
+    assert [r.prompt for r in read_shard(tmp_path / entry["file"])] == [USERS[0], USERS[1], USERS[7]]
 
 
 def test_a_second_run_adds_the_next_shard_and_refuses_what_earlier_shards_hold(server, tmp_path):

@@ -170,6 +170,8 @@ async def _shard(
             if out is None or js.get("prompt_token_ids") is None:
                 raise RegenError("the server returned no token ids: it must support return_token_ids (vLLM >= 0.10)")
             reply = choice["message"]["content"] or ""
+            nonlocal generated
+            generated += len(out)  # kept or refused, the server generated it: the rate counts it
             if repeat_share(words(reply)) > s.limits.max_repeat:
                 refused[_reason("answer_repetition", turn)] += 1
                 return None
@@ -177,31 +179,43 @@ async def _shard(
 
         records: list[Record] = []
         sessions: list[tuple[int, list[str]]] = [(i, []) for i in range(s.per_shard)]
-        for turn in range(1, s.turns + 1):
-            # turn 1 from the template's user prefix; later ones after the conversation so far
-            prompts = [template.prefix if turn == 1 else template.continued(h) for _, h in sessions]
-            seeds = [s.seed * 1_000_003 + k * s.per_shard + i + (turn - 1) * 100_000_000 for i, _ in sessions]
-            sampled = await asyncio.gather(*(user(p, seed) for p, seed in zip(prompts, seeds, strict=True)))
-            generated += sum(n for _, n in sampled)
-            kept: list[tuple[int, list[str]]] = []
-            for (i, history), (text, _) in zip(sessions, sampled, strict=True):  # in seed order: reproducible
-                why = "cut_at_max_tokens" if not text else refusal(text, s.limits)
-                if why is None and contam.hits(text):
-                    why, contaminated = "contaminated", contaminated + 1
-                if turn == 1:  # a later turn's record differs by its context even where its words repeat
-                    why = why or near.check(text)
-                if why:
-                    refused[_reason(why, turn)] += 1
-                else:
-                    kept.append((i, [*history, text]))
-            rid = f"{SOURCE}-{k:05d}-{{:04d}}" + ("" if turn == 1 else f"-t{turn}")
-            answered = await asyncio.gather(*(answer(rid.format(i), h, turn) for i, h in kept))
-            sessions = []
-            for (i, history), got in zip(kept, answered, strict=True):
-                if got is not None:
-                    records.append(got[0])
-                    sessions.append((i, [*history, got[1]]))
-    generated += sum(r.n_response for r in records)
+        tasks: list[asyncio.Task[Any]] = []  # cancelled on the way out, so an error leaves none running
+        try:
+            for turn in range(1, s.turns + 1):
+                # turn 1 from the template's user prefix; later ones after the conversation so far
+                prompts = [template.prefix if turn == 1 else template.continued(h) for _, h in sessions]
+                seeds = [s.seed * 1_000_003 + k * s.per_shard + i + (turn - 1) * 100_000_000 for i, _ in sessions]
+                sampled = [asyncio.create_task(user(p, seed)) for p, seed in zip(prompts, seeds, strict=True)]
+                tasks += sampled
+                rid = f"{SOURCE}-{k:05d}-{{:04d}}" + ("" if turn == 1 else f"-t{turn}")
+                kept: list[tuple[int, list[str]]] = []
+                answering: list[asyncio.Task[tuple[Record, str] | None]] = []
+                # Filtered in seed order, so a shard is reproducible; each kept request is answered as soon
+                # as it and every earlier one are in, while later requests are still being written: the
+                # server is not left to drain between the two phases.
+                for (i, history), task in zip(sessions, sampled, strict=True):
+                    text, n = await task
+                    generated += n
+                    why = "cut_at_max_tokens" if not text else refusal(text, s.limits)
+                    if why is None and contam.hits(text):
+                        why, contaminated = "contaminated", contaminated + 1
+                    if turn == 1:  # a later turn's record differs by its context even where its words repeat
+                        why = why or near.check(text)
+                    if why:
+                        refused[_reason(why, turn)] += 1
+                    else:
+                        kept.append((i, [*history, text]))
+                        answering.append(asyncio.create_task(answer(rid.format(i), kept[-1][1], turn)))
+                        tasks.append(answering[-1])
+                answered = await asyncio.gather(*answering)
+                sessions = []
+                for (i, history), got in zip(kept, answered, strict=True):
+                    if got is not None:
+                        records.append(got[0])
+                        sessions.append((i, [*history, got[1]]))
+        finally:
+            for t in tasks:
+                t.cancel()
     return ShardResult(records, [r.prompt for r in records], refused, contaminated, generated, time.monotonic() - t0)
 
 

@@ -1,6 +1,7 @@
 """train.method eagle3 through the phase table on the seeded tiny chat target: setup checks the
 head against the target, regen (hf) and capture write the records and shards at the head's
-auxiliary layers, train keeps the checkpoint with the lowest held-out loss and resumes exactly,
+auxiliary layers, train keeps the checkpoint with the lowest held-out loss (or, with
+train.select_every, the longest walk) and resumes exactly,
 eval measures acceptance as a server walks, and export writes a head vLLM's loader reads."""
 
 from __future__ import annotations
@@ -114,6 +115,29 @@ def test_an_eagle3_head_is_set_up_captured_trained_evaluated_and_exported(tmp_pa
     readme = (out / "README.md").read_text()  # written from the manifest and eval file, as a DFlash export's
     assert "an EAGLE-3 head trained by" in readme and "3 TTT steps" in readme
     assert f"{r['walk']['mean_acceptance_length']} as a server walks" in readme
+
+
+def test_with_select_every_best_pt_is_the_checkpoint_that_walked_best_and_walks_it_again(tmp_path, tiny_target):
+    """train.select_every on an EAGLE-3 run: best.pt is kept by the walk on the held-out records (as a
+    DFlash run's), not by held-out loss; eval takes it, and it walks exactly the figure it was kept at."""
+    from kimidflash.train.capture import ShardStore
+    from kimidflash.train.eagle3_run import kept, offline_acceptance
+
+    cfg, run = run_config(tmp_path, tiny_target, select_every=20, select_records=2)
+    phases(cfg, run, "setup", "regen", "capture", "train")
+    hist = json.loads((run / "loss-history.json").read_text())
+    walks = {h["step"]: h["select_walk"] for h in hist if "select_walk" in h}
+    assert list(walks) == [20, 40, 60]
+    best = torch.load(run / "checkpoints" / "best.pt", weights_only=False)
+    assert "heldout_loss" not in best and best["walk"] == max(walks.values())
+    assert best["step"] == min(s for s, w in walks.items() if w == best["walk"])
+    model, st, which = kept(cfg, run)
+    assert which == "best.pt" and st["step"] == best["step"]
+    again = offline_acceptance(model, ShardStore(run / "capture", "heldout"), 3, 2)
+    assert again["walk"]["mean_acceptance_length"] == pytest.approx(best["walk"])
+    phases(cfg, run, "export")
+    readme = (tmp_path / "head-out" / "README.md").read_text()
+    assert "the checkpoint that walked best on 2 held-out records kept" in readme
 
 
 def test_resumed_training_equals_one_run(tmp_path, tiny_target):

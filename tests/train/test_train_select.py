@@ -138,11 +138,3 @@ def test_resume_keeps_the_best_walk_and_a_fresh_run_drops_an_old_best(tmp_path, 
     assert sel is not None and sel.best == 1.75 and sel.records == 3 and sel.k == cfg.eval.k[0]
     sel = select.WalkSelect.for_run(cfg, run, resume=False)
     assert sel is not None and sel.best == float("-inf") and not (run / "checkpoints" / "best.pt").exists()
-
-
-def test_an_eagle3_run_refuses_walk_selection_at_setup():
-    from kimidflash.train.engines import METHODS
-
-    cfg = tcfg.load(CONFIGS / "train-smollm2-eagle3.json", {"train.select_every": 100})
-    with pytest.raises(TrainConfigError, match="EAGLE-3 run keeps best.pt by held-out loss"):
-        METHODS["eagle3"].check_drafter(cfg, {}, None)

@@ -143,7 +143,8 @@ class TrainOptions(_Section):
     ttt_steps: int = 4  # eagle3: draft steps unrolled in training (training-time test)
     anchor_l2: float = 0.0  # eagle3 fine-tune: L2 pull toward train.init_from_drafter's weights, per step
     # Every N steps rank 0 walks select_records held-out records at eval.k[0] and keeps the best
-    # checkpoint as checkpoints/best.pt, which eval and export take (select.py). None: the last.
+    # checkpoint as checkpoints/best.pt, which eval and export take (select.py; either family).
+    # None: the last (an EAGLE-3 run: the lowest held-out loss).
     select_every: int | None = None
     select_records: int = 256
 

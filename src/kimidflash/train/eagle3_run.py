@@ -12,7 +12,9 @@
   over-specialising).
 * Checkpoints: last.pt every `checkpoint_every` steps and at the end (model, optimizer, schedule,
   step, history, RNG: `--resume` continues exactly); with held-out records, the held-out loss at
-  each checkpoint, and best.pt where it was lowest. Eval and export take best.pt when there is one.
+  each checkpoint, and best.pt where it was lowest, or, with `train.select_every`, where the walk
+  on the held-out records was longest (select.py, as a DFlash run). Eval and export take best.pt
+  when there is one.
 * Data-parallel under torchrun (WORLD_SIZE > 1): every rank a whole replica on its LOCAL_RANK's
   device drawing its own batches, gradients averaged by DDP; rank 0 measures the held-out loss and
   writes the checkpoints (with every rank's data generator). A one-layer head fits one device at
@@ -43,6 +45,7 @@ from .evaluate import acceptance_lengths, eval_anchors, summarize, walk
 from .export_run import Family, drafter_readme, loss_curve_png
 from .manifest import Manifest, portable_train
 from .progress import bar
+from .select import WalkSelect
 from .target import target_info
 from .target_weights import load_target_head
 from .trainer import lr_lambda
@@ -51,7 +54,15 @@ EAGLE3 = Family(
     "an EAGLE-3 head",
     "head config",
     "EAGLE-3",
-    lambda tc: f"{tc['ttt_steps']} TTT steps (the checkpoint with the lowest held-out loss kept)",
+    lambda tc: (
+        f"{tc['ttt_steps']} TTT steps ("
+        + (
+            f"the checkpoint that walked best on {tc['select_records']} held-out records kept"
+            if tc.get("select_every")
+            else "the checkpoint with the lowest held-out loss kept"
+        )
+        + ")"
+    ),
 )
 
 Seq = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -188,6 +199,7 @@ def train(
         torch.set_num_threads(tc.threads)
     model, anchor = build(cfg, run)
     model.to(device)
+    select = WalkSelect.for_run(cfg, run, resume, log, measure=offline_acceptance)
     objective = _Objective(model, tc.ttt_steps, tc.gamma, _t2d(model)).to(device)
     ids = [device.index] if device.type == "cuda" else None
     fwd = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids) if world > 1 else objective
@@ -231,6 +243,9 @@ def train(
                 "lr": sched.get_last_lr()[0],
                 "grad_norm": round(float(gn), 4),
             }
+            walked = select(model, step, end) if select is not None and rank == 0 else None
+            if walked is not None:
+                row["select_walk"] = walked
             advance(loss=f"{loss.item():.3f}", acc1=f"{row['acc1']:.2f}")
             out_of_time = max_seconds is not None and time.monotonic() - t0 >= max_seconds
             if world > 1:  # every rank stops at the same step, or the next all-reduce waits forever
@@ -242,7 +257,8 @@ def train(
                 row["heldout_loss"] = round(heldout_loss(objective, held, cfg, device), 5)
                 if row["heldout_loss"] < best:
                     best = row["heldout_loss"]
-                    dev.atomic_save({"model": model.state_dict(), "step": step, "heldout_loss": best}, best_path)
+                    if select is None:  # with select_every, best.pt is the best walk's
+                        dev.atomic_save({"model": model.state_dict(), "step": step, "heldout_loss": best}, best_path)
             history.append(row)
             if save:
                 gens = [gen.get_state()]
@@ -295,7 +311,8 @@ def train(
 
 
 def kept(cfg: TrainConfig, run: Path) -> tuple[Eagle3Drafter, dict[str, Any], str]:
-    """The head to measure and export: best.pt (lowest held-out loss) when there is one, else last.pt."""
+    """The head to measure and export: best.pt (the longest walk with train.select_every, else the
+    lowest held-out loss) when there is one, else last.pt."""
     ckpt = run / "checkpoints"
     which = "best.pt" if (ckpt / "best.pt").is_file() else "last.pt"
     if not (ckpt / which).is_file():
@@ -313,13 +330,14 @@ def offline_acceptance(model: Eagle3Drafter, store: ShardStore, k: int, max_reco
     """eval.py's measure for a head: at each anchor a (row a - 1), 1 + the leading drafts equal to
     the target's x_{a+1..a+k}; and the walk a server would take over those lengths."""
     lengths, walked = [], []
+    device = next(model.parameters()).device  # training selects on the training device
     for i in range(min(max_records, len(store))):
         ids, lm, f = store.get(i)
         anchors = eval_anchors(lm, k)
         anchors = anchors[anchors >= 1]
         if not len(anchors):
             continue
-        chains = draft_chains(model, ids[None], f.float()[None], k)[0]
+        chains = draft_chains(model, ids[None].to(device), f.float()[None].to(device), k)[0].cpu()
         truth = torch.stack([ids[anchors + 1 + j] for j in range(k)], -1)
         lengths.append(acceptance_lengths(chains[anchors - 1], truth))
         walked.append(walk(anchors, lengths[-1]))

@@ -92,10 +92,6 @@ def _dflash_drafter(cfg: TrainConfig, tconf: dict, tok: Any) -> tuple[dict, dict
 
 
 def _eagle3_drafter(cfg: TrainConfig, tconf: dict, tok: Any) -> tuple[dict, dict | None]:
-    if cfg.train.select_every:
-        raise TrainConfigError(
-            f"{cfg.path}: train.select_every walks a DFlash drafter; an EAGLE-3 run keeps best.pt by held-out loss"
-        )
     head = cfg.head()
     try:
         head.check_target(tconf, "the target")

@@ -3,9 +3,11 @@
 On little data a longer run overfits: the loss keeps falling while the walk on records the drafter
 never saw stops rising or falls back (benchmarks/drafter/LOG.md, "longer is not better"). So every
 `select_every` steps (and at the last step) rank 0 walks the run's held-out records, as a server
-drafts (evaluate.offline_acceptance at eval.k's first k, over train.select_records of them), and
-writes `checkpoints/best.pt` when the walk beats every earlier one. Eval and export take best.pt
-when there is one; `--resume` continues from last.pt and keeps the best walk so far.
+drafts (the family's offline acceptance at eval.k's first k, over train.select_records of them),
+and writes `checkpoints/best.pt` when the walk beats every earlier one. Eval and export take best.pt
+when there is one; `--resume` continues from last.pt and keeps the best walk so far. Both families
+select this way: a DFlash drafter through evaluate.offline_acceptance, an EAGLE-3 head through
+eagle3_run's (`measure`), so the two are kept by the same figure the A/B compares.
 
 At least `select_records` (256 by default) held-out records must be captured: on fewer, the
 difference between two checkpoints is within the walk's own noise.
@@ -13,8 +15,10 @@ difference between two checkpoints is within the walk's own noise.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -24,7 +28,9 @@ from . import device as dev
 from .capture import SequenceStore, ShardStore, check_mode
 from .config import TrainConfig
 from .evaluate import offline_acceptance
-from .model import DFlashDrafter
+
+# A family's offline acceptance: (model, held-out store, k, records) -> {"walk": {...}, ...}.
+Measure = Callable[[Any, SequenceStore, int, int], dict[str, Any]]
 
 
 @dataclass
@@ -38,10 +44,13 @@ class WalkSelect:
     autocast: str
     path: Path
     log: Log
+    measure: Measure | None = None  # None: a DFlash drafter's, under `autocast`
     best: float = float("-inf")
 
     @classmethod
-    def for_run(cls, cfg: TrainConfig, run: Path, resume: bool, log: Log = print) -> WalkSelect | None:
+    def for_run(
+        cls, cfg: TrainConfig, run: Path, resume: bool, log: Log = print, measure: Measure | None = None
+    ) -> WalkSelect | None:
         """The run's selector, or None where train.select_every is unset; refuses a run that
         cannot select honestly (no captured held-out shards, or too few records)."""
         tc = cfg.train
@@ -58,22 +67,22 @@ class WalkSelect:
                 f"(train.select_records), {run / 'capture'} holds {len(held)}: raise data.heldout_fraction"
             )
         path = run / "checkpoints" / "best.pt"
-        sel = cls(held, cfg.eval.k[0], tc.select_records, tc.select_every, tc.autocast, path, log)
+        sel = cls(held, cfg.eval.k[0], tc.select_records, tc.select_every, tc.autocast, path, log, measure)
         if path.is_file():
             if not resume:  # a fresh run: the old run's best says nothing about this one
-                path.unlink()
-            else:
-                sel.best = float(dev.load_to_cpu(path)["walk"])
+                path.unlink(missing_ok=True)  # every rank builds a selector; the first removes it
+            else:  # a best.pt kept by held-out loss (select_every set on resume) has no walk: any walk beats it
+                sel.best = float(dev.load_to_cpu(path).get("walk", float("-inf")))
         return sel
 
-    def __call__(self, model: DFlashDrafter, step: int, end: int) -> float | None:
+    def __call__(self, model: torch.nn.Module, step: int, end: int) -> float | None:
         """The walk at this step (None where this step is not a selection point)."""
         if step % self.every and step != end:
             return None
         was = model.training
         model.eval()
         with torch.no_grad():
-            res = offline_acceptance(model, self.store, self.k, self.records, autocast=self.autocast)
+            res = (self.measure or self._dflash)(model, self.store, self.k, self.records)
         model.train(was)
         walk = float(res["walk"]["mean_acceptance_length"])
         kept = walk > self.best
@@ -85,3 +94,6 @@ class WalkSelect:
             + (" (best so far: best.pt)" if kept else f" (best {self.best:.4f})")
         )
         return walk
+
+    def _dflash(self, model: Any, store: SequenceStore, k: int, records: int) -> dict[str, Any]:
+        return offline_acceptance(model, store, k, records, autocast=self.autocast)

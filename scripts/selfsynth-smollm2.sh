@@ -7,10 +7,20 @@
 #
 #   scripts/selfsynth-smollm2.sh [SHARDS] [self-synth options, e.g. --no-bigbench where no BIG-bench
 #                                          archive can be had: the shards record what they were checked against]
+#   TURNS=8 scripts/selfsynth-smollm2.sh ...   multi-turn sessions, for long contexts: each later turn
+#       written and answered after the whole conversation so far, into drafters/smollm2-selfsynth-turns8/
+#       (64 sessions a shard, served with an 8,192-token context)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/venv.sh
-exec "$KIMIDFLASH_PY" -m kimidflash self-synth configs/cpu-reference.env --out drafters/smollm2-selfsynth \
-  --shards "${1:-2}" --per-shard 256 --concurrency 64 --temperature 1.0 --top-p 0.95 \
+turns="${TURNS:-1}"
+if [ "$turns" = 1 ]; then
+  folder=(--out drafters/smollm2-selfsynth --per-shard 256)
+else
+  folder=(--out "drafters/smollm2-selfsynth-turns$turns" --per-shard 64 --turns "$turns"
+    --set MAX_MODEL_LEN=8192 --set CPU_KVCACHE_SPACE=8)
+fi
+exec "$KIMIDFLASH_PY" -m kimidflash self-synth configs/cpu-reference.env \
+  --shards "${1:-2}" --concurrency 64 --temperature 1.0 --top-p 0.95 \
   --user-max-tokens 128 --answer-max-tokens 256 \
-  --set MAX_NUM_SEQS=64 --set CPU_KVCACHE_SPACE=4 --set MAX_NUM_BATCHED_TOKENS=8192 "${@:2}"
+  --set MAX_NUM_SEQS=64 --set CPU_KVCACHE_SPACE=4 --set MAX_NUM_BATCHED_TOKENS=8192 "${folder[@]}" "${@:2}"

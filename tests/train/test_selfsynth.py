@@ -376,3 +376,19 @@ def test_a_folder_written_before_turns_existed_takes_one_turn_runs_and_refuses_t
     assert len(run(server, tmp_path, 1)["shards"]) == 2
     with pytest.raises(DataError, match="its settings differ"):
         run(server, tmp_path, 1, template=MULTI, turns=2)
+
+
+def test_every_turn_of_a_conversation_falls_on_the_side_of_the_split_its_first_turn_did():
+    """A later turn's prompt holds the earlier turns: were it trained on while they are held out (or
+    the reverse), the held-out walk would read text the drafter learned."""
+    from kimidflash.train.data import conversation_of, is_heldout
+
+    assert conversation_of("selfsynth-00003-0017-t2") == "selfsynth-00003-0017"
+    assert conversation_of("selfsynth-00003-0017") == "selfsynth-00003-0017"
+    assert conversation_of("syn-0-00012") == "syn-0-00012"  # other sources keep their own ids
+    firsts = [f"selfsynth-00000-{i:04d}" for i in range(400)]
+    held = [r for r in firsts if is_heldout(r, 0.17)]
+    assert 30 < len(held) < 110  # the fraction still holds out about 17%
+    for r in firsts:
+        assert all(is_heldout(f"{r}-t{t}", 0.17) == is_heldout(r, 0.17) for t in (2, 3, 8))
+

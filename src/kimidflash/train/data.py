@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import random
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -191,9 +192,21 @@ class RecordWriter:
         self._f.close()
 
 
+_LATER_TURN = re.compile(r"(selfsynth-\d+-\d+)-t\d+")  # train/selfsynth.py's id of a conversation's later turn
+
+
+def conversation_of(rid: str) -> str:
+    """The conversation a record belongs to: a later turn's record (`selfsynth-00003-0017-t2`) holds
+    every earlier turn of `selfsynth-00003-0017` in its prompt, so the two must fall on the same side
+    of the split, or the held-out walk reads text the drafter trained on."""
+    m = _LATER_TURN.fullmatch(rid)
+    return m.group(1) if m else rid
+
+
 def is_heldout(rid: str, fraction: float) -> bool:
-    """Stable split by hash of the id: adding records never moves an old one."""
-    h = int(hashlib.sha256(rid.encode()).hexdigest()[:8], 16)
+    """Stable split by hash of the record's conversation id: adding records never moves an old one,
+    and every turn of a conversation goes where its first went."""
+    h = int(hashlib.sha256(conversation_of(rid).encode()).hexdigest()[:8], 16)
     return h < fraction * 0x100000000
 
 

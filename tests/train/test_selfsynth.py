@@ -391,4 +391,3 @@ def test_every_turn_of_a_conversation_falls_on_the_side_of_the_split_its_first_t
     assert 30 < len(held) < 110  # the fraction still holds out about 17%
     for r in firsts:
         assert all(is_heldout(f"{r}-t{t}", 0.17) == is_heldout(r, 0.17) for t in (2, 3, 8))
-

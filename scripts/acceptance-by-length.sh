@@ -9,6 +9,8 @@
 #   scripts/acceptance-by-length.sh [smollm2|tiny-kimi]...   (default: both)
 #
 # Writes benchmarks/drafter/length-smollm2/ and benchmarks/drafter/length-tiny-kimi/; --reuse resumes.
+# KINDS="ctx-00k ctx-03k ctx-09k" keeps those budgets only (the 18 k one costs most); SMOLLM2_DRAFTERS
+# ("LABEL=DIR ...") serves more SmolLM2 drafters beside the shipped one; OUT names another folder.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -17,7 +19,19 @@ prompts="${KIMIDFLASH_CACHE:-$HOME/.cache/kimidflash}/prompts/real"
 if [ ! -s "$prompts/humaneval-long.jsonl" ]; then
   "$KIMIDFLASH_PY" -m kimidflash real-prompts "$prompts" --no-bigbench
 fi
-common=(--k 3 --none --category "long=$prompts/humaneval-long.jsonl" --by-kind --concurrency 1
+set_file="$prompts/humaneval-long.jsonl"
+if [ -n "${KINDS:-}" ]; then
+  set_file="$prompts/humaneval-long-${KINDS// /-}.jsonl"
+  "$KIMIDFLASH_PY" -c 'import json, sys
+kinds = set(sys.argv[3:])
+rows = [line for line in open(sys.argv[1]) if json.loads(line)["kind"] in kinds]
+if not rows:
+    sys.exit(f"acceptance-by-length: no record of kinds {sorted(kinds)} in {sys.argv[1]}")
+open(sys.argv[2], "w").writelines(rows)' "$prompts/humaneval-long.jsonl" "$set_file" $KINDS
+fi
+extra=()
+for d in ${SMOLLM2_DRAFTERS:-}; do extra+=(--drafter "$d"); done
+common=(--k 3 --none --category "long=$set_file" --by-kind --concurrency 1
   --sessions "${SESSIONS:-12}" --max-tokens 64 --warmup 1 --rounds "${ROUNDS:-3}" --interleave --reuse)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(smollm2 tiny-kimi)
@@ -25,13 +39,13 @@ for t in "${targets[@]}"; do
   case "$t" in
     smollm2)
       "$KIMIDFLASH_PY" -m kimidflash ab configs/cpu-reference.env --drafter shipped=drafters/smollm2-135m-dflash \
-        --set MAX_MODEL_LEN=8192 --set MAX_NUM_BATCHED_TOKENS=8192 "${common[@]}" \
-        --out benchmarks/drafter/length-smollm2 ;;
+        "${extra[@]}" --set MAX_MODEL_LEN=8192 --set MAX_NUM_BATCHED_TOKENS=8192 "${common[@]}" \
+        --out "${OUT:-benchmarks/drafter/length-smollm2}" ;;
     tiny-kimi)
       "$KIMIDFLASH_PY" -m kimidflash ab configs/cpu-kimi-tiny.env --drafter dflash=drafters/tiny-kimi-k2.6-dflash \
         --drafter eagle3=drafters/tiny-kimi-k2.6-eagle3 --set MAX_MODEL_LEN=16384 \
         --set MAX_NUM_BATCHED_TOKENS=16384 --set CPU_KVCACHE_SPACE=2 "${common[@]}" \
-        --out benchmarks/drafter/length-tiny-kimi ;;
+        --out "${OUT:-benchmarks/drafter/length-tiny-kimi}" ;;
     *) echo "acceptance-by-length: no target $t (smollm2 or tiny-kimi)" >&2; exit 2 ;;
   esac
 done

@@ -7,17 +7,17 @@
 #
 #   scripts/selfsynth-smollm2.sh [SHARDS] [self-synth options, e.g. --no-bigbench where no BIG-bench
 #                                          archive can be had: the shards record what they were checked against]
-#   TURNS=8 scripts/selfsynth-smollm2.sh ...   multi-turn sessions, for long contexts: each later turn
-#       written and answered after the whole conversation so far, into drafters/smollm2-selfsynth-turns8/
-#       (64 sessions a shard, served with an 8,192-token context)
+#   LONG=1 scripts/selfsynth-smollm2.sh ...   long contexts, into drafters/smollm2-selfsynth-long/: 64
+#       sessions a shard, each second turn written and answered after about 16,000 characters of other
+#       sessions' first exchanges and its own (self-synth --turns 2 --context-chars 16000), served
+#       with an 8,192-token context
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/venv.sh
-turns="${TURNS:-1}"
-if [ "$turns" = 1 ]; then
+if [ -z "${LONG:-}" ]; then
   folder=(--out drafters/smollm2-selfsynth --per-shard 256)
 else
-  folder=(--out "drafters/smollm2-selfsynth-turns$turns" --per-shard 64 --turns "$turns"
+  folder=(--out drafters/smollm2-selfsynth-long --per-shard 64 --turns 2 --context-chars 16000
     --set MAX_MODEL_LEN=8192 --set CPU_KVCACHE_SPACE=8)
 fi
 exec "$KIMIDFLASH_PY" -m kimidflash self-synth configs/cpu-reference.env \

@@ -367,6 +367,41 @@ def test_a_later_turn_is_written_after_the_conversation_and_answered_with_it(ser
     assert entry["kept"] == len(recs) == 3 + len(later)
 
 
+def test_padding_takes_other_sessions_first_exchanges_whole_within_the_budget_in_a_drawn_order():
+    from kimidflash.train.selfsynth import padding
+
+    firsts = {i: [f"user {i} " * 3, f"reply {i} " * 5] for i in range(6)}  # 21 + 40 = 61 characters each
+    got = padding(firsts, 2, 200, "0:7")
+    assert len(got) == 6 and sum(map(len, got)) <= 200  # three whole exchanges fit, a fourth would not
+    pairs = [tuple(got[n : n + 2]) for n in range(0, len(got), 2)]
+    assert all(p in {tuple(v) for j, v in firsts.items() if j != 2} for p in pairs)  # never its own
+    assert got == padding(firsts, 2, 200, "0:7")  # the same salt draws the same order
+    assert {padding(firsts, 2, 61, salt)[0] for salt in ("0:7", "0:8", "1:7", "3:3", "9:1")} != {got[0]}
+    assert padding(firsts, 2, 60, "0:7") == []  # no exchange is cut to fit
+
+
+def test_with_context_chars_a_later_turn_follows_other_conversations_and_its_own_first(server, tmp_path):
+    """--context-chars: each second turn is written and answered after other sessions' first exchanges
+    (whole) and then its own, so the records reach long contexts the target wrote itself."""
+    Scripted.bodies.clear()
+    doc = run(server, tmp_path, 1, template=MULTI, turns=2, context_chars=200)
+    (entry,) = doc["shards"]
+    recs = read_shard(tmp_path / entry["file"])
+    first = {r.prompt for r in recs if not r.id.endswith("-t2")}
+    later = [r for r in recs if r.id.endswith("-t2")]
+    seconds = [b for b in Scripted.bodies if len(b.get("messages", ())) > 1]
+    assert later and len(seconds) >= len(later)
+    for chat in seconds:
+        msgs = [m["content"] for m in chat["messages"]]
+        own = msgs[-3]  # the session's own first request, then its reply, then the second turn
+        pad = msgs[:-3]
+        assert own in first and len(pad) % 2 == 0 and pad
+        assert sum(map(len, pad)) <= 200 and own not in pad[::2]
+        assert set(pad[::2]) <= first  # other sessions' first requests, each followed by its reply
+        assert any(b.get("prompt") == MULTI.continued(msgs[:-1]) for b in Scripted.bodies)
+    assert doc["settings"]["context_chars"] == 200
+
+
 def test_a_folder_written_before_turns_existed_takes_one_turn_runs_and_refuses_two(server, tmp_path):
     run(server, tmp_path, 1)
     path = tmp_path / "manifest.json"

@@ -15,6 +15,14 @@ answers it greedily with the whole history, so each later turn is a record whose
 earlier one. A later turn is filtered as a first one is, but for near duplicates (its context makes
 its record differ), and a refused one ends its conversation; its refusals are named by turn.
 
+Long contexts: most sessions end at a refused turn long before their history is long (a 135M target
+loops often), so `context_chars` puts other conversations of the shard before each one from its
+second turn on: their first exchanges, whole, in an order drawn by sha256 of the seed, the shard and
+the pair, until the next would pass `context_chars` characters. Every later turn is then written
+and answered after a long history the target wrote itself. Those exchanges are context (loss 0) in
+the records they precede, so a conversation held out from training appears in trained records only as
+text before an answer, never as one.
+
 A shard is written whole (gzip, then an atomic rename), and the manifest after it, so an
 interrupted run loses at most the shard in flight and the next run starts at the next index.
 Shard k's seeds are fixed by k, so a shard written again is the same shard.
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
 import json
 import time
 from collections import Counter
@@ -98,6 +107,7 @@ class Settings:
     seed: int = 0
     limits: Limits = field(default_factory=Limits)
     turns: int = 1  # user turns per conversation: each later one written and answered after the last
+    context_chars: int = 0  # from turn 2: other conversations' first exchanges before each, up to this
 
 
 @dataclass
@@ -115,6 +125,22 @@ async def _sample(client: httpx.AsyncClient, body: dict[str, Any], path: str) ->
     if r.status_code != 200:
         raise RegenError(f"{path}: HTTP {r.status_code}: {r.text[:300]}")
     return r.json()
+
+
+def padding(firsts: Mapping[int, list[str]], i: int, budget: int, salt: str) -> list[str]:
+    """The history put before session `i` from its second turn (`Settings.context_chars`): other
+    sessions' first exchanges (user, reply), whole, in sha256(salt:i:j) order, while the texts stay
+    within `budget` characters."""
+    order = sorted((j for j in firsts if j != i), key=lambda j: hashlib.sha256(f"{salt}:{i}:{j}".encode()).hexdigest())
+    out: list[str] = []
+    size = 0
+    for j in order:
+        n = sum(len(t) for t in firsts[j])
+        if size + n > budget:
+            break
+        out += firsts[j]
+        size += n
+    return out
 
 
 def _reason(why: str, turn: int) -> str:
@@ -182,6 +208,10 @@ async def _shard(
         tasks: list[asyncio.Task[Any]] = []  # cancelled on the way out, so an error leaves none running
         try:
             for turn in range(1, s.turns + 1):
+                if turn == 2 and s.context_chars:
+                    firsts = dict(sessions)
+                    salt = f"{s.seed}:{k}"
+                    sessions = [(i, [*padding(firsts, i, s.context_chars, salt), *h]) for i, h in sessions]
                 # turn 1 from the template's user prefix; later ones after the conversation so far
                 prompts = [template.prefix if turn == 1 else template.continued(h) for _, h in sessions]
                 seeds = [s.seed * 1_000_003 + k * s.per_shard + i + (turn - 1) * 100_000_000 for i, _ in sessions]
@@ -225,7 +255,7 @@ def shard_path(out: Path, k: int) -> Path:
 
 # Fields added after a folder was first written, at the values that folder was made with: a
 # manifest that lacks them was written with these, so it is not refused for lacking them.
-ADDED_DEFAULTS: dict[str, Any] = {"turns": 1, "reply": "", "next_user": ""}
+ADDED_DEFAULTS: dict[str, Any] = {"turns": 1, "context_chars": 0, "reply": "", "next_user": ""}
 
 
 def _lean(value: Any) -> Any:
@@ -314,8 +344,9 @@ def synthesize(
         }
         write_json_atomic(out / MANIFEST, manifest)
         log(
-            f"self-synth: shard {k}: kept {len(res.records)} of {settings.per_shard} "
-            f"({', '.join(f'{n} {w}' for w, n in sorted(res.refused.items())) or 'none refused'}), "
+            f"self-synth: shard {k}: kept {len(res.records)} "
+            + (f"of {settings.per_shard} " if settings.turns == 1 else f"turns of {settings.per_shard} sessions ")
+            + f"({', '.join(f'{n} {w}' for w, n in sorted(res.refused.items())) or 'none refused'}), "
             f"{res.generated_tokens / max(res.seconds, 1e-9):.0f} tok/s"
         )
     return manifest

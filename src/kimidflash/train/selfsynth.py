@@ -155,7 +155,9 @@ async def _shard(
     refused: Counter[str] = Counter()
     contaminated = generated = 0
     t0 = time.monotonic()
-    async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
+    # A request can wait behind every other one's prefill: at 64 in flight with long contexts on a CPU
+    # (a few hundred prompt tokens a second) that is more than ten minutes
+    async with httpx.AsyncClient(base_url=base_url, timeout=3600) as client:
 
         async def user(prompt: str, seed: int) -> tuple[str, int]:
             async with sem:

@@ -11,7 +11,7 @@
 #       sessions a shard, each second turn written and answered after about 8,000 characters of other
 #       sessions' first exchanges and its own (self-synth --turns 2 --context-chars 8000), served
 #       with an 8,192-token context. A CPU prefills a few hundred tokens a second: a shard of 64
-#       sessions at 16,000 characters did not finish in 15 minutes here
+#       sessions at 16,000 characters ran past the client's timeout here
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/venv.sh

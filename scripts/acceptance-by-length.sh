@@ -19,19 +19,11 @@ prompts="${KIMIDFLASH_CACHE:-$HOME/.cache/kimidflash}/prompts/real"
 if [ ! -s "$prompts/humaneval-long.jsonl" ]; then
   "$KIMIDFLASH_PY" -m kimidflash real-prompts "$prompts" --no-bigbench
 fi
-set_file="$prompts/humaneval-long.jsonl"
-if [ -n "${KINDS:-}" ]; then
-  set_file="$prompts/humaneval-long-${KINDS// /-}.jsonl"
-  "$KIMIDFLASH_PY" -c 'import json, sys
-kinds = set(sys.argv[3:])
-rows = [line for line in open(sys.argv[1]) if json.loads(line)["kind"] in kinds]
-if not rows:
-    sys.exit(f"acceptance-by-length: no record of kinds {sorted(kinds)} in {sys.argv[1]}")
-open(sys.argv[2], "w").writelines(rows)' "$prompts/humaneval-long.jsonl" "$set_file" $KINDS
-fi
+kinds=()
+for k in ${KINDS:-}; do kinds+=(--kind "$k"); done
 extra=()
 for d in ${SMOLLM2_DRAFTERS:-}; do extra+=(--drafter "$d"); done
-common=(--k 3 --none --category "long=$set_file" --by-kind --concurrency 1
+common=(--k 3 --none --category "long=$prompts/humaneval-long.jsonl" --by-kind "${kinds[@]}" --concurrency 1
   --sessions "${SESSIONS:-12}" --max-tokens 64 --warmup 1 --rounds "${ROUNDS:-3}" --interleave --reuse)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(smollm2 tiny-kimi)

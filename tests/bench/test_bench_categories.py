@@ -47,6 +47,20 @@ def test_categories_split_by_kind_only_where_a_file_has_several_and_multi_turn_c
     assert [c.name for c in parse_categories([f"bb={mixed}"])] == ["bb"]
 
 
+def test_kind_keeps_the_kinds_named_and_names_a_lone_one_by_its_kind(sets):
+    """`--kind` (an expensive kind left for later, as acceptance-by-length.sh's 18 k budget): only
+    those kinds run, each as NAME/kind even where one is left, so its files read as the others'."""
+    mixed, he = sets
+    cats = parse_categories([f"bb={mixed}", f"he={he}"], by_kind=True, only_kinds=["math"])
+    assert [(c.name, c.kind, c.slug) for c in cats] == [("bb/math", "math", "bb-math")]
+    cats = parse_categories([f"bb={mixed}", f"he={he}"], by_kind=True, only_kinds=["code"])
+    assert [c.name for c in cats] == ["bb/code", "he/code"]
+    with pytest.raises(ValueError, match="--kind prose: no --category file holds it; they hold code, math"):
+        parse_categories([f"bb={mixed}"], by_kind=True, only_kinds=["prose"])
+    with pytest.raises(ValueError, match="--kind picks kinds of a --by-kind split"):
+        parse_categories([f"bb={mixed}"], only_kinds=["code"])
+
+
 @pytest.mark.parametrize(
     "specs, multi, message",
     [
@@ -156,7 +170,7 @@ def test_ab_runs_every_category_per_variant_and_specbench_pools_the_rounds(
     "extra, message",
     [
         (["--prompts", "x.jsonl", "--category", "bb={mixed}"], "give --prompts or --category, not both"),
-        (["--by-kind"], "--by-kind, --multi-turn and --offline-category work on --category files"),
+        (["--by-kind"], "--by-kind, --kind, --multi-turn and --offline-category work on --category files"),
         (["--category", "bb={mixed}", "--offline-category", "mine=x.json"], "expected LABEL@CATEGORY=FILE"),
     ],
 )

@@ -299,9 +299,9 @@ def categories(opts: AbOptions) -> list[Category]:
     if opts.category:
         if opts.prompts:
             raise BenchError("give --prompts or --category, not both")
-        cats = cat_mod.parse_categories(opts.category, opts.by_kind, opts.multi_turn, opts.turns)
-    elif opts.by_kind or opts.multi_turn or opts.offline_category:
-        raise BenchError("--by-kind, --multi-turn and --offline-category work on --category files: name one")
+        cats = cat_mod.parse_categories(opts.category, opts.by_kind, opts.multi_turn, opts.turns, opts.kind)
+    elif opts.by_kind or opts.kind or opts.multi_turn or opts.offline_category:
+        raise BenchError("--by-kind, --kind, --multi-turn and --offline-category work on --category files: name one")
     else:
         cats = [Category(None, opts.prompts, None, opts.turns)]
     return cat_mod.with_workloads(cats, opts.workload)

@@ -67,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         help="split each --category file whose records carry several kinds into NAME/kind categories",
     )
     p.add_argument(
+        "--kind",
+        action="append",
+        default=[],
+        help="with --by-kind, run only this kind (repeatable)",
+    )
+    p.add_argument(
         "--multi-turn",
         action="append",
         default=[],

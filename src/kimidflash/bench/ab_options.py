@@ -24,6 +24,7 @@ class AbOptions:
     prompts: str | None = None  # None: the built-in set
     category: list[str] = field(default_factory=list)  # NAME=FILE
     by_kind: bool = False
+    kind: list[str] = field(default_factory=list)  # with by_kind: only these kinds
     multi_turn: list[str] = field(default_factory=list)  # NAME=N
     workload: list[str] = field(default_factory=lambda: ["free"])
     sessions: int = 16

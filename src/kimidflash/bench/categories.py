@@ -73,12 +73,20 @@ def _pairs(specs: Sequence[str], flag: str) -> list[tuple[str, str]]:
 
 
 def parse_categories(
-    specs: Sequence[str], by_kind: bool = False, multi_turn: Sequence[str] = (), turns: int = 1
+    specs: Sequence[str],
+    by_kind: bool = False,
+    multi_turn: Sequence[str] = (),
+    turns: int = 1,
+    only_kinds: Sequence[str] = (),
 ) -> list[Category]:
     """The categories `ab` runs, in order: each `--category NAME=FILE` (split by kind with `by_kind`
-    when its records carry more than one), then the `--multi-turn NAME=N` ones."""
+    when its records carry more than one, or into the `only_kinds` it holds: `--kind`, for when one
+    kind costs far more than the others), then the `--multi-turn NAME=N` ones."""
+    if only_kinds and not by_kind:
+        raise BenchError("--kind picks kinds of a --by-kind split: add --by-kind")
     cats: list[Category] = []
     files: dict[str, str] = {}
+    seen: set[str] = set()
     for name, path in _pairs(specs, "--category"):
         if name in files:
             raise BenchError(f"--category {name}: given twice")
@@ -89,10 +97,16 @@ def parse_categories(
         except (PromptError, OSError) as e:
             raise BenchError(f"--category {name}: {e}") from None
         files[name] = path
-        if by_kind and len(found) > 1:
+        seen.update(found)
+        if only_kinds:  # named NAME/kind even where one is left, so its files sort with the others'
+            cats += [Category(f"{name}/{k}", path, k, turns) for k in found if k in only_kinds]
+        elif by_kind and len(found) > 1:
             cats += [Category(f"{name}/{k}", path, k, turns) for k in found]
         else:
             cats.append(Category(name, path, None, turns))
+    missing = [k for k in only_kinds if k not in seen]
+    if missing:
+        raise BenchError(f"--kind {missing[0]}: no --category file holds it; they hold {', '.join(sorted(seen))}")
     for name, n in _pairs(multi_turn, "--multi-turn"):
         if name not in files:
             raise BenchError(f"--multi-turn {name}={n}: no --category is named {name!r}")

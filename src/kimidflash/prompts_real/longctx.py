@@ -17,10 +17,10 @@ budget, and the per-request spec-decode stats bucket every request by its served
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+from ..drawn import drawn, leading_within
 from ..errors import RealPromptsError
 from .humaneval import CHAT_PROMPT, Problem
 from .sets import FORMAT, SALT, PromptSet, category_counts
@@ -42,19 +42,9 @@ def kind(budget: int) -> str:
 def module_for(question: Problem, problems: Sequence[Problem], budget: int, salt: str = SALT) -> list[Problem]:
     """The other problems that make `question`'s context: whole, in their drawn order, while the
     module (blocks joined by a blank line) stays within `budget` characters."""
-    others = sorted(
-        (p for p in problems if p.task_id != question.task_id),
-        key=lambda p: hashlib.sha256(f"{salt}:{question.task_id}:{p.task_id}".encode()).hexdigest(),
-    )
-    picked: list[Problem] = []
-    size = 0
-    for p in others:
-        block = len(_block(p)) + (2 if picked else 0)
-        if size + block > budget:
-            break
-        picked.append(p)
-        size += block
-    return picked
+    others = [p for p in problems if p.task_id != question.task_id]
+    others = drawn(others, lambda p: f"{question.task_id}:{p.task_id}", salt)
+    return leading_within(others, lambda p: len(_block(p)), budget, joiner=2)
 
 
 def _block(p: Problem) -> str:

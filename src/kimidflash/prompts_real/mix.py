@@ -6,11 +6,11 @@ selection over sets already read: the same records whichever sets a machine coul
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..drawn import drawn
 from ..errors import RealPromptsError
 from .humaneval import read_problems
 from .longctx import NAME as LONG
@@ -37,11 +37,7 @@ def _picked(sets: Mapping[str, PromptSet], names: tuple[str, ...], per_set: int,
     picked: dict[str, list[dict[str, Any]]] = {}
     for name in names:
         records = sets[name].records
-        ordered = (
-            deal(records)
-            if name == "bigbench-heldout"
-            else sorted(records, key=lambda r: hashlib.sha256(f"{salt}:{r['id']}".encode()).hexdigest())
-        )
+        ordered = deal(records) if name == "bigbench-heldout" else drawn(records, lambda r: str(r["id"]), salt)
         picked[name] = [{**r, "set": name} for r in ordered[:per_set]]
     return picked
 

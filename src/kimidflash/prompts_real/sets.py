@@ -28,7 +28,6 @@ Every category so has held-out tasks, and the split is the same on every machine
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Mapping
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..downloads import downloads_dir
+from ..drawn import drawn
 from ..errors import DownloadError, RealPromptsError
 from ..fsio import sha256_file, write_json_atomic, write_text_atomic
 from .bigbench import CAP_SALT, CATEGORIES, CATEGORY_RULES, Catalog, cap, read_catalog
@@ -71,7 +71,7 @@ def split_tasks(
         by_cat[cat].append(name)
     held: list[str] = []
     for names in by_cat.values():
-        ranked = sorted(names, key=lambda n: hashlib.sha256(f"{salt}:{n}".encode()).hexdigest())
+        ranked = drawn(names, str, salt)
         k = max(1, round(fraction * len(ranked)))
         held += ranked[: min(k, len(ranked) - 1) if len(ranked) > 1 else k]
     return sorted(set(categories) - set(held)), sorted(held)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import hashlib
 import json
 import time
 from collections import Counter
@@ -43,6 +42,7 @@ from typing import Any
 
 import httpx
 
+from ..drawn import drawn, leading_within
 from ..errors import DataError, RegenError
 from ..fsio import read_json_object, sha256_file, utc_now, write_json_atomic
 from .data import SHARDS_MANIFEST as MANIFEST
@@ -131,16 +131,9 @@ def padding(firsts: Mapping[int, list[str]], i: int, budget: int, salt: str) -> 
     """The history put before session `i` from its second turn (`Settings.context_chars`): other
     sessions' first exchanges (user, reply), whole, in sha256(salt:i:j) order, while the texts stay
     within `budget` characters."""
-    order = sorted((j for j in firsts if j != i), key=lambda j: hashlib.sha256(f"{salt}:{i}:{j}".encode()).hexdigest())
-    out: list[str] = []
-    size = 0
-    for j in order:
-        n = sum(len(t) for t in firsts[j])
-        if size + n > budget:
-            break
-        out += firsts[j]
-        size += n
-    return out
+    order = drawn((j for j in firsts if j != i), lambda j: f"{i}:{j}", salt)
+    picked = leading_within(order, lambda j: sum(len(t) for t in firsts[j]), budget)
+    return [text for j in picked for text in firsts[j]]
 
 
 def _reason(why: str, turn: int) -> str:

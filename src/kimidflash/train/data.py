@@ -192,7 +192,9 @@ class RecordWriter:
         self._f.close()
 
 
-_LATER_TURN = re.compile(r"(selfsynth-\d+-\d+)-t\d+")  # train/selfsynth.py's id of a conversation's later turn
+ID_TAG = "[a-z]+"  # a self-synthesis folder's tag in its record ids (selfsynth-TAG-00003-0017: a steered folder)
+# train/selfsynth.py's id of a conversation's later turn
+_LATER_TURN = re.compile(rf"(selfsynth(?:-{ID_TAG})?-\d+-\d+)-t\d+")
 
 
 def conversation_of(rid: str) -> str:

@@ -23,6 +23,13 @@ and answered after a long history the target wrote itself. Those exchanges are c
 the records they precede, so a conversation held out from training appears in trained records only as
 text before an answer, never as one.
 
+Topic steering (Magpie's task-specific system prompts): with `Settings.steer`, request i of a shard is
+written after the template's system turn holding steering prompt i mod n instead of the default, so
+the target writes requests of that kind (code, maths, editing, ...); it is still answered through
+`/v1/chat/completions` with the user turn alone, as a user's request is served. The steering prompts
+are in the manifest's settings; a steered folder's ids carry `Settings.tag`, so its records and an
+unsteered folder's can train in one run.
+
 A shard is written whole (gzip, then an atomic rename), and the manifest after it, so an
 interrupted run loses at most the shard in flight and the next run starts at the next index.
 Shard k's seeds are fixed by k, so a shard written again is the same shard.
@@ -33,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -45,8 +53,8 @@ import httpx
 from ..drawn import drawn, leading_within
 from ..errors import DataError, RegenError
 from ..fsio import read_json_object, sha256_file, utc_now, write_json_atomic
+from .data import ID_TAG, Record, make_record, read_shard, synthetic_prompts
 from .data import SHARDS_MANIFEST as MANIFEST
-from .data import Record, make_record, read_shard, synthetic_prompts
 from .selfsynth_text import Contamination, Diversity, Limits, NearDuplicates, refusal, repeat_share, words
 
 SENTINEL = "\u2063KIMIDFLASH-USER-TURN\u2063"
@@ -64,9 +72,10 @@ class Template:
     stop: str
     reply: str = ""
     next_user: str = ""
+    steered: tuple[str, ...] = ()  # the user prefix after each steering system prompt (Settings.steer)
 
     @classmethod
-    def of(cls, render: Callable[[list[dict[str, str]]], str], turns: int = 1) -> Template:
+    def of(cls, render: Callable[[list[dict[str, str]]], str], turns: int = 1, steer: Sequence[str] = ()) -> Template:
         """`render(messages)` is the chat template applied as text without a generation prompt."""
         text = render([{"role": "user", "content": SENTINEL}])
         if text.count(SENTINEL) != 1:
@@ -75,15 +84,27 @@ class Template:
         stop = suffix.strip().split("\n")[0].strip() or suffix
         if not stop:
             raise DataError("the chat template ends a user turn with nothing: no end-of-turn marker to stop at")
+        steered = tuple(cls._after_system(render, system) for system in steer)
         if turns == 1:
-            return cls(prefix, stop)
+            return cls(prefix, stop, steered=steered)
         marks = [f"{SENTINEL}{n}{SENTINEL}" for n in range(3)]
         roles = ("user", "assistant", "user")
         text = render([{"role": r, "content": m} for r, m in zip(roles, marks, strict=True)])
         head, *pieces = text.split(SENTINEL)
         if head != prefix or len(pieces) != 6 or pieces[0::2] != ["0", "1", "2"]:
             raise DataError("the chat template does not render a second user turn after the first and a reply")
-        return cls(prefix, stop, pieces[1], pieces[3])
+        return cls(prefix, stop, pieces[1], pieces[3], steered)
+
+    @staticmethod
+    def _after_system(render: Callable[[list[dict[str, str]]], str], system: str) -> str:
+        text = render([{"role": "system", "content": system}, {"role": "user", "content": SENTINEL}])
+        if text.count(SENTINEL) != 1 or system not in text.split(SENTINEL)[0]:
+            raise DataError(f"the chat template does not place a system prompt before the user turn: {system[:60]!r}")
+        return text.split(SENTINEL)[0]
+
+    def first(self, i: int) -> str:
+        """What request `i` of a shard is written after: the user prefix, steered by prompt i mod n if any."""
+        return self.steered[i % len(self.steered)] if self.steered else self.prefix
 
     def continued(self, messages: Sequence[str]) -> str:
         """The prefix for the next user turn after `messages` (user, reply, user, reply, ...)."""
@@ -108,6 +129,12 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     turns: int = 1  # user turns per conversation: each later one written and answered after the last
     context_chars: int = 0  # from turn 2: other conversations' first exchanges before each, up to this
+    steer: tuple[str, ...] = ()  # system prompts the requests are written after, in turn (not answered with)
+    tag: str = ""  # in every record id after the source (selfsynth-TAG-00003-0017): a steered folder's ids
+
+    def __post_init__(self) -> None:
+        if self.tag and not re.fullmatch(ID_TAG, self.tag):
+            raise DataError(f"self-synthesis tag {self.tag!r}: lowercase letters only (it is part of every record id)")
 
 
 @dataclass
@@ -208,11 +235,11 @@ async def _shard(
                     salt = f"{s.seed}:{k}"
                     sessions = [(i, [*padding(firsts, i, s.context_chars, salt), *h]) for i, h in sessions]
                 # turn 1 from the template's user prefix; later ones after the conversation so far
-                prompts = [template.prefix if turn == 1 else template.continued(h) for _, h in sessions]
+                prompts = [template.first(i) if turn == 1 else template.continued(h) for i, h in sessions]
                 seeds = [s.seed * 1_000_003 + k * s.per_shard + i + (turn - 1) * 100_000_000 for i, _ in sessions]
                 sampled = [asyncio.create_task(user(p, seed)) for p, seed in zip(prompts, seeds, strict=True)]
                 tasks += sampled
-                rid = f"{SOURCE}-{k:05d}-{{:04d}}" + ("" if turn == 1 else f"-t{turn}")
+                rid = f"{SOURCE}{'-' + s.tag if s.tag else ''}-{k:05d}-{{:04d}}" + ("" if turn == 1 else f"-t{turn}")
                 kept: list[tuple[int, list[str]]] = []
                 answering: list[asyncio.Task[tuple[Record, str] | None]] = []
                 # Filtered in seed order, so a shard is reproducible; each kept request is answered as soon
@@ -250,7 +277,15 @@ def shard_path(out: Path, k: int) -> Path:
 
 # Fields added after a folder was first written, at the values that folder was made with: a
 # manifest that lacks them was written with these, so it is not refused for lacking them.
-ADDED_DEFAULTS: dict[str, Any] = {"turns": 1, "context_chars": 0, "reply": "", "next_user": ""}
+ADDED_DEFAULTS: dict[str, Any] = {
+    "turns": 1,
+    "context_chars": 0,
+    "reply": "",
+    "next_user": "",
+    "steer": [],
+    "tag": "",
+    "steered": [],
+}
 
 
 def _lean(value: Any) -> Any:
@@ -262,7 +297,8 @@ def _lean(value: Any) -> Any:
 def load_manifest(out: Path, settings: Settings, template: Template) -> dict[str, Any]:
     """The run's manifest, new or as it is; another model, template or settings is refused by name."""
     path = out / MANIFEST
-    want = {"source": SOURCE, "settings": asdict(settings), "template": asdict(template)}
+    # through JSON, as the manifest holds it: a tuple of steering prompts reads back as a list
+    want = json.loads(json.dumps({"source": SOURCE, "settings": asdict(settings), "template": asdict(template)}))
     if not path.is_file():
         return {**want, "shards": []}
     doc = read_json_object(path, "self-synthesis manifest", DataError)

@@ -13,6 +13,7 @@ from ..bench.resultfile import check_output
 from ..cliargs import add_config
 from ..config import load_config
 from ..errors import DataError
+from ..fsio import read_json_object
 from ..paths import cache_dir, portable
 from ..prepare import prepare
 from ..prompts_real.sets import bigbench_sets, humaneval_set, mtbench_set
@@ -34,14 +35,23 @@ def eval_texts(bigbench: str | None = None, *, no_bigbench: bool = False) -> dic
     return {s.name: [t for r in s.records for t in r["turns"]] for s in sets}
 
 
-def template_of(model_dir: str, chat_template: str, turns: int = 1) -> Template:
+def steering(path: Path) -> tuple[str, ...]:
+    """The steering system prompts of `path` (`{"system_prompts": [...]}`), each a non-empty string."""
+    doc = read_json_object(path, "--steer file", DataError)
+    prompts = doc.get("system_prompts")
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(x, str) and x.strip() for x in prompts):
+        raise DataError(f"{path}: `system_prompts` must be a non-empty list of non-empty strings")
+    return tuple(prompts)
+
+
+def template_of(model_dir: str, chat_template: str, turns: int = 1, steer: tuple[str, ...] = ()) -> Template:
     """The served chat template (CHAT_TEMPLATE, else the checkpoint's) cut at the user's content
-    (and, for several turns, between turns)."""
+    (and, for several turns, between turns; after each steering system prompt)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     text = Path(chat_template).read_text() if chat_template else None
-    return Template.of(lambda m: str(tok.apply_chat_template(m, tokenize=False, chat_template=text)), turns)
+    return Template.of(lambda m: str(tok.apply_chat_template(m, tokenize=False, chat_template=text)), turns, steer)
 
 
 def main(argv: list[str]) -> int:
@@ -63,6 +73,15 @@ def main(argv: list[str]) -> int:
         default=0,
         help="from the second turn, other conversations' first exchanges before each, up to this many "
         "characters: long contexts the target wrote (needs --turns 2 or more; default 0)",
+    )
+    p.add_argument(
+        "--steer",
+        type=Path,
+        help="a JSON file whose `system_prompts` the requests are written after, in turn (topic steering; "
+        "answers are served without them); recorded in the manifest",
+    )
+    p.add_argument(
+        "--tag", default="", help="lowercase letters in every record id (selfsynth-TAG-...): a steered folder's"
     )
     p.add_argument("--base-url", help="a target already serving (its root, without /v1); default: serve CONFIG")
     p.add_argument("--bigbench", help="a bigbench-1.0.0.tar.gz for the contamination check's held-out tasks")
@@ -86,6 +105,7 @@ def main(argv: list[str]) -> int:
         raise DataError(f"--context-chars {a.context_chars}: at least 0, and only with --turns 2 or more")
     if a.bench_result:
         check_output(a.bench_result, "--bench-result")  # before the shards' hours, not after them
+    steer = steering(a.steer) if a.steer else ()
     config = load_config(a.config, [*SERVE, *a.set])
     settings = Settings(
         config.served_model_name,
@@ -98,11 +118,13 @@ def main(argv: list[str]) -> int:
         Limits(),
         a.turns,
         a.context_chars,
+        steer,
+        a.tag,
     )
     say = lambda m: print(m, file=sys.stderr)  # noqa: E731
     if config.runtime != "docker":
         prepare(config, log=say)  # the model the template is read from
-    template = template_of(config.model_dir, config.chat_template, a.turns)
+    template = template_of(config.model_dir, config.chat_template, a.turns, steer)
     texts = eval_texts(a.bigbench, no_bigbench=a.no_bigbench)
     provenance = {**local_provenance(["kimidflash", "self-synth", *argv]), "serve_config": portable(a.config)}
     log_dir = cache_dir() / "self-synth-logs"  # the server's log stays out of the committed folder

@@ -4,9 +4,11 @@
 # A/B it against the shipped DFlash drafter and no speculation on heldout-mix, split into its three
 # sources. Resumable: run it again after a stop.
 #
-#   scripts/train-smollm2-selfsynth.sh [dflash|eagle3|long] [RUN_DIR]
+#   scripts/train-smollm2-selfsynth.sh [dflash|steered|eagle3|long] [RUN_DIR]
 #
 # dflash (the default): the shipped DFlash drafter, configs/train-smollm2-selfsynth.json, the best walk kept.
+# steered: the same on both folders, drafters/smollm2-selfsynth and drafters/smollm2-selfsynth-steered
+#   (configs/train-smollm2-selfsynth-steered.json, 6,000 steps), A/B into selfsynth-steered-vs-shipped/.
 # eagle3: the committed EAGLE-3 head, configs/train-smollm2-eagle3-selfsynth.json, the lowest held-out loss kept.
 # long: the shipped DFlash drafter on drafters/smollm2-selfsynth-long/ (configs/train-smollm2-selfsynth-long.json),
 #   measured by prompt length instead (scripts/acceptance-by-length.sh, one round of the 0, 3 k and 9 k
@@ -21,9 +23,11 @@ cd "$here"
 family="${1:-dflash}"
 case "$family" in
   dflash) config=configs/train-smollm2-selfsynth.json; name=smollm2-135m-dflash-selfsynth; ab=selfsynth-vs-shipped ;;
+  steered) config=configs/train-smollm2-selfsynth-steered.json; name=smollm2-135m-dflash-selfsynth-steered
+    ab=selfsynth-steered-vs-shipped ;;
   eagle3) config=configs/train-smollm2-eagle3-selfsynth.json; name=smollm2-135m-eagle3-selfsynth; ab=selfsynth-eagle3-vs-shipped ;;
   long) config=configs/train-smollm2-selfsynth-long.json; name=smollm2-135m-dflash-selfsynth-long; ab= ;;
-  *) echo "train-smollm2-selfsynth: the run is dflash, eagle3 or long, not '$family'" >&2; exit 2 ;;
+  *) echo "train-smollm2-selfsynth: the run is dflash, steered, eagle3 or long, not '$family'" >&2; exit 2 ;;
 esac
 cache="${KIMIDFLASH_CACHE:-$HOME/.cache/kimidflash}"
 run="${2:-$cache/train-runs/$name}"

@@ -60,9 +60,11 @@ def test_a_steered_shard_writes_each_request_after_its_prompt_and_answers_it_wit
         "selfsynth-steer-00000-0001",
         "selfsynth-steer-00000-0007",
     ]
+    assert doc["shards"][0]["kept_by_steer"] == [1, 2]  # session 0 after the first prompt, 1 and 7 after the second
     saved = json.loads((tmp_path / "manifest.json").read_text())
     assert saved["settings"]["steer"] == list(STEER) and saved["template"]["steered"] == list(template.steered)
-    assert run(server, tmp_path, 1, template, steer=STEER, tag="steer")["totals"]["shards"] == 2  # resumes
+    again = run(server, tmp_path, 1, template, steer=STEER, tag="steer")  # resumes: shard 1, all duplicates
+    assert again["totals"]["shards"] == 2 and again["totals"]["kept_by_steer"] == [1, 2]
     with pytest.raises(DataError, match="its settings differ"):
         run(server, tmp_path, 1, template, steer=STEER[:1], tag="steer")
 

@@ -145,6 +145,7 @@ class ShardResult:
     contaminated: int
     generated_tokens: int
     seconds: float
+    first_turns: list[int] = field(default_factory=list)  # the session index of each kept first turn
 
 
 async def _sample(client: httpx.AsyncClient, body: dict[str, Any], path: str) -> dict[str, Any]:
@@ -226,6 +227,7 @@ async def _shard(
             return make_record(rid, history[-1], js["prompt_token_ids"], out, choice["finish_reason"]), reply
 
         records: list[Record] = []
+        first_turns: list[int] = []
         sessions: list[tuple[int, list[str]]] = [(i, []) for i in range(s.per_shard)]
         tasks: list[asyncio.Task[Any]] = []  # cancelled on the way out, so an error leaves none running
         try:
@@ -264,11 +266,13 @@ async def _shard(
                 for (i, history), got in zip(kept, answered, strict=True):
                     if got is not None:
                         records.append(got[0])
+                        first_turns += [i] if turn == 1 else []
                         sessions.append((i, [*history, got[1]]))
         finally:
             for t in tasks:
                 t.cancel()
-    return ShardResult(records, [r.prompt for r in records], refused, contaminated, generated, time.monotonic() - t0)
+    took = time.monotonic() - t0
+    return ShardResult(records, [r.prompt for r in records], refused, contaminated, generated, took, first_turns)
 
 
 def shard_path(out: Path, k: int) -> Path:
@@ -357,6 +361,8 @@ def synthesize(
                 "seconds": round(res.seconds, 3),  # ms: a shard of a fast server can take under 0.05 s
                 "output_tok_s": round(res.generated_tokens / res.seconds, 1) if res.seconds else None,
                 "written": utc_now(),
+                # topic spread under steering: kept first turns by the steering prompt they were written after
+                **({"kept_by_steer": kept_by_steer(res.first_turns, len(settings.steer))} if settings.steer else {}),
                 **({"provenance": provenance} if provenance else {}),
             }
         )
@@ -383,15 +389,23 @@ def synthesize(
     return manifest
 
 
+def kept_by_steer(first_turns: Sequence[int], n: int) -> list[int]:
+    """How many kept first turns each of `n` steering prompts wrote (session i was written after i mod n)."""
+    counts = Counter(i % n for i in first_turns)
+    return [counts[j] for j in range(n)]
+
+
 def totals(entries: list[dict[str, Any]]) -> dict[str, Any]:
     refused: Counter[str] = Counter()
     for e in entries:
         refused.update(e["refused"])
+    spread = [e["kept_by_steer"] for e in entries if "kept_by_steer" in e]
     return {
         "shards": len(entries),
         "requested": sum(e["requested"] for e in entries),
         "kept": sum(e["kept"] for e in entries),
         "response_tokens": sum(e["response_tokens"] for e in entries),
         "contaminated": sum(e["contaminated"] for e in entries),
+        **({"kept_by_steer": [sum(c) for c in zip(*spread, strict=True)]} if spread else {}),
         "refused": dict(sorted(refused.items())),
     }

@@ -16,7 +16,8 @@
 # Training runs in wall-clock chunks (TRAIN_CHUNK_S, default 1200 s) until train.steps or until
 # TRAIN_STEPS (a smaller stop for one session); the A/B writes benchmarks/drafter/selfsynth-vs-shipped/
 # (dflash) or benchmarks/drafter/selfsynth-eagle3-vs-shipped/ (eagle3), or AB_OUT: name a new folder
-# when the data has grown, so an earlier run's committed files are not written over.
+# when the data has grown, so an earlier run's committed files are not written over. AB_DRAFTERS adds
+# arms to the same A/B ("--drafter NAME=DIR ..."), e.g. an earlier run's export, measured in the same rounds.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -59,6 +60,6 @@ for set in bigbench-heldout humaneval mt-bench; do
   [ -s "$prompts/heldout-mix-$set.jsonl" ] && categories+=(--category "${set%-heldout}=$prompts/heldout-mix-$set.jsonl")
 done
 "$KIMIDFLASH_PY" -m kimidflash ab configs/cpu-reference.env --none \
-  --drafter "selfsynth=drafters/$name" --drafter shipped=drafters/smollm2-135m-dflash --k 3 \
+  --drafter "selfsynth=drafters/$name" --drafter shipped=drafters/smollm2-135m-dflash ${AB_DRAFTERS:-} --k 3 \
   "${categories[@]}" --concurrency 1 --sessions "${AB_SESSIONS:-12}" \
   --max-tokens 64 --warmup 2 --rounds 3 --interleave --out "${AB_OUT:-benchmarks/drafter/$ab}"

@@ -95,3 +95,19 @@ def test_the_committed_steering_file_is_read_and_a_bad_one_is_refused_naming_it(
         bad.write_text(json.dumps(doc))
         with pytest.raises(DataError, match=f"{bad}: `system_prompts` must be a non-empty list"):
             steering(bad)
+
+
+def test_the_committed_steered_folder_trains_beside_the_unsteered_one():
+    """configs/train-smollm2-selfsynth-steered.json reads both committed folders, sha256-checked, with no
+    id twice, and the steered manifest counts every kept request under the prompt it was written after."""
+    from kimidflash.train import config as tcfg
+    from kimidflash.train.data import selfsynth_records
+
+    cfg = tcfg.load(CONFIGS / "train-smollm2-selfsynth-steered.json")
+    plain, steered = (selfsynth_records(part) for part in cfg.data.prompts.split("+"))
+    assert plain and steered and all(r.id.startswith("selfsynth-steer-") for r in steered)
+    prompts = load_prompts(cfg.data.prompts, cfg.seed)
+    assert len(prompts) == len(plain) + len(steered) == len({p["id"] for p in prompts})
+    doc = json.loads((CONFIGS.parent / "drafters" / "smollm2-selfsynth-steered" / "manifest.json").read_text())
+    assert doc["settings"]["steer"] == json.loads((CONFIGS / "selfsynth-steer.json").read_text())["system_prompts"]
+    assert sum(doc["totals"]["kept_by_steer"]) == doc["totals"]["kept"] == len(steered)

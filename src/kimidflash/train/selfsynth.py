@@ -266,7 +266,8 @@ async def _shard(
                 for (i, history), got in zip(kept, answered, strict=True):
                     if got is not None:
                         records.append(got[0])
-                        first_turns += [i] if turn == 1 else []
+                        if turn == 1:
+                            first_turns.append(i)
                         sessions.append((i, [*history, got[1]]))
         finally:
             for t in tasks:

@@ -28,6 +28,23 @@ USERS = [
 ]
 
 
+# Chat templates as text, SmolLM2-like and Kimi-like, rendered by `jinja`
+SMOL = (
+    "{% for m in messages %}{% if loop.first and m['role'] != 'system' %}<|im_start|>system\nYou are a helpful "
+    "AI assistant<|im_end|>\n{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+)
+KIMI = (
+    "{% for m in messages %}<|im_{{ m['role'] }}|>{{ m['role'] }}<|im_middle|>{{ m['content'] }}<|im_end|>{% endfor %}"
+)
+
+
+def jinja(template: str):
+    import jinja2
+
+    t = jinja2.Template(template)
+    return lambda messages: t.render(messages=messages)
+
+
 class Scripted(BaseHTTPRequestHandler):
     """User turn by seed (the list above, cycled; seed 5 of each cycle hits max_tokens), a greedy answer
     by content (one answer caught in a loop)."""

@@ -14,22 +14,7 @@ from kimidflash.train.data import read_shard, verify_shards
 from kimidflash.train.selfsynth import Settings, Template
 from kimidflash.train.selfsynth_text import Contamination, Diversity, Limits, NearDuplicates, refusal
 
-from ..support.selfsynth_script import EVAL, USERS, Scripted, run, scripted_server
-
-SMOL = (
-    "{% for m in messages %}{% if loop.first and m['role'] != 'system' %}<|im_start|>system\nYou are a helpful "
-    "AI assistant<|im_end|>\n{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-)
-KIMI = (
-    "{% for m in messages %}<|im_{{ m['role'] }}|>{{ m['role'] }}<|im_middle|>{{ m['content'] }}<|im_end|>{% endfor %}"
-)
-
-
-def jinja(template: str):
-    import jinja2
-
-    t = jinja2.Template(template)
-    return lambda messages: t.render(messages=messages)
+from ..support.selfsynth_script import EVAL, KIMI, SMOL, USERS, Scripted, jinja, run, scripted_server
 
 
 @pytest.mark.parametrize(

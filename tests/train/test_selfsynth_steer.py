@@ -13,8 +13,7 @@ from kimidflash.train.data import conversation_of, is_heldout, load_prompts, rea
 from kimidflash.train.selfsynth import Settings, Template
 
 from ..support.helpers import CONFIGS
-from ..support.selfsynth_script import USERS, Scripted, run, scripted_server
-from .test_selfsynth import KIMI, SMOL, jinja
+from ..support.selfsynth_script import KIMI, SMOL, USERS, Scripted, jinja, run, scripted_server
 
 STEER = ("You write Python.", "You solve maths problems.")
 
